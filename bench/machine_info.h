@@ -1,0 +1,27 @@
+#pragma once
+// What machine a benchmark ran on, for the "machine" field of its JSON.
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+
+namespace infill::bench {
+
+inline nlohmann::json machine_info() {
+  std::string cpu = "unknown";
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return {{"cpu", cpu},
+          {"hardware_threads", std::thread::hardware_concurrency()},
+          {"torch_threads", at::get_num_threads()},
+          {"gpu", "none used"}};
+}
+
+}  // namespace infill::bench

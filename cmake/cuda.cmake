@@ -1,0 +1,22 @@
+# Decides whether the CUDA kernel library is built. It is a separate shared library that
+# the engine loads lazily (dlopen) only when a device answers, so the engine starts on
+# machines with no CUDA libraries at all; cudart is linked statically into it.
+set(INFILL_CUDA_ENABLED OFF)
+if(NOT INFILL_WITH_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER)
+    find_program(INFILL_NVCC nvcc PATHS /usr/local/cuda/bin NO_DEFAULT_PATH)
+    if(NOT INFILL_NVCC)
+      find_program(INFILL_NVCC nvcc)
+    endif()
+    if(INFILL_NVCC)
+      set(CMAKE_CUDA_COMPILER ${INFILL_NVCC})
+    endif()
+  endif()
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    set(INFILL_CUDA_ENABLED ON)
+  elseif(INFILL_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "INFILL_WITH_CUDA=ON but nvcc was not found (looked in /usr/local/cuda/bin and PATH)")
+  endif()
+endif()
+message(STATUS "Infill CUDA kernels: ${INFILL_CUDA_ENABLED}")

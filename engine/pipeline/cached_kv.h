@@ -1,0 +1,42 @@
+#pragma once
+/// Bridges between the model's K/V hooks and the activation cache's fp16 entries.
+
+#include <memory>
+
+#include <ATen/core/Tensor.h>
+
+#include "cache/activation_entry.h"
+#include "model/dit.h"
+
+namespace infill {
+
+/// Reads the K/V of one step of a RAM-resident entry, converting fp16 to float32.
+class EntryKvSource final : public KvSource {
+ public:
+  EntryKvSource(std::shared_ptr<const ActivationEntry> entry, int step) : entry_(std::move(entry)), step_(step) {}
+  void set_step(int step) { step_ = step; }
+  void fetch(int block, at::Tensor& k, at::Tensor& v) override;
+
+ private:
+  std::shared_ptr<const ActivationEntry> entry_;
+  int step_;
+};
+
+/// Writes fresh K/V of one step into an entry being filled by the prepare job, as fp16.
+class EntryKvSink final : public KvSink {
+ public:
+  EntryKvSink(ActivationEntry& entry, int step) : entry_(entry), step_(step) {}
+  void set_step(int step) { step_ = step; }
+  void store(int block, const at::Tensor& k, const at::Tensor& v) override;
+
+ private:
+  ActivationEntry& entry_;
+  int step_;
+};
+
+/// [tokens, hidden] fp16 slab -> float32 `out` (same shape, contiguous).
+void fp16_slab_to_float(const uint16_t* slab, at::Tensor& out);
+/// float32 [tokens, hidden] (any strides) -> fp16 slab.
+void float_to_fp16_slab(const at::Tensor& in, uint16_t* slab);
+
+}  // namespace infill

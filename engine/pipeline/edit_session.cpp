@@ -1,0 +1,231 @@
+#include "pipeline/edit_session.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "pipeline/composite.h"
+
+namespace infill {
+
+namespace {
+
+Status validate_prompt(const Model& model, const at::Tensor& prompt) {
+  if (!prompt.defined()) return {};
+  const DitConfig& cfg = model.manifest.dit;
+  switch (cfg.conditioning) {
+    case ConditioningType::kNone:
+      return invalid_argument("model " + model.manifest.name + " takes no prompt conditioning");
+    case ConditioningType::kClass: {
+      if (prompt.numel() != 1 || at::isFloatingType(prompt.scalar_type())) {
+        return invalid_argument("prompt must be one integer class id for model " + model.manifest.name);
+      }
+      const int64_t id = prompt.item<int64_t>();
+      if (id < 0 || id >= cfg.num_classes) {
+        return invalid_argument("class id " + std::to_string(id) + " is outside [0, " +
+                                std::to_string(cfg.num_classes) + ")");
+      }
+      return {};
+    }
+    case ConditioningType::kVector:
+      if (prompt.numel() != cfg.conditioning_dim) {
+        return invalid_argument("prompt vector has " + std::to_string(prompt.numel()) + " values, model " +
+                                model.manifest.name + " expects " + std::to_string(cfg.conditioning_dim));
+      }
+      if (!at::isfinite(prompt.to(at::kFloat)).all().item<bool>()) {
+        return invalid_argument("prompt vector holds NaN or infinite values");
+      }
+      return {};
+  }
+  return {};
+}
+
+at::Generator seeded(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+}  // namespace
+
+ScheduleSpec resolve_schedule(const Model& model, const ScheduleSpec& spec) {
+  ScheduleSpec s = spec;
+  if (s.sampler.empty()) s.sampler = model.manifest.sampler.sampler;
+  if (s.steps == 0) s.steps = model.manifest.sampler.steps;
+  return s;
+}
+
+ActivationKey make_cache_key(const Model& model, const TemplateImage& tmpl, const ScheduleSpec& spec) {
+  const ScheduleSpec s = resolve_schedule(model, spec);
+  ActivationKey key;
+  key.model_id = model.id;
+  key.template_hash = tmpl.id;
+  key.width = static_cast<int>(tmpl.latent.size(2));
+  key.height = static_cast<int>(tmpl.latent.size(1));
+  key.steps = s.steps;
+  key.sampler = s.sampler;
+  key.seed = s.template_seed;
+  return key;
+}
+
+Result<Sampler> make_model_sampler(const Model& model, const ScheduleSpec& spec) {
+  const ScheduleSpec s = resolve_schedule(model, spec);
+  INFILL_ASSIGN_OR_RETURN(SamplerKind kind, parse_sampler(s.sampler));
+  const Prediction prediction =
+      model.manifest.dit.prediction == PredictionType::kFlow ? Prediction::kFlow : Prediction::kEpsilon;
+  return Sampler::make(kind, s.steps, prediction, model.manifest.sampler.shift);
+}
+
+at::Tensor template_noise(const TemplateImage& tmpl, uint64_t seed) {
+  return at::randn(tmpl.latent.sizes(), seeded(seed), at::kFloat);
+}
+
+at::Tensor model_input(const Model& model, const at::Tensor& noisy, const at::Tensor& known,
+                       const at::Tensor& latent_mask) {
+  std::vector<at::Tensor> parts;
+  for (DitInput input : model.manifest.dit.inputs) {
+    switch (input) {
+      case DitInput::kNoisyLatent: parts.push_back(noisy); break;
+      case DitInput::kMaskedLatent: parts.push_back(known); break;
+      case DitInput::kMask: parts.push_back(latent_mask.unsqueeze(0)); break;
+    }
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+}
+
+Result<std::unique_ptr<EditSession>> EditSession::create(std::shared_ptr<const Model> model,
+                                                         std::shared_ptr<const TemplateImage> tmpl,
+                                                         const EditParams& params,
+                                                         std::shared_ptr<const ActivationEntry> cache) {
+  c10::InferenceMode guard;
+  if (!params.mask.defined() || params.mask.dim() != 2) {
+    return invalid_argument("mask must be a 2-D [height, width] array");
+  }
+  if (params.mask.size(0) != tmpl->height || params.mask.size(1) != tmpl->width) {
+    return invalid_argument("mask is " + std::to_string(params.mask.size(1)) + "x" + std::to_string(params.mask.size(0)) +
+                            ", template is " + std::to_string(tmpl->width) + "x" + std::to_string(tmpl->height));
+  }
+  at::Tensor mask = params.mask.to(at::kFloat);
+  if (!at::isfinite(mask).all().item<bool>()) return invalid_argument("mask holds NaN or infinite values");
+  if (!(params.strength > 0.0 && params.strength <= 1.0)) {
+    return invalid_argument("strength is " + std::to_string(params.strength) + ", expected a value in (0, 1]");
+  }
+  if (params.halo_tokens < 0 || params.halo_tokens > 64) {
+    return invalid_argument("halo_tokens is " + std::to_string(params.halo_tokens) + ", expected 0..64");
+  }
+  if (!(params.feather_px >= 0.0f && params.feather_px <= 256.0f)) {
+    return invalid_argument("feather_px must be in [0, 256]");
+  }
+  INFILL_RETURN_IF_ERROR(validate_prompt(*model, params.prompt));
+  INFILL_ASSIGN_OR_RETURN(Sampler sampler, make_model_sampler(*model, params.schedule));
+
+  std::unique_ptr<EditSession> s(new EditSession());
+  s->model_ = model;
+  s->tmpl_ = tmpl;
+  s->params_ = params;
+  s->params_.mask = mask.clamp(0.0, 1.0);
+  s->params_.schedule = resolve_schedule(*model, params.schedule);
+  s->sampler_.emplace(std::move(sampler));
+
+  const DitConfig& cfg = model->manifest.dit;
+  // The padding added to reach the model grid is never edited.
+  at::Tensor padded = at::zeros({tmpl->model_height, tmpl->model_width}, at::kFloat);
+  padded.narrow(0, 0, tmpl->height).narrow(1, 0, tmpl->width).copy_(s->params_.mask);
+  s->latent_mask_ = latent_mask(padded, model->manifest.autoencoder.factor);
+  s->tokens_ = masked_tokens(s->latent_mask_, cfg.patch_size, params.halo_tokens);
+  s->keep_mask_ = (s->latent_mask_ == 0).unsqueeze(0);
+  s->known_ = tmpl->latent * (1.0 - s->latent_mask_).unsqueeze(0);
+  s->template_noise_ = template_noise(*tmpl, s->params_.schedule.template_seed);
+  at::Tensor edit_noise = at::randn(tmpl->latent.sizes(), seeded(params.seed), at::kFloat);
+  s->noise_ = at::where(s->keep_mask_, s->template_noise_, edit_noise);
+  s->first_step_ = s->sampler_->start_step(params.strength);
+  s->step_ = s->first_step_;
+  s->x_ = s->sampler_->add_noise(tmpl->latent, s->noise_, s->step_).contiguous();
+
+  if (s->uses_cache() && s->tokens_.count() > 0) {
+    if (!cache) return invalid_argument("edit needs the template's cache entry (run prepare first)");
+    const ActivationLayout& l = cache->layout();
+    const int64_t tokens = static_cast<int64_t>(s->tokens_.grid_w) * s->tokens_.grid_h;
+    if (l.steps != s->sampler_->steps() || l.blocks != cfg.depth || l.tokens != tokens || l.hidden != cfg.hidden_size) {
+      return invalid_argument("cache entry layout (steps " + std::to_string(l.steps) + ", blocks " +
+                              std::to_string(l.blocks) + ", tokens " + std::to_string(l.tokens) +
+                              ") does not match this edit (steps " + std::to_string(s->sampler_->steps()) +
+                              ", blocks " + std::to_string(cfg.depth) + ", tokens " + std::to_string(tokens) + ")");
+    }
+    s->cache_ = std::move(cache);
+    s->kv_ = std::make_unique<EntryKvSource>(s->cache_, s->step_);
+  }
+  return s;
+}
+
+DitSegment& EditSession::segment() {
+  c10::InferenceMode guard;
+  const Dit& dit = model_->dit;
+  const DitConfig& cfg = model_->manifest.dit;
+  const double t = sampler_->model_timestep(step_);
+  const at::Tensor all_rows = dit.patchify(model_input(*model_, x_, known_, latent_mask_));
+  segment_ = DitSegment{};
+  segment_.grid_h = tokens_.grid_h;
+  segment_.grid_w = tokens_.grid_w;
+  segment_.cond = dit.conditioning(t, params_.prompt);
+  segment_.null_cond = cfg.prompt_scope == PromptScope::kMaskedTokens ? dit.conditioning(t, at::Tensor()) : segment_.cond;
+  if (uses_cache()) {
+    segment_.tokens = all_rows.index_select(0, tokens_.indices);
+    segment_.token_ids = tokens_.indices;
+    kv_->set_step(step_);
+    segment_.kv = kv_.get();
+  } else {
+    segment_.tokens = all_rows;
+    segment_.token_ids = at::arange(all_rows.size(0), at::kLong);
+    segment_.full_blocks = cfg.depth;
+    segment_.carry_rows = tokens_.indices;
+    if (cfg.prompt_scope == PromptScope::kMaskedTokens) segment_.prompted = tokens_.token_mask();
+  }
+  return segment_;
+}
+
+void EditSession::apply(const at::Tensor& prediction) {
+  c10::InferenceMode guard;
+  at::Tensor pred = at::zeros_like(x_);
+  model_->dit.unpatchify_into(pred, prediction, tokens_.indices);
+  at::Tensor next = sampler_->step(x_, pred, step_);
+  at::Tensor reset = sampler_->add_noise(tmpl_->latent, template_noise_, step_ + 1);
+  last_prediction_ = sampler_->predict_x0(x_, pred, step_);
+  x_ = at::where(keep_mask_, reset, next).contiguous();
+  ++step_;
+}
+
+at::Tensor EditSession::predicted_latent() const {
+  c10::InferenceMode guard;
+  if (!last_prediction_.defined()) return tmpl_->latent;
+  return at::where(keep_mask_, tmpl_->latent, last_prediction_);
+}
+
+Result<EditOutput> EditSession::finish() const {
+  c10::InferenceMode guard;
+  EditOutput out;
+  out.steps_run = step_ - first_step_;
+  out.masked_tokens = tokens_.count();
+  out.total_tokens = static_cast<int64_t>(tokens_.grid_w) * tokens_.grid_h;
+  out.used_cache = uses_cache() && tokens_.count() > 0;
+  if (tokens_.count() == 0) {
+    // Nothing to regenerate: the template itself, bit for bit.
+    out.steps_run = 0;
+    out.image = tmpl_->pixels;
+    return out;
+  }
+  if (!done()) return invalid_argument("edit is not finished: step " + std::to_string(step_) + " of " +
+                                       std::to_string(sampler_->steps()));
+  const int factor = model_->manifest.autoencoder.factor;
+  at::Tensor padded_mask = at::zeros({tmpl_->model_height, tmpl_->model_width}, at::kFloat);
+  padded_mask.narrow(0, 0, tmpl_->height).narrow(1, 0, tmpl_->width).copy_(params_.mask);
+  out.region = bounding_box(padded_mask, 0, factor);
+  const PixelRect& r = out.region;
+  at::Tensor z = to_autoencoder_scale(*model_, at::where(keep_mask_, tmpl_->latent, x_)).unsqueeze(0);
+  at::Tensor crop = model_->autoencoder->decode_crop(z, r.x / factor, r.y / factor, r.width / factor,
+                                                     r.height / factor, params_.decode_margin)[0];
+  at::Tensor generated = tmpl_->rgb.clone();
+  generated.narrow(1, r.y, r.height).narrow(2, r.x, r.width).copy_(crop);
+  generated = crop(generated, tmpl_->width, tmpl_->height);
+  out.image = composite(tmpl_->pixels, generated, feather(params_.mask, params_.feather_px));
+  return out;
+}
+
+}  // namespace infill

@@ -1,0 +1,124 @@
+#pragma once
+/// The denoising state of one edit, advanced one step at a time.
+///
+/// A session turns (template, mask, prompt, seed, steps, strength) into a sequence of model
+/// calls: `segment()` gives the packed rows of the next step, the caller runs them through
+/// Dit::forward (alone, or batched with other sessions' segments), and `apply()` takes the
+/// prediction back. This split lets a serving worker batch many sessions per step.
+///
+/// Per step, masked tokens carry the sampler state; every latent pixel outside the mask is
+/// reset to the template latent noised to the next level with the template's own fixed noise,
+/// so the inputs of unmasked tokens equal those of the prepare run and its cached K/V are exact.
+/// Threading: a session is used by one thread at a time.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "cache/activation_entry.h"
+#include "common/status.h"
+#include "model/model.h"
+#include "pipeline/cached_kv.h"
+#include "pipeline/image_io.h"
+#include "pipeline/mask.h"
+#include "pipeline/sampler.h"
+#include "pipeline/template_image.h"
+
+namespace infill {
+
+/// The denoising schedule a cache entry was computed for.
+struct ScheduleSpec {
+  std::string sampler;         ///< "" = the model's default
+  int steps = 0;               ///< 0 = the model's default
+  uint64_t template_seed = 0;  ///< seed of the template's fixed noise
+};
+
+enum class CacheMode {
+  kUse = 1,  ///< compute masked tokens only, reading the rest from the cache entry
+  kOff = 2,  ///< recompute every token at every step (the baseline)
+};
+
+struct EditParams {
+  at::Tensor mask;          ///< [H, W] float in [0, 1] at the template's pixel size
+  at::Tensor prompt;        ///< undefined = null prompt; class id or conditioning vector
+  uint64_t seed = 0;        ///< noise of the masked region
+  double strength = 1.0;    ///< (0, 1]: 1 regenerates from pure noise
+  ScheduleSpec schedule;
+  CacheMode cache = CacheMode::kUse;
+  int halo_tokens = 1;      ///< masked-token dilation, in tokens
+  float feather_px = 4.0f;  ///< inward feather of the composite
+  int decode_margin = 4;    ///< latent pixels of context decoded around the mask's box
+};
+
+struct EditOutput {
+  PixelImage image;           ///< same size and format as the template
+  int steps_run = 0;
+  int64_t masked_tokens = 0;
+  int64_t total_tokens = 0;
+  bool used_cache = false;
+  PixelRect region;           ///< pixel box that was decoded
+};
+
+/// Resolves "" / 0 in `spec` to the model's defaults.
+ScheduleSpec resolve_schedule(const Model& model, const ScheduleSpec& spec);
+/// The cache key of a template under a schedule.
+ActivationKey make_cache_key(const Model& model, const TemplateImage& tmpl, const ScheduleSpec& spec);
+/// Builds the sampler for a model and a schedule, validating names and ranges.
+Result<Sampler> make_model_sampler(const Model& model, const ScheduleSpec& spec);
+/// The template's fixed noise: [C, h, w], a pure function of the seed and the shape.
+at::Tensor template_noise(const TemplateImage& tmpl, uint64_t seed);
+/// Model input [C_in, h, w] from a noisy latent, the known latent and the latent mask.
+at::Tensor model_input(const Model& model, const at::Tensor& noisy, const at::Tensor& known,
+                       const at::Tensor& latent_mask);
+
+class EditSession {
+ public:
+  /// Validates `params` against the template (mask size, strength, schedule, prompt) and sets
+  /// up the initial noisy latent. `cache` must be the entry for make_cache_key(...) when
+  /// params.cache is kUse and the mask is not empty.
+  static Result<std::unique_ptr<EditSession>> create(std::shared_ptr<const Model> model,
+                                                     std::shared_ptr<const TemplateImage> tmpl,
+                                                     const EditParams& params,
+                                                     std::shared_ptr<const ActivationEntry> cache);
+
+  bool done() const { return step_ >= sampler_->steps() || tokens_.count() == 0; }
+  int step() const { return step_; }
+  int first_step() const { return first_step_; }
+  const TokenSet& tokens() const { return tokens_; }
+  bool uses_cache() const { return params_.cache == CacheMode::kUse; }
+
+  /// The rows of the next step. Valid until apply(). Precondition: !done().
+  DitSegment& segment();
+  /// Takes the prediction rows for segment()'s carried rows and advances one step.
+  void apply(const at::Tensor& prediction);
+  /// Current estimate of the clean latent, known region filled in (for previews). [C, h, w]
+  at::Tensor predicted_latent() const;
+  /// Decodes the masked region and composites it onto the template's pixels.
+  Result<EditOutput> finish() const;
+
+ private:
+  EditSession() = default;
+  std::shared_ptr<const Model> model_;
+  std::shared_ptr<const TemplateImage> tmpl_;
+  EditParams params_;
+  std::shared_ptr<const ActivationEntry> cache_;
+  std::optional<Sampler> sampler_;
+  TokenSet tokens_;
+  at::Tensor latent_mask_;  // [h, w] float 0/1
+  at::Tensor keep_mask_;    // [1, h, w] bool: latent pixels reset to the template every step
+  at::Tensor known_;        // [C, h, w] template latent with the masked region zeroed
+  at::Tensor noise_;        // [C, h, w] template noise outside the mask, edit noise inside
+  at::Tensor template_noise_;
+  at::Tensor x_;            // [C, h, w] current noisy latent
+  at::Tensor last_prediction_;
+  at::Tensor cond_, null_cond_;
+  int step_ = 0;
+  int first_step_ = 0;
+  DitSegment segment_;
+  std::unique_ptr<EntryKvSource> kv_;
+};
+
+}  // namespace infill

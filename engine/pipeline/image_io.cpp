@@ -1,0 +1,284 @@
+#include "pipeline/image_io.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <OpenImageIO/filesystem.h>
+#include <OpenImageIO/imageio.h>
+
+namespace infill {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kMaxChannels = 4;
+
+OIIO::TypeDesc oiio_type(PixelFormat format) {
+  switch (format) {
+    case PixelFormat::kU8: return OIIO::TypeDesc::UINT8;
+    case PixelFormat::kU16: return OIIO::TypeDesc::UINT16;
+    case PixelFormat::kF32: return OIIO::TypeDesc::FLOAT;
+  }
+  throw std::invalid_argument("unknown PixelFormat");
+}
+
+std::string size_text(int64_t width, int64_t height) {
+  return std::to_string(width) + "x" + std::to_string(height);
+}
+
+Status check_image(const PixelImage& image, const std::string& what) {
+  if (image.width <= 0 || image.height <= 0) {
+    return invalid_argument(what + ": image is " + size_text(image.width, image.height) +
+                            ", expected a positive size");
+  }
+  if (image.channels < 1 || image.channels > kMaxChannels) {
+    return invalid_argument(what + ": image has " + std::to_string(image.channels) +
+                            " channels, expected 1 to 4");
+  }
+  if (image.format != PixelFormat::kU8 && image.format != PixelFormat::kU16 &&
+      image.format != PixelFormat::kF32) {
+    return invalid_argument(what + ": image has an unknown pixel format");
+  }
+  if (image.data.size() != image.expected_bytes()) {
+    return invalid_argument(what + ": image data is " + std::to_string(image.data.size()) +
+                            " bytes, expected " + std::to_string(image.expected_bytes()));
+  }
+  return Status::success();
+}
+
+OIIO::ImageSpec make_spec(const PixelImage& image, OIIO::TypeDesc format) {
+  OIIO::ImageSpec spec(image.width, image.height, image.channels, format);
+  if (image.channels == 2) spec.alpha_channel = 1;
+  if (image.channels == 4) spec.alpha_channel = 3;
+  return spec;
+}
+
+// Reads the first subimage from an opened input. `what` names the source in messages.
+Result<PixelImage> read_opened(OIIO::ImageInput& input, const std::string& what, int64_t max_pixels) {
+  const OIIO::ImageSpec& spec = input.spec();
+  if (spec.width <= 0 || spec.height <= 0 || spec.depth > 1) {
+    std::string size = size_text(spec.width, spec.height);
+    if (spec.depth > 1) size.append("x").append(std::to_string(spec.depth));
+    return corrupt_data("image " + what + " has size " + size + ", expected a positive 2-D size");
+  }
+  const int64_t pixels = static_cast<int64_t>(spec.width) * spec.height;
+  if (pixels > max_pixels) {
+    return out_of_range("image " + what + " has " + std::to_string(pixels) + " pixels (" +
+                        size_text(spec.width, spec.height) + "), more than the limit of " +
+                        std::to_string(max_pixels));
+  }
+  if (spec.deep) return corrupt_data("image " + what + " is a deep image, expected flat pixels");
+  if (spec.nchannels < 1) return corrupt_data("image " + what + " has no channels");
+
+  PixelFormat format = PixelFormat::kF32;
+  if (spec.format.basetype == OIIO::TypeDesc::UINT8) format = PixelFormat::kU8;
+  if (spec.format.basetype == OIIO::TypeDesc::UINT16) format = PixelFormat::kU16;
+  const int channels = std::min(spec.nchannels, kMaxChannels);
+  PixelImage image = PixelImage::allocate(spec.width, spec.height, channels, format);
+  if (!input.read_image(0, 0, 0, channels, oiio_type(format), image.data.data())) {
+    return corrupt_data("image " + what + " cannot be decoded: " + input.geterror());
+  }
+  return image;
+}
+
+// Replaces every occurrence of `from` in `text` by `to`.
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  if (from.empty()) return text;
+  for (size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, pos + to.size())) {
+    text.replace(pos, from.size(), to);
+  }
+  return text;
+}
+
+// A unique name beside `path`: "<dir>/.<name>.tmp-<pid>-<n><ext>", keeping the extension so
+// writers that look at the name see the intended format.
+fs::path temp_sibling(const fs::path& path) {
+  static std::atomic<uint64_t> counter{0};
+  std::string name = ".";
+  name += path.stem().string();
+  name += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
+  name += path.extension().string();
+  return path.parent_path() / name;
+}
+
+}  // namespace
+
+size_t bytes_per_sample(PixelFormat format) {
+  switch (format) {
+    case PixelFormat::kU8: return 1;
+    case PixelFormat::kU16: return 2;
+    case PixelFormat::kF32: return 4;
+  }
+  throw std::invalid_argument("unknown PixelFormat");
+}
+
+const char* pixel_format_name(PixelFormat format) {
+  switch (format) {
+    case PixelFormat::kU8: return "u8";
+    case PixelFormat::kU16: return "u16";
+    case PixelFormat::kF32: return "f32";
+  }
+  return "unknown";
+}
+
+size_t PixelImage::expected_bytes() const {
+  if (width <= 0 || height <= 0 || channels <= 0) return 0;
+  return static_cast<size_t>(width) * height * channels * bytes_per_sample(format);
+}
+
+PixelImage PixelImage::allocate(int width, int height, int channels, PixelFormat format) {
+  PixelImage image;
+  image.width = width;
+  image.height = height;
+  image.channels = channels;
+  image.format = format;
+  image.data.assign(image.expected_bytes(), std::byte{0});
+  return image;
+}
+
+Result<PixelImage> load_image(const std::string& path, int64_t max_pixels) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return not_found("image " + path + " does not exist");
+  if (fs::is_directory(path, ec)) return invalid_argument("image " + path + " is a directory, expected a file");
+  auto input = OIIO::ImageInput::open(path);
+  if (!input) return corrupt_data("image " + path + " cannot be read: " + OIIO::geterror());
+  return read_opened(*input, path, max_pixels);
+}
+
+Result<PixelImage> decode_image(std::span<const std::byte> bytes, const std::string& name_for_errors,
+                                int64_t max_pixels) {
+  if (bytes.empty()) return corrupt_data("image " + name_for_errors + " is empty (0 bytes)");
+  {
+    OIIO::Filesystem::IOMemReader reader(bytes.data(), bytes.size());
+    auto input = OIIO::ImageInput::open(name_for_errors, nullptr, &reader);
+    if (input) return read_opened(*input, name_for_errors, max_pixels);
+    OIIO::geterror();  // clear: the file fallback reports its own, clearer message
+  }
+  // Some readers (HEIF, SGI, raw, ...) only read files: go through a private temporary file
+  // named with the upload's extension so the right reader is tried first.
+  std::string pattern = (fs::temp_directory_path() / "infill-decode-XXXXXX").string();
+  const std::string extension = fs::path(name_for_errors).extension().string();
+  pattern += extension;
+  const int fd = ::mkstemps(pattern.data(), static_cast<int>(extension.size()));
+  if (fd < 0) {
+    return io_error("image " + name_for_errors + ": cannot create a temporary file: " + std::strerror(errno));
+  }
+  const std::string temp_path = pattern;
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n <= 0) break;
+    written += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  Result<PixelImage> result = io_error("image " + name_for_errors + ": cannot write a temporary file");
+  if (written == bytes.size()) {
+    auto input = OIIO::ImageInput::open(temp_path);
+    if (!input) {
+      result = corrupt_data("image " + name_for_errors + " (" + std::to_string(bytes.size()) +
+                            " bytes) cannot be decoded: " +
+                            replace_all(OIIO::geterror(), temp_path, name_for_errors));
+    } else {
+      result = read_opened(*input, name_for_errors, max_pixels);
+      if (!result.ok()) {
+        result = Status(result.status().code(),
+                        replace_all(result.status().message(), temp_path, name_for_errors));
+      }
+    }
+  }
+  std::error_code ec;
+  fs::remove(temp_path, ec);
+  return result;
+}
+
+Status save_image(const std::string& path, const PixelImage& image) {
+  INFILL_RETURN_IF_ERROR(check_image(image, "save " + path));
+  const fs::path target(path);
+  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return not_found("cannot save " + path + ": directory " + dir.string() + " does not exist");
+  }
+  auto output = OIIO::ImageOutput::create(path);
+  if (!output) {
+    return invalid_argument("cannot save " + path + ": no image writer for extension \"" +
+                            target.extension().string() + "\" (" + OIIO::geterror() + ")");
+  }
+  const fs::path temp = temp_sibling(target);
+  const OIIO::TypeDesc type = oiio_type(image.format);
+  bool ok = output->open(temp.string(), make_spec(image, type)) &&
+            output->write_image(type, image.data.data());
+  ok = output->close() && ok;
+  if (!ok) {
+    std::string message = replace_all(output->geterror(), temp.string(), path);
+    output.reset();
+    fs::remove(temp, ec);
+    return io_error("cannot save " + path + ": " + message);
+  }
+  output.reset();
+  fs::rename(temp, target, ec);
+  if (ec) {
+    fs::remove(temp, ec);
+    return io_error("cannot save " + path + ": rename failed: " + ec.message());
+  }
+  return Status::success();
+}
+
+Result<std::vector<std::byte>> encode_png(const PixelImage& image) {
+  INFILL_RETURN_IF_ERROR(check_image(image, "encode png"));
+  OIIO::Filesystem::IOVecOutput sink;
+  auto output = OIIO::ImageOutput::create("png", &sink);
+  if (!output) return Status(ErrorCode::kInternal, "encode png: no PNG writer: " + OIIO::geterror());
+  // PNG stores u8 or u16; OIIO converts float samples to u16 with clamping.
+  const OIIO::TypeDesc stored =
+      image.format == PixelFormat::kU8 ? OIIO::TypeDesc::UINT8 : OIIO::TypeDesc::UINT16;
+  bool ok = output->open("memory.png", make_spec(image, stored)) &&
+            output->write_image(oiio_type(image.format), image.data.data());
+  ok = output->close() && ok;
+  if (!ok) return Status(ErrorCode::kInternal, "encode png: " + output->geterror());
+  const auto& buffer = sink.buffer();
+  std::vector<std::byte> bytes(buffer.size());
+  std::memcpy(bytes.data(), buffer.data(), buffer.size());
+  return bytes;
+}
+
+at::Tensor to_rgb_tensor(const PixelImage& image) {
+  const Status status = check_image(image, "to_rgb_tensor");
+  if (!status.ok()) throw std::invalid_argument(status.message());
+  const int64_t h = image.height;
+  const int64_t w = image.width;
+  const int64_t c = image.channels;
+  at::Tensor hwc;
+  // from_blob does not own: convert to float (a copy) before the blob can go away.
+  void* data = const_cast<std::byte*>(image.data.data());
+  switch (image.format) {
+    case PixelFormat::kU8:
+      hwc = at::from_blob(data, {h, w, c}, at::kByte).to(at::kFloat).div_(255.0f);
+      break;
+    case PixelFormat::kU16: {
+      // ATen 1.13 has no uint16 dtype: widen to int32 first.
+      const auto* src = reinterpret_cast<const uint16_t*>(image.data.data());
+      hwc = at::empty({h, w, c}, at::kFloat);
+      float* dst = hwc.data_ptr<float>();
+      for (int64_t i = 0; i < h * w * c; ++i) dst[i] = static_cast<float>(src[i]) / 65535.0f;
+      break;
+    }
+    case PixelFormat::kF32:
+      hwc = at::nan_to_num(at::from_blob(data, {h, w, c}, at::kFloat), 0.0, 1.0, 0.0).clamp_(0.0, 1.0);
+      break;
+  }
+  at::Tensor rgb = c >= 3 ? hwc.narrow(2, 0, 3) : hwc.narrow(2, 0, 1).expand({h, w, 3});
+  return rgb.permute({2, 0, 1}).contiguous();
+}
+
+}  // namespace infill

@@ -1,0 +1,79 @@
+#pragma once
+/// Image files in and out of the engine, through OpenImageIO (PNG, JPEG, TIFF, EXR, PSD, ...).
+///
+/// Pixels stay in the file's own representation (PixelImage) from upload to the final
+/// composite, so pixels outside the mask come back bit-identical; only the model sees float
+/// RGB (to_rgb_tensor). All functions are thread-safe and keep no state.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "common/status.h"
+
+namespace infill {
+
+/// Sample type of a PixelImage. Values only grow; 0 is never a real format.
+enum class PixelFormat {
+  kU8 = 1,   ///< uint8, 0..255 maps to 0..1
+  kU16 = 2,  ///< uint16, 0..65535 maps to 0..1
+  kF32 = 3,  ///< float32, as is (may exceed [0, 1] in HDR files)
+};
+
+/// Bytes per sample of `format` (1, 2 or 4).
+size_t bytes_per_sample(PixelFormat format);
+/// "u8", "u16", "f32".
+const char* pixel_format_name(PixelFormat format);
+
+/// Decoded pixels, interleaved row-major: sample (y, x, c) is at index (y * width + x) *
+/// channels + c, each sample bytes_per_sample(format) bytes in native byte order. Channels
+/// 1 = grey, 2 = grey + alpha, 3 = RGB, 4 = RGBA.
+struct PixelImage {
+  int width = 0;
+  int height = 0;
+  int channels = 0;
+  PixelFormat format = PixelFormat::kU8;
+  std::vector<std::byte> data;
+
+  int64_t pixel_count() const { return static_cast<int64_t>(width) * height; }
+  /// width * height * channels * bytes_per_sample(format): what `data.size()` must be.
+  size_t expected_bytes() const;
+  /// A zero-filled image of the given shape.
+  static PixelImage allocate(int width, int height, int channels, PixelFormat format);
+};
+
+/// Reads the first subimage of an image file. u8 and u16 files keep their format; everything
+/// else (half, float, u32, signed, ...) is converted to f32 by OIIO. Up to 4 channels are kept
+/// (extra channels of e.g. multi-layer EXRs are dropped). The pixels are the file's data window.
+/// Errors: missing file -> not_found; unreadable or corrupt -> corrupt_data with OIIO's message;
+/// zero size -> corrupt_data; more than `max_pixels` pixels -> out_of_range naming both numbers
+/// (checked from the header, before the pixels are decoded).
+Result<PixelImage> load_image(const std::string& path, int64_t max_pixels);
+
+/// As load_image, from an encoded file in memory (an upload). The format is detected from the
+/// content; `name_for_errors` only labels messages. Formats whose OIIO reader cannot read
+/// from memory (e.g. HEIF, SGI, camera raw) are decoded through a temporary file.
+Result<PixelImage> decode_image(std::span<const std::byte> bytes, const std::string& name_for_errors,
+                                int64_t max_pixels);
+
+/// Writes `image` to `path`, the format chosen by the extension (".png", ".tif", ".exr", ...).
+/// Formats that cannot store the image's sample type get OIIO's nearest one (e.g. f32 -> u16
+/// for PNG, u8 for JPEG). Atomic: the file is written to a temporary name in the same
+/// directory and renamed over `path`, so readers never see a partial file and nothing is
+/// created on failure. Errors: invalid_argument (unknown extension, inconsistent image),
+/// not_found (directory missing), io_error (write or rename refused).
+Status save_image(const std::string& path, const PixelImage& image);
+
+/// PNG encoding in memory (previews, results over the wire). u8 and u16 are stored as is;
+/// f32 is clamped to [0, 1] and stored as u16.
+Result<std::vector<std::byte>> encode_png(const PixelImage& image);
+
+/// The model's view of an image: float [3, H, W] in [0, 1]. Grey is replicated to RGB, alpha
+/// is dropped, u8 / 255, u16 / 65535, f32 clamped to [0, 1] (NaN -> 0).
+at::Tensor to_rgb_tensor(const PixelImage& image);
+
+}  // namespace infill

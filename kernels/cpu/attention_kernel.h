@@ -1,0 +1,59 @@
+#pragma once
+/// Private interface between the masked-attention front end (kernels/masked_attention.cpp)
+/// and its per-instruction-set tile kernels (kernels/cpu/attention_*.cpp).
+
+#include <cstdint>
+
+namespace infill::kernels::cpu {
+
+/// Keys per K panel: K is repacked per head into panels [d, kKeyPanel] so that the score
+/// kernel reads consecutive memory and never walks a 4 KiB-strided column.
+constexpr int64_t kKeyPanel = 64;
+/// Keys per online-softmax step (a multiple of kKeyPanel).
+constexpr int64_t kKeyBlock = 128;
+/// Most query rows one tile kernel call handles.
+constexpr int64_t kMaxQueryTile = 24;
+
+/// One attention problem in raw-pointer form. All strides are in floats.
+struct AttentionProblem {
+  const float* q = nullptr;  // [M, heads * d], row stride q_row_stride
+  int64_t q_row_stride = 0;
+  // K packed per head: [heads, keys_padded / kKeyPanel, d, kKeyPanel]; padded keys are zero.
+  const float* k_panels = nullptr;
+  // V of head h, key j, column c at v[h * v_head_stride + j * v_row_stride + c]; columns up to
+  // padded_head_dim are readable (zeros past head_dim when V was repacked).
+  const float* v = nullptr;
+  int64_t v_row_stride = 0;
+  int64_t v_head_stride = 0;
+  float* out = nullptr;  // [M, heads * d], row stride out_row_stride
+  int64_t out_row_stride = 0;
+  int64_t queries = 0;      // M
+  int64_t keys = 0;         // L >= 1
+  int64_t keys_padded = 0;  // L rounded up to kKeyPanel
+  int64_t heads = 0;
+  int64_t head_dim = 0;         // d
+  int64_t padded_head_dim = 0;  // d rounded up to kHeadDimAlign
+  float scale = 1.0f;
+};
+
+/// V columns are processed in vectors of up to 16 floats; head_dim is padded to this.
+constexpr int64_t kHeadDimAlign = 16;
+
+/// Floats of scratch one tile call needs (per thread, reused across calls).
+inline int64_t attention_scratch_floats(int64_t padded_head_dim) {
+  return 2 * kMaxQueryTile * padded_head_dim + kMaxQueryTile * kKeyBlock;
+}
+
+/// Attends query rows [q_begin, q_end) (at most kMaxQueryTile) of one head against all keys
+/// and writes their output rows. `scratch` holds attention_scratch_floats() floats.
+using AttendTileFn = void (*)(const AttentionProblem& p, int64_t head, int64_t q_begin,
+                              int64_t q_end, float* scratch);
+
+void attend_tile_avx512(const AttentionProblem& p, int64_t head, int64_t q_begin,
+                        int64_t q_end, float* scratch);
+void attend_tile_avx2(const AttentionProblem& p, int64_t head, int64_t q_begin, int64_t q_end,
+                      float* scratch);
+void attend_tile_scalar(const AttentionProblem& p, int64_t head, int64_t q_begin,
+                        int64_t q_end, float* scratch);
+
+}  // namespace infill::kernels::cpu

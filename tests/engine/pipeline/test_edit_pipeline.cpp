@@ -1,0 +1,208 @@
+// End-to-end edits on a small random-weight model written to disk and loaded back.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+#include "pipeline/edit_pipeline.h"
+#include "pipeline/image_io.h"
+#include "support/temp_dir.h"
+
+using namespace infill;
+
+namespace {
+
+DitConfig tiny_dit() {
+  DitConfig cfg;
+  cfg.hidden_size = 64;
+  cfg.depth = 2;
+  cfg.num_heads = 4;
+  cfg.patch_size = 2;
+  cfg.latent_channels = 4;
+  cfg.inputs = {DitInput::kNoisyLatent, DitInput::kMaskedLatent, DitInput::kMask};
+  cfg.conditioning = ConditioningType::kVector;
+  cfg.conditioning_dim = 8;
+  cfg.prompt_scope = PromptScope::kMaskedTokens;
+  return cfg;
+}
+
+// A 72x40 RGB picture: not a multiple of the 16-pixel model grid, so padding is exercised.
+PixelImage test_picture() {
+  PixelImage img = PixelImage::allocate(72, 40, 3, PixelFormat::kU8);
+  auto* p = reinterpret_cast<uint8_t*>(img.data.data());
+  for (int y = 0; y < img.height; ++y)
+    for (int x = 0; x < img.width; ++x)
+      for (int c = 0; c < 3; ++c) p[(y * img.width + x) * 3 + c] = static_cast<uint8_t>((x * 3 + y * 5 + c * 70) % 256);
+  return img;
+}
+
+struct Fixture {
+  c10::InferenceMode guard;
+  test::TempDir dir{"infill-pipeline"};
+  std::shared_ptr<const Model> model;
+  std::shared_ptr<const TemplateImage> tmpl;
+  std::unique_ptr<EditPipeline> pipeline;
+
+  Fixture() {
+    REQUIRE(write_random_model(dir.file("model"), tiny_dit(), 16, 42).ok());
+    auto loaded = load_model(dir.file("model"));
+    REQUIRE(loaded.ok());
+    model = *loaded;
+    auto png = encode_png(test_picture());
+    REQUIRE(png.ok());
+    auto t = make_template(*model, *png, "picture.png");
+    REQUIRE(t.ok());
+    tmpl = *t;
+    ActivationStoreOptions options;
+    options.ram_budget_bytes = 64 << 20;
+    auto store = ActivationStore::open(options);
+    REQUIRE(store.ok());
+    pipeline = std::make_unique<EditPipeline>(model, std::move(*store));
+  }
+
+  EditParams params(const at::Tensor& mask, CacheMode cache) const {
+    EditParams p;
+    p.mask = mask;
+    p.seed = 9;
+    p.schedule.steps = 4;
+    p.cache = cache;
+    return p;
+  }
+};
+
+bool same_bytes(const PixelImage& a, const PixelImage& b) {
+  return a.width == b.width && a.height == b.height && a.channels == b.channels && a.format == b.format &&
+         a.data == b.data;
+}
+
+}  // namespace
+
+TEST_CASE("an empty mask returns the template's pixels bit for bit", "[pipeline][edit]") {
+  Fixture f;
+  for (CacheMode mode : {CacheMode::kUse, CacheMode::kOff}) {
+    auto r = f.pipeline->edit(f.tmpl, f.params(at::zeros({40, 72}), mode));
+    REQUIRE(r.ok());
+    CHECK(r->steps_run == 0);
+    CHECK(r->masked_tokens == 0);
+    CHECK(same_bytes(r->image, f.tmpl->pixels));
+  }
+}
+
+TEST_CASE("with every token masked the mask-aware edit equals the full recompute", "[pipeline][edit]") {
+  Fixture f;
+  auto cached = f.pipeline->edit(f.tmpl, f.params(at::ones({40, 72}), CacheMode::kUse));
+  auto full = f.pipeline->edit(f.tmpl, f.params(at::ones({40, 72}), CacheMode::kOff));
+  REQUIRE(cached.ok());
+  REQUIRE(full.ok());
+  CHECK(cached->masked_tokens == cached->total_tokens);
+  CHECK(cached->used_cache);
+  CHECK(cached->steps_run == 4);
+  // Float tolerance: both paths run the same kernels on the same rows, so at most a rounding
+  // difference of one 8-bit level may appear.
+  at::Tensor a = to_rgb_tensor(cached->image), b = to_rgb_tensor(full->image);
+  CHECK((a - b).abs().max().item<double>() <= 1.0 / 255 + 1e-6);
+  // A full regeneration changes the picture.
+  CHECK((a - to_rgb_tensor(f.tmpl->pixels)).abs().mean().item<double>() > 0.01);
+}
+
+TEST_CASE("pixels outside the mask are bit-identical, inside they change", "[pipeline][edit]") {
+  Fixture f;
+  at::Tensor mask = at::zeros({40, 72});
+  mask.narrow(0, 10, 16).narrow(1, 20, 24).fill_(1.0);
+  for (CacheMode mode : {CacheMode::kUse, CacheMode::kOff}) {
+    auto r = f.pipeline->edit(f.tmpl, f.params(mask, mode));
+    REQUIRE(r.ok());
+    REQUIRE(r->image.data.size() == f.tmpl->pixels.data.size());
+    const auto* out = reinterpret_cast<const uint8_t*>(r->image.data.data());
+    const auto* in = reinterpret_cast<const uint8_t*>(f.tmpl->pixels.data.data());
+    int64_t outside_changed = 0, inside_changed = 0;
+    for (int y = 0; y < 40; ++y)
+      for (int x = 0; x < 72; ++x)
+        for (int c = 0; c < 3; ++c) {
+          const size_t i = (y * 72 + x) * 3 + c;
+          const bool inside = mask[y][x].item<float>() > 0;
+          (inside ? inside_changed : outside_changed) += out[i] != in[i];
+        }
+    CHECK(outside_changed == 0);
+    CHECK(inside_changed > 100);
+    CHECK(r->masked_tokens < r->total_tokens);
+  }
+}
+
+TEST_CASE("edits are deterministic given a seed", "[pipeline][edit]") {
+  Fixture f;
+  at::Tensor mask = at::zeros({40, 72});
+  mask.narrow(0, 0, 20).narrow(1, 0, 30).fill_(1.0);
+  auto a = f.pipeline->edit(f.tmpl, f.params(mask, CacheMode::kUse));
+  auto b = f.pipeline->edit(f.tmpl, f.params(mask, CacheMode::kUse));
+  EditParams other = f.params(mask, CacheMode::kUse);
+  other.seed = 10;
+  auto c = f.pipeline->edit(f.tmpl, other);
+  REQUIRE((a.ok() && b.ok() && c.ok()));
+  CHECK(same_bytes(a->image, b->image));
+  CHECK_FALSE(same_bytes(a->image, c->image));
+}
+
+TEST_CASE("prepare stores one entry per template and schedule and reuses it", "[pipeline][cache]") {
+  Fixture f;
+  ScheduleSpec s;
+  s.steps = 3;
+  auto first = f.pipeline->prepare(*f.tmpl, s);
+  auto second = f.pipeline->prepare(*f.tmpl, s);
+  REQUIRE((first.ok() && second.ok()));
+  CHECK(first->get() == second->get());
+  CHECK((*first)->layout().steps == 3);
+  CHECK((*first)->layout().blocks == 2);
+  CHECK((*first)->layout().tokens == (80 / 16) * (48 / 16));
+  s.template_seed = 1;
+  auto third = f.pipeline->prepare(*f.tmpl, s);
+  REQUIRE(third.ok());
+  CHECK(third->get() != first->get());
+}
+
+TEST_CASE("bad edit input gets a clear error", "[pipeline][edit]") {
+  Fixture f;
+  SECTION("mask size differs from the template") {
+    auto r = f.pipeline->edit(f.tmpl, f.params(at::ones({40, 71}), CacheMode::kUse));
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == ErrorCode::kInvalidArgument);
+    CHECK_THAT(r.status().message(), Catch::Contains("mask is 71x40, template is 72x40"));
+  }
+  SECTION("strength outside (0, 1]") {
+    EditParams p = f.params(at::ones({40, 72}), CacheMode::kOff);
+    p.strength = 1.5;
+    auto r = f.pipeline->edit(f.tmpl, p);
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("strength"));
+  }
+  SECTION("unknown sampler") {
+    EditParams p = f.params(at::ones({40, 72}), CacheMode::kOff);
+    p.schedule.sampler = "heun";
+    auto r = f.pipeline->edit(f.tmpl, p);
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("heun"));
+  }
+  SECTION("prompt vector of the wrong length") {
+    EditParams p = f.params(at::ones({40, 72}), CacheMode::kOff);
+    p.prompt = at::ones({3});
+    auto r = f.pipeline->edit(f.tmpl, p);
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("expects 8"));
+  }
+  SECTION("image above the configured maximum") {
+    std::ifstream in(f.dir.file("model/manifest.json"));
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["max_image_pixels"] = 1000;
+    std::ofstream(f.dir.file("model/manifest.json")) << j.dump();
+    auto small = load_model(f.dir.file("model"));
+    REQUIRE(small.ok());
+    auto png = encode_png(test_picture());
+    auto t = make_template(**small, *png, "picture.png");
+    REQUIRE_FALSE(t.ok());
+    CHECK_THAT(t.status().message(), Catch::Contains("2880"));
+  }
+}
