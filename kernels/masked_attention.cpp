@@ -1,7 +1,9 @@
 #include "kernels/masked_attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -23,12 +25,15 @@ bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_sup
 
 cpu::AttendTileFn tile_kernel(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kAvx512: return &cpu::attend_tile_avx512;
-    case CpuIsa::kAvx2: return &cpu::attend_tile_avx2;
-    case CpuIsa::kScalar: return &cpu::attend_tile_scalar;
-    case CpuIsa::kAuto: break;
+    case CpuIsa::kAvx512:
+      return &cpu::attend_tile_avx512;
+    case CpuIsa::kAvx2:
+      return &cpu::attend_tile_avx2;
+    case CpuIsa::kScalar:
+    case CpuIsa::kAuto:
+      break;
   }
-  return tile_kernel(best_cpu_isa());
+  return &cpu::attend_tile_scalar;
 }
 
 // A strided-row view is fine; a tensor whose columns are not contiguous is copied.
@@ -39,73 +44,110 @@ at::Tensor with_contiguous_rows(const at::Tensor& t) {
 void check_input(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), "masked_attention: ", name, " must be a CPU tensor, got ",
               t.device());
-  TORCH_CHECK(t.scalar_type() == at::kFloat, "masked_attention: ", name,
-              " must be float32, got ", t.scalar_type());
+  TORCH_CHECK(t.scalar_type() == at::kFloat, "masked_attention: ", name, " must be float32, got ",
+              t.scalar_type());
   TORCH_CHECK(t.dim() == 2, "masked_attention: ", name, " must be 2-D [rows, heads * d], got ",
               t.sizes());
 }
 
-// Repacks K of every head into [keys_padded / kKeyPanel, d, kKeyPanel] panels (keys in the
-// fast dimension, zero past L) so the score kernel reads it contiguously.
-void pack_k(const at::Tensor& k, int64_t heads, int64_t d, int64_t keys_padded, float* panels) {
-  const int64_t keys = k.size(0);
-  const int64_t k_stride = k.stride(0);
-  const float* k_data = k.data_ptr<float>();
-  const int64_t n_panels = keys_padded / cpu::kKeyPanel;
-  cpu::parallel_for(0, heads * n_panels, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t head = t / n_panels;
-      const int64_t key0 = (t % n_panels) * cpu::kKeyPanel;
-      const int64_t n = std::min(cpu::kKeyPanel, keys - key0);
-      float* panel = panels + head * keys_padded * d + key0 * d;
-      for (int64_t j = 0; j < n; ++j) {
-        const float* row = k_data + (key0 + j) * k_stride + head * d;
-        for (int64_t c = 0; c < d; ++c) panel[c * cpu::kKeyPanel + j] = row[c];
-      }
-      if (n < cpu::kKeyPanel) {
-        for (int64_t c = 0; c < d; ++c) {
-          std::fill(panel + c * cpu::kKeyPanel + n, panel + (c + 1) * cpu::kKeyPanel, 0.0f);
-        }
-      }
-    }
-  });
+// Scratch that outlives a call, so the hot path neither allocates nor first-touches fresh
+// pages: each calling thread keeps the largest packed K / V it has needed.
+float* thread_buffer(std::vector<float>& buffer, int64_t floats) {
+  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(static_cast<size_t>(floats));
+  return buffer.data();
 }
 
-// Repacks V into [heads, L, padded d] with zero columns past d, so the P*V kernel reads whole
-// vectors; only needed when d is not a multiple of the vector width.
-void pack_v(const at::Tensor& v, int64_t heads, int64_t d, int64_t dp, float* packed) {
-  const int64_t keys = v.size(0);
-  const int64_t v_stride = v.stride(0);
-  const float* v_data = v.data_ptr<float>();
-  cpu::parallel_for(0, heads * keys, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t head = t / keys;
-      const int64_t key = t % keys;
-      float* dst = packed + (head * keys + key) * dp;
-      std::memcpy(dst, v_data + key * v_stride + head * d, static_cast<size_t>(d) * sizeof(float));
-      std::fill(dst + d, dst + dp, 0.0f);
+// Per-head packing of K (into panels) and, when d is not a multiple of the vector width, of V
+// (into [L, padded d] with zero columns). It runs inside the attention's parallel region:
+// the first task that needs a head packs it and tasks of that head on other threads wait, so
+// there is no second fork / join just for packing.
+class HeadPacker {
+ public:
+  HeadPacker(const at::Tensor& k, const at::Tensor& v, const cpu::AttentionProblem& p,
+             cpu::PackKPanelFn pack_panel, float* k_panels, float* v_packed)
+      : k_(k.data_ptr<float>()),
+        k_stride_(k.stride(0)),
+        v_(v.data_ptr<float>()),
+        v_stride_(v.stride(0)),
+        p_(p),
+        pack_panel_(pack_panel),
+        k_panels_(k_panels),
+        v_packed_(v_packed),
+        state_(static_cast<size_t>(p.heads)) {}
+
+  /// Returns once `head` is packed; packs it when no other thread has started to.
+  void ensure(int64_t head) {
+    std::atomic<int>& state = state_[static_cast<size_t>(head)];
+    if (state.load(std::memory_order_acquire) == kPacked) return;
+    int expected = kUnpacked;
+    if (state.compare_exchange_strong(expected, kPacking, std::memory_order_acq_rel)) {
+      pack(head);
+      state.store(kPacked, std::memory_order_release);
+      return;
     }
-  });
-}
+    while (state.load(std::memory_order_acquire) != kPacked) std::this_thread::yield();
+  }
+
+ private:
+  static constexpr int kUnpacked = 0;
+  static constexpr int kPacking = 1;
+  static constexpr int kPacked = 2;
+
+  void pack(int64_t head) const {
+    const int64_t d = p_.head_dim;
+    if (k_panels_) {
+      float* panels = k_panels_ + head * p_.keys_padded * d;
+      for (int64_t key0 = 0; key0 < p_.keys_padded; key0 += cpu::kKeyPanel) {
+        pack_panel_(k_ + key0 * k_stride_ + head * d, k_stride_,
+                    std::min(cpu::kKeyPanel, p_.keys - key0), d, panels + key0 * d);
+      }
+    }
+    if (v_packed_) {
+      const int64_t dp = p_.padded_head_dim;
+      float* dst = v_packed_ + head * p_.keys * dp;
+      for (int64_t key = 0; key < p_.keys; ++key, dst += dp) {
+        std::memcpy(dst, v_ + key * v_stride_ + head * d, static_cast<size_t>(d) * sizeof(float));
+        std::fill(dst + d, dst + dp, 0.0f);
+      }
+    }
+  }
+
+  const float* k_;
+  int64_t k_stride_;
+  const float* v_;
+  int64_t v_stride_;
+  const cpu::AttentionProblem& p_;
+  cpu::PackKPanelFn pack_panel_;
+  float* k_panels_;
+  float* v_packed_;
+  std::vector<std::atomic<int>> state_;
+};
 
 }  // namespace
 
 bool cpu_isa_supported(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kAvx512: return cpu_has_avx512();
-    case CpuIsa::kAvx2: return cpu_has_avx2();
+    case CpuIsa::kAvx512:
+      return cpu_has_avx512();
+    case CpuIsa::kAvx2:
+      return cpu_has_avx2();
     case CpuIsa::kAuto:
-    case CpuIsa::kScalar: return true;
+    case CpuIsa::kScalar:
+      return true;
   }
   return false;
 }
 
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kAuto: return "auto";
-    case CpuIsa::kAvx512: return "avx512";
-    case CpuIsa::kAvx2: return "avx2";
-    case CpuIsa::kScalar: return "scalar";
+    case CpuIsa::kAuto:
+      return "auto";
+    case CpuIsa::kAvx512:
+      return "avx512";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kScalar:
+      return "scalar";
   }
   return "unknown";
 }
@@ -122,8 +164,8 @@ at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return masked_attention(q, k, v, heads, scale, CpuIsa::kAuto);
 }
 
-at::Tensor masked_attention(const at::Tensor& q_in, const at::Tensor& k_in,
-                            const at::Tensor& v_in, int64_t heads, double scale, CpuIsa isa) {
+at::Tensor masked_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                            int64_t heads, double scale, CpuIsa isa) {
   check_input(q_in, "q");
   check_input(k_in, "k");
   check_input(v_in, "v");
@@ -149,6 +191,7 @@ at::Tensor masked_attention(const at::Tensor& q_in, const at::Tensor& k_in,
   at::Tensor out = at::empty({m, width}, q.options().memory_format(at::MemoryFormat::Contiguous));
   if (m == 0) return out;
 
+  const CpuIsa resolved = isa == CpuIsa::kAuto ? best_cpu_isa() : isa;
   cpu::AttentionProblem p;
   p.queries = m;
   p.keys = keys;
@@ -162,22 +205,29 @@ at::Tensor masked_attention(const at::Tensor& q_in, const at::Tensor& k_in,
   p.out = out.data_ptr<float>();
   p.out_row_stride = width;
 
-  at::Tensor k_panels = at::empty({heads * p.keys_padded * d}, q.options());
-  pack_k(k, heads, d, p.keys_padded, k_panels.data_ptr<float>());
-  p.k_panels = k_panels.data_ptr<float>();
+  p.k = k.data_ptr<float>();
+  p.k_row_stride = k.stride(0);
+  p.v = v.data_ptr<float>();
+  p.v_row_stride = v.stride(0);
+  p.v_head_stride = d;
 
-  at::Tensor v_packed;
-  if (p.padded_head_dim == d) {
-    p.v = v.data_ptr<float>();
-    p.v_row_stride = v.stride(0);
-    p.v_head_stride = d;
-  } else {
-    v_packed = at::empty({heads * keys * p.padded_head_dim}, q.options());
-    pack_v(v, heads, d, p.padded_head_dim, v_packed.data_ptr<float>());
-    p.v = v_packed.data_ptr<float>();
+  thread_local std::vector<float> k_panels_buffer;
+  thread_local std::vector<float> v_packed_buffer;
+  float* k_panels = nullptr;
+  float* v_packed = nullptr;
+  if (m >= cpu::kMinQueriesForPanels) {
+    k_panels = thread_buffer(k_panels_buffer, heads * p.keys_padded * d);
+    p.k_panels = k_panels;
+  }
+  if (p.padded_head_dim != d) {
+    v_packed = thread_buffer(v_packed_buffer, heads * keys * p.padded_head_dim);
+    p.v = v_packed;
     p.v_row_stride = p.padded_head_dim;
     p.v_head_stride = keys * p.padded_head_dim;
   }
+  HeadPacker packer(
+      k, v, p, resolved == CpuIsa::kAvx512 ? &cpu::pack_k_panel_avx512 : &cpu::pack_k_panel_scalar,
+      k_panels, v_packed);
 
   // Tiles of whole 6-row register groups, as large as kMaxQueryTile allows, but small enough
   // that every thread gets several tasks.
@@ -188,23 +238,23 @@ at::Tensor masked_attention(const at::Tensor& q_in, const at::Tensor& k_in,
   // About 2 * 64K multiply-adds per thread is where a second thread starts to pay off.
   const int64_t work_per_task = std::min(tile, m) * keys * d;
   const int64_t grain = std::max<int64_t>(1, (1 << 17) / std::max<int64_t>(1, work_per_task));
-  const cpu::AttendTileFn kernel = tile_kernel(isa);
+  const cpu::AttendTileFn kernel = tile_kernel(resolved);
   cpu::parallel_for(0, heads * tiles, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(
         static_cast<size_t>(cpu::attention_scratch_floats(p.padded_head_dim)));
     for (int64_t t = begin; t < end; ++t) {
       const int64_t head = t / tiles;
       const int64_t q0 = (t % tiles) * tile;
+      packer.ensure(head);
       kernel(p, head, q0, std::min(m, q0 + tile), scratch.data());
     }
   });
   return out;
 }
 
-at::Tensor masked_attention_reference(const at::Tensor& q, const at::Tensor& k,
-                                      const at::Tensor& v, int64_t heads, double scale) {
-  TORCH_CHECK(q.dim() == 2 && k.dim() == 2 && v.dim() == 2 && heads > 0 &&
-                  q.size(1) % heads == 0,
+at::Tensor masked_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      int64_t heads, double scale) {
+  TORCH_CHECK(q.dim() == 2 && k.dim() == 2 && v.dim() == 2 && heads > 0 && q.size(1) % heads == 0,
               "masked_attention_reference: expected q [M, heads * d], k, v [L, heads * d]");
   const int64_t m = q.size(0);
   const int64_t keys = k.size(0);

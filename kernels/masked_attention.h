@@ -24,8 +24,8 @@ at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 /// The same maths in plain libtorch ops (matmul, softmax, matmul): the reference for tests
 /// and the baseline of the benchmark.
-at::Tensor masked_attention_reference(const at::Tensor& q, const at::Tensor& k,
-                                      const at::Tensor& v, int64_t heads, double scale);
+at::Tensor masked_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      int64_t heads, double scale);
 
 /// Instruction-set variants of the CPU kernel. kAuto picks the best one the CPU supports
 /// (AVX-512 F/BW/VL/DQ, else AVX2 + FMA, else portable code).

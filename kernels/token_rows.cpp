@@ -30,13 +30,12 @@ void check_rows_tensor(const at::Tensor& t, const char* name) {
 const int64_t* checked_index(const at::Tensor& index, int64_t rows, const char* rows_name) {
   TORCH_CHECK(index.device().is_cpu(), "index must be a CPU tensor, got ", index.device());
   TORCH_CHECK(index.dim() == 1, "index must be 1-D [M], got shape ", index.sizes());
-  TORCH_CHECK(index.scalar_type() == at::kLong, "index must be int64, got ",
-              index.scalar_type());
+  TORCH_CHECK(index.scalar_type() == at::kLong, "index must be int64, got ", index.scalar_type());
   TORCH_CHECK(index.is_contiguous(), "index must be contiguous");
   const int64_t* idx = index.data_ptr<int64_t>();
   for (int64_t i = 0; i < index.size(0); ++i) {
-    TORCH_CHECK(idx[i] >= 0 && idx[i] < rows, "index[", i, "] = ", idx[i], " is outside [0, ",
-                rows, ") (the rows of ", rows_name, ")");
+    TORCH_CHECK(idx[i] >= 0 && idx[i] < rows, "index[", i, "] = ", idx[i], " is outside [0, ", rows,
+                ") (the rows of ", rows_name, ")");
   }
   return idx;
 }
@@ -71,12 +70,12 @@ at::Tensor gather_rows(const at::Tensor& src, const at::Tensor& index) {
 void scatter_rows(at::Tensor& dst, const at::Tensor& index, const at::Tensor& rows) {
   check_rows_tensor(dst, "dst");
   check_rows_tensor(rows, "rows");
-  TORCH_CHECK(dst.scalar_type() == rows.scalar_type(), "rows is ", rows.scalar_type(),
-              ", dst is ", dst.scalar_type(), "; they must match");
+  TORCH_CHECK(dst.scalar_type() == rows.scalar_type(), "rows is ", rows.scalar_type(), ", dst is ",
+              dst.scalar_type(), "; they must match");
   TORCH_CHECK(dst.size(1) == rows.size(1), "rows has ", rows.size(1), " columns, dst has ",
               dst.size(1), "; they must match");
-  TORCH_CHECK(index.dim() == 1 && index.size(0) == rows.size(0), "index has shape ",
-              index.sizes(), ", expected [", rows.size(0), "] (one entry per row of rows)");
+  TORCH_CHECK(index.dim() == 1 && index.size(0) == rows.size(0), "index has shape ", index.sizes(),
+              ", expected [", rows.size(0), "] (one entry per row of rows)");
   const int64_t* idx = checked_index(index, dst.size(0), "dst");
   const int64_t m = index.size(0);
 #ifndef NDEBUG

@@ -135,6 +135,9 @@ class ActivationStore {
   std::list<std::string> lru_;                    // canonical keys, most recent first
   std::unordered_map<std::string, Spilling> spilling_;
   size_t ram_bytes_ = 0;
+  // Bumped by every erase(): a disk read that started before an erase must not promote
+  // (resurrect) what it read.
+  uint64_t erase_epoch_ = 0;
   uint64_t hits_ram_ = 0;
   uint64_t hits_disk_ = 0;
   uint64_t misses_ = 0;

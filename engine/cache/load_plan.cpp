@@ -39,24 +39,43 @@ struct State {
   double compute_end;  // end of the last block so far
   int parent;
   BlockLoadChoice choice;
+  bool loaded;  // some block so far loaded: under kRecomputePrefix no recompute may follow
 };
 
-// Keeps the states not dominated in (load_end, compute_end); equal pairs keep one.
+// Keeps the states not dominated in (load_end, compute_end); equal pairs keep one. States
+// that differ in `loaded` have different futures, so each flag keeps its own front.
 std::vector<State> pareto_front(std::vector<State> states) {
   std::sort(states.begin(), states.end(), [](const State& a, const State& b) {
+    if (a.loaded != b.loaded) return a.loaded < b.loaded;
     if (a.load_end != b.load_end) return a.load_end < b.load_end;
     return a.compute_end < b.compute_end;
   });
   std::vector<State> front;
   double best_end = std::numeric_limits<double>::infinity();
+  bool group = false;
   for (const State& s : states) {
-    // Sorted by load_end, so s is dominated iff an earlier kept state ends no later.
+    if (s.loaded != group) {
+      group = s.loaded;
+      best_end = std::numeric_limits<double>::infinity();
+    }
+    // Sorted by load_end within a group, so s is dominated iff an earlier kept state of its
+    // group ends no later.
     if (s.compute_end < best_end) {
       front.push_back(s);
       best_end = s.compute_end;
     }
   }
   return front;
+}
+
+bool allowed(const std::vector<BlockLoadChoice>& choices, LoadPlanShape shape) {
+  if (shape == LoadPlanShape::kAny) return true;
+  bool loaded = false;
+  for (BlockLoadChoice c : choices) {
+    if (c == BlockLoadChoice::kLoadCached) loaded = true;
+    else if (loaded) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -89,12 +108,12 @@ LoadPlan simulate_plan(const std::vector<double>& load_ms, const std::vector<dou
 }
 
 LoadPlan plan_loads(const std::vector<double>& load_ms, const std::vector<double>& masked_ms,
-                    const std::vector<double>& full_ms) {
+                    const std::vector<double>& full_ms, LoadPlanShape shape) {
   check_inputs(load_ms, masked_ms, full_ms);
   const size_t n = load_ms.size();
   std::vector<std::vector<State>> layers;
   layers.reserve(n + 1);
-  layers.push_back({State{0.0, 0.0, -1, BlockLoadChoice::kRecompute}});
+  layers.push_back({State{0.0, 0.0, -1, BlockLoadChoice::kRecompute, false}});
   for (size_t i = 0; i < n; ++i) {
     const std::vector<State>& prev = layers.back();
     std::vector<State> next;
@@ -103,18 +122,23 @@ LoadPlan plan_loads(const std::vector<double>& load_ms, const std::vector<double
       const State& s = prev[p];
       const double load_end = s.load_end + load_ms[i];
       next.push_back(State{load_end, std::max(s.compute_end, load_end) + masked_ms[i],
-                           static_cast<int>(p), BlockLoadChoice::kLoadCached});
-      next.push_back(State{s.load_end, s.compute_end + full_ms[i], static_cast<int>(p),
-                           BlockLoadChoice::kRecompute});
+                           static_cast<int>(p), BlockLoadChoice::kLoadCached, true});
+      if (shape == LoadPlanShape::kAny || !s.loaded) {
+        next.push_back(State{s.load_end, s.compute_end + full_ms[i], static_cast<int>(p),
+                             BlockLoadChoice::kRecompute, s.loaded});
+      }
     }
     layers.push_back(pareto_front(std::move(next)));
   }
 
-  // Minimal end; ties go to the least load time, which the front's order puts first.
+  // Minimal end; ties go to the least load time.
   const std::vector<State>& last = layers.back();
   size_t best = 0;
   for (size_t k = 1; k < last.size(); ++k) {
-    if (last[k].compute_end < last[best].compute_end) best = k;
+    if (last[k].compute_end < last[best].compute_end ||
+        (last[k].compute_end == last[best].compute_end && last[k].load_end < last[best].load_end)) {
+      best = k;
+    }
   }
   std::vector<BlockLoadChoice> choices(n);
   int index = static_cast<int>(best);
@@ -129,7 +153,7 @@ LoadPlan plan_loads(const std::vector<double>& load_ms, const std::vector<double
 
 LoadPlan plan_loads_brute_force(const std::vector<double>& load_ms,
                                 const std::vector<double>& masked_ms,
-                                const std::vector<double>& full_ms) {
+                                const std::vector<double>& full_ms, LoadPlanShape shape) {
   check_inputs(load_ms, masked_ms, full_ms);
   const size_t n = load_ms.size();
   if (n > 16) {
@@ -143,6 +167,7 @@ LoadPlan plan_loads_brute_force(const std::vector<double>& load_ms,
     for (size_t i = 0; i < n; ++i) {
       choices[i] = (mask >> i) & 1u ? BlockLoadChoice::kLoadCached : BlockLoadChoice::kRecompute;
     }
+    if (!allowed(choices, shape)) continue;
     LoadPlan plan = simulate_plan(load_ms, masked_ms, full_ms, choices);
     if (plan.latency_ms < best.latency_ms ||
         (plan.latency_ms == best.latency_ms && plan.load_ms < best.load_ms)) {

@@ -27,6 +27,15 @@ enum class BlockLoadChoice : uint8_t {
   kRecompute = 2,   ///< no load, compute all tokens
 };
 
+/// Which plans are allowed. A block can run on all tokens only if the hidden states of all
+/// tokens reach it; the engine caches K/V but not hidden states, so once a block has run on
+/// the masked tokens alone, later blocks cannot return to all tokens: recomputed blocks form
+/// a prefix. kAny is the unconstrained problem (a cache that also keeps hidden states).
+enum class LoadPlanShape : uint8_t {
+  kAny = 1,
+  kRecomputePrefix = 2,
+};
+
 struct LoadPlan {
   std::vector<BlockLoadChoice> choices;  ///< one per block
   double latency_ms = 0.0;               ///< predicted end of the last block (0 for no blocks)
@@ -42,12 +51,13 @@ struct LoadPlan {
 /// Throws std::invalid_argument if the vectors differ in length or hold a negative or
 /// non-finite time (a programming error of the caller's cost model).
 LoadPlan plan_loads(const std::vector<double>& load_ms, const std::vector<double>& masked_ms,
-                    const std::vector<double>& full_ms);
+                    const std::vector<double>& full_ms, LoadPlanShape shape = LoadPlanShape::kAny);
 
 /// Reference: enumerates all 2^n plans (n <= 16, else std::invalid_argument). For tests.
 LoadPlan plan_loads_brute_force(const std::vector<double>& load_ms,
                                 const std::vector<double>& masked_ms,
-                                const std::vector<double>& full_ms);
+                                const std::vector<double>& full_ms,
+                                LoadPlanShape shape = LoadPlanShape::kAny);
 
 /// Latency of a given plan under the model above; fills block_end_ms and load_ms of the result.
 /// Throws std::invalid_argument on inconsistent sizes.

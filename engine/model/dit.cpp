@@ -259,7 +259,8 @@ at::Tensor Dit::forward(std::span<DitSegment> segments) const {
     if (seg.full_blocks > 0) {
       TORCH_CHECK(seg.tokens.size(0) == L, "segment ", i, ": full blocks need all ", L, " tokens");
     }
-    if (seg.full_blocks < cfg.depth && seg.tokens.size(0) < L) {
+    const int64_t carried = seg.full_blocks > 0 && seg.carry_rows.defined() ? seg.carry_rows.size(0) : seg.tokens.size(0);
+    if (seg.full_blocks < cfg.depth && carried < L) {
       TORCH_CHECK(seg.kv != nullptr, "segment ", i, ": a masked forward needs a KvSource");
     }
     s.ids = seg.token_ids;

@@ -34,9 +34,9 @@ struct DTypeEntry {
 };
 
 constexpr DTypeEntry kDTypes[] = {
-    {DType::kF32, "F32", 4}, {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
-    {DType::kF64, "F64", 8}, {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
-    {DType::kI16, "I16", 2}, {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
+    {DType::kF32, "F32", 4},   {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
+    {DType::kF64, "F64", 8},   {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
+    {DType::kI16, "I16", 2},   {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
     {DType::kBool, "BOOL", 1},
 };
 
@@ -69,8 +69,7 @@ Status read_count(const json& value, const std::string& where, const std::string
     *out = v;
     return {};
   }
-  return corrupt_data(where + ": " + what + " is a " + value.type_name() +
-                      ", expected an integer");
+  return corrupt_data(where + ": " + what + " is a " + value.type_name() + ", expected an integer");
 }
 
 }  // namespace
@@ -178,8 +177,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
                         " bytes) is not valid JSON");
   }
   if (!header.is_object()) {
-    return corrupt_data(path + ": header is a JSON " + header.type_name() +
-                        ", expected an object");
+    return corrupt_data(path + ": header is a JSON " + header.type_name() + ", expected an object");
   }
   if (!duplicate.empty()) {
     return corrupt_data(path + ": tensor '" + duplicate + "' appears twice in the header");

@@ -26,7 +26,18 @@ namespace infill {
 
 /// Element types a weight file may hold. Only F32, F16 and BF16 can be converted to
 /// compute tensors; the others are recognised so that errors can name them.
-enum class DType { kF32 = 1, kF16 = 2, kBF16 = 3, kF64 = 4, kI64 = 5, kI32 = 6, kI16 = 7, kI8 = 8, kU8 = 9, kBool = 10 };
+enum class DType {
+  kF32 = 1,
+  kF16 = 2,
+  kBF16 = 3,
+  kF64 = 4,
+  kI64 = 5,
+  kI32 = 6,
+  kI16 = 7,
+  kI8 = 8,
+  kU8 = 9,
+  kBool = 10
+};
 
 /// "F32", "F16", ... as written in safetensors headers.
 const char* dtype_name(DType dtype);

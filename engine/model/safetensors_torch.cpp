@@ -47,9 +47,15 @@ Result<at::Tensor> load_float_tensor(const SafetensorsFile& file, const std::str
   if (info == nullptr) return not_found(file.path() + ": no tensor '" + name + "'");
   at::ScalarType stored;
   switch (info->dtype) {
-    case DType::kF32: stored = at::kFloat; break;
-    case DType::kF16: stored = at::kHalf; break;
-    case DType::kBF16: stored = at::kBFloat16; break;
+    case DType::kF32:
+      stored = at::kFloat;
+      break;
+    case DType::kF16:
+      stored = at::kHalf;
+      break;
+    case DType::kBF16:
+      stored = at::kBFloat16;
+      break;
     default:
       return invalid_argument(file.path() + ": " + name + " is " + dtype_name(info->dtype) +
                               ", expected F32, F16 or BF16");
@@ -102,18 +108,23 @@ Status write_safetensors(const std::string& path,
     }
     const char* dtype = nullptr;
     switch (tensor.scalar_type()) {
-      case at::kFloat: dtype = "F32"; break;
-      case at::kHalf: dtype = "F16"; break;
-      case at::kBFloat16: dtype = "BF16"; break;
+      case at::kFloat:
+        dtype = "F32";
+        break;
+      case at::kHalf:
+        dtype = "F16";
+        break;
+      case at::kBFloat16:
+        dtype = "BF16";
+        break;
       default:
         return invalid_argument(where + " is " + std::string(c10::toString(tensor.scalar_type())) +
                                 ", expected float32, float16 or bfloat16");
     }
     at::Tensor c = tensor.contiguous();
     const uint64_t bytes = static_cast<uint64_t>(c.numel()) * c.element_size();
-    header[name] = {{"dtype", dtype},
-                    {"shape", c.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {
+        {"dtype", dtype}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
     contiguous.push_back(std::move(c));
   }
@@ -130,15 +141,15 @@ Status write_safetensors(const std::string& path,
   const uint64_t header_bytes = header_text.size();
 
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp_path = path + ".tmp." + std::to_string(::getpid()) + "." +
-                               std::to_string(counter.fetch_add(1));
+  const std::string tmp_path =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
   const int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     return io_error(path + ": cannot create temporary file " + tmp_path + ": " +
                     std::strerror(errno));
   }
-  bool ok = write_all(fd, &header_bytes, 8) &&
-            write_all(fd, header_text.data(), header_text.size());
+  bool ok =
+      write_all(fd, &header_bytes, 8) && write_all(fd, header_text.data(), header_text.size());
   for (size_t i = 0; ok && i < contiguous.size(); ++i) {
     const at::Tensor& c = contiguous[i];
     ok = write_all(fd, c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
@@ -153,8 +164,8 @@ Status write_safetensors(const std::string& path,
   if (::rename(tmp_path.c_str(), path.c_str()) != 0) {
     const int rename_errno = errno;
     ::unlink(tmp_path.c_str());
-    return io_error(path + ": cannot rename " + tmp_path + " into place: " +
-                    std::strerror(rename_errno));
+    return io_error(path + ": cannot rename " + tmp_path +
+                    " into place: " + std::strerror(rename_errno));
   }
   return {};
 }

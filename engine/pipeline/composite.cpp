@@ -25,7 +25,9 @@ struct Codec;
 template <>
 struct Codec<uint8_t> {
   static float decode(uint8_t v) { return static_cast<float>(v) / 255.0f; }
-  static uint8_t encode(float v) { return static_cast<uint8_t>(std::clamp(std::floor(v * 255.0f + 0.5f), 0.0f, 255.0f)); }
+  static uint8_t encode(float v) {
+    return static_cast<uint8_t>(std::clamp(std::floor(v * 255.0f + 0.5f), 0.0f, 255.0f));
+  }
 };
 template <>
 struct Codec<uint16_t> {
@@ -68,18 +70,19 @@ void blend(PixelImage& out, const float* rgb, const float* alpha, const PixelRec
 
 Status check_composite_inputs(const PixelImage& original, const at::Tensor& generated_rgb,
                               const at::Tensor& alpha, const PixelRect& region) {
-  if (original.width <= 0 || original.height <= 0 || original.channels < 1 || original.channels > 4 ||
-      original.data.size() != original.expected_bytes()) {
-    return invalid_argument("composite: original image is inconsistent (" + std::to_string(original.width) +
-                            "x" + std::to_string(original.height) + "x" + std::to_string(original.channels) +
-                            ", " + std::to_string(original.data.size()) + " bytes)");
+  if (original.width <= 0 || original.height <= 0 || original.channels < 1 ||
+      original.channels > 4 || original.data.size() != original.expected_bytes()) {
+    return invalid_argument("composite: original image is inconsistent (" +
+                            std::to_string(original.width) + "x" + std::to_string(original.height) +
+                            "x" + std::to_string(original.channels) + ", " +
+                            std::to_string(original.data.size()) + " bytes)");
   }
   if (region.x < 0 || region.y < 0 || region.width < 0 || region.height < 0 ||
       region.x + region.width > original.width || region.y + region.height > original.height) {
-    return invalid_argument("composite: region " + std::to_string(region.width) + "x" +
-                            std::to_string(region.height) + "+" + std::to_string(region.x) + "+" +
-                            std::to_string(region.y) + " is not inside the " + std::to_string(original.width) +
-                            "x" + std::to_string(original.height) + " original");
+    return invalid_argument(
+        "composite: region " + std::to_string(region.width) + "x" + std::to_string(region.height) +
+        "+" + std::to_string(region.x) + "+" + std::to_string(region.y) + " is not inside the " +
+        std::to_string(original.width) + "x" + std::to_string(original.height) + " original");
   }
   if (!generated_rgb.defined() || generated_rgb.dim() != 3 || generated_rgb.size(0) != 3 ||
       generated_rgb.size(1) != region.height || generated_rgb.size(2) != region.width ||
@@ -88,21 +91,23 @@ Status check_composite_inputs(const PixelImage& original, const at::Tensor& gene
                             ", expected float [3, " + std::to_string(region.height) + ", " +
                             std::to_string(region.width) + "]");
   }
-  if (!alpha.defined() || alpha.dim() != 2 || alpha.size(0) != region.height || alpha.size(1) != region.width ||
-      !alpha.is_floating_point()) {
+  if (!alpha.defined() || alpha.dim() != 2 || alpha.size(0) != region.height ||
+      alpha.size(1) != region.width || !alpha.is_floating_point()) {
     return invalid_argument("composite: alpha is " + shape_text(alpha) + ", expected float [" +
-                            std::to_string(region.height) + ", " + std::to_string(region.width) + "]");
+                            std::to_string(region.height) + ", " + std::to_string(region.width) +
+                            "]");
   }
   return Status::success();
 }
 
 Status check_composite_inputs(const PixelImage& original, const at::Tensor& generated_rgb,
                               const at::Tensor& alpha) {
-  return check_composite_inputs(original, generated_rgb, alpha, {0, 0, original.width, original.height});
+  return check_composite_inputs(original, generated_rgb, alpha,
+                                {0, 0, original.width, original.height});
 }
 
-PixelImage composite(const PixelImage& original, const at::Tensor& generated_rgb, const at::Tensor& alpha,
-                     const PixelRect& region) {
+PixelImage composite(const PixelImage& original, const at::Tensor& generated_rgb,
+                     const at::Tensor& alpha, const PixelRect& region) {
   const Status status = check_composite_inputs(original, generated_rgb, alpha, region);
   if (!status.ok()) throw std::invalid_argument(status.message());
   PixelImage out = original;
@@ -110,14 +115,21 @@ PixelImage composite(const PixelImage& original, const at::Tensor& generated_rgb
   const at::Tensor rgb = generated_rgb.to(at::kCPU, at::kFloat).contiguous();
   const at::Tensor a = alpha.to(at::kCPU, at::kFloat).contiguous();
   switch (out.format) {
-    case PixelFormat::kU8: blend<uint8_t>(out, rgb.data_ptr<float>(), a.data_ptr<float>(), region); break;
-    case PixelFormat::kU16: blend<uint16_t>(out, rgb.data_ptr<float>(), a.data_ptr<float>(), region); break;
-    case PixelFormat::kF32: blend<float>(out, rgb.data_ptr<float>(), a.data_ptr<float>(), region); break;
+    case PixelFormat::kU8:
+      blend<uint8_t>(out, rgb.data_ptr<float>(), a.data_ptr<float>(), region);
+      break;
+    case PixelFormat::kU16:
+      blend<uint16_t>(out, rgb.data_ptr<float>(), a.data_ptr<float>(), region);
+      break;
+    case PixelFormat::kF32:
+      blend<float>(out, rgb.data_ptr<float>(), a.data_ptr<float>(), region);
+      break;
   }
   return out;
 }
 
-PixelImage composite(const PixelImage& original, const at::Tensor& generated_rgb, const at::Tensor& alpha) {
+PixelImage composite(const PixelImage& original, const at::Tensor& generated_rgb,
+                     const at::Tensor& alpha) {
   return composite(original, generated_rgb, alpha, {0, 0, original.width, original.height});
 }
 
@@ -146,8 +158,8 @@ at::Tensor pad_to_multiple(const at::Tensor& image, int multiple) {
 
 at::Tensor crop(const at::Tensor& image, int width, int height) {
   TORCH_CHECK(image.defined() && image.dim() >= 2, "crop: expected [..., H, W]");
-  TORCH_CHECK(width >= 0 && height >= 0 && width <= image.size(-1) && height <= image.size(-2), "crop: ",
-              width, "x", height, " does not fit in ", image.sizes());
+  TORCH_CHECK(width >= 0 && height >= 0 && width <= image.size(-1) && height <= image.size(-2),
+              "crop: ", width, "x", height, " does not fit in ", image.sizes());
   return image.narrow(-1, 0, width).narrow(-2, 0, height);
 }
 

@@ -29,12 +29,13 @@ Status check_composite_inputs(const PixelImage& original, const at::Tensor& gene
 /// generated_rgb: float [3, H, W], alpha: float [H, W], H x W the original's size. Inputs are
 /// programming-checked: a mismatch throws std::invalid_argument (validate with
 /// check_composite_inputs for untrusted inputs).
-PixelImage composite(const PixelImage& original, const at::Tensor& generated_rgb, const at::Tensor& alpha);
+PixelImage composite(const PixelImage& original, const at::Tensor& generated_rgb,
+                     const at::Tensor& alpha);
 
 /// As composite(), with generated_rgb [3, h, w] and alpha [h, w] covering only `region`
 /// (e.g. the decoded crop around the mask); pixels outside the region are copied unchanged.
-PixelImage composite(const PixelImage& original, const at::Tensor& generated_rgb, const at::Tensor& alpha,
-                     const PixelRect& region);
+PixelImage composite(const PixelImage& original, const at::Tensor& generated_rgb,
+                     const at::Tensor& alpha, const PixelRect& region);
 
 /// Pads the last two dims (H, W) of `image` ([..., H, W], e.g. [3, H, W]) on the right and
 /// bottom to multiples of `multiple` by replicating the last column / row. Returns `image`

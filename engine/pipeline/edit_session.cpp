@@ -92,8 +92,7 @@ at::Tensor model_input(const Model& model, const at::Tensor& noisy, const at::Te
 
 Result<std::unique_ptr<EditSession>> EditSession::create(std::shared_ptr<const Model> model,
                                                          std::shared_ptr<const TemplateImage> tmpl,
-                                                         const EditParams& params,
-                                                         std::shared_ptr<const ActivationEntry> cache) {
+                                                         const EditParams& params, CacheSource cache) {
   c10::InferenceMode guard;
   if (!params.mask.defined() || params.mask.dim() != 2) {
     return invalid_argument("mask must be a 2-D [height, width] array");
@@ -140,8 +139,8 @@ Result<std::unique_ptr<EditSession>> EditSession::create(std::shared_ptr<const M
   s->x_ = s->sampler_->add_noise(tmpl->latent, s->noise_, s->step_).contiguous();
 
   if (s->uses_cache() && s->tokens_.count() > 0) {
-    if (!cache) return invalid_argument("edit needs the template's cache entry (run prepare first)");
-    const ActivationLayout& l = cache->layout();
+    if (cache.empty()) return invalid_argument("edit needs the template's cache entry (run prepare first)");
+    const ActivationLayout& l = cache.entry ? cache.entry->layout() : cache.streamed->layout();
     const int64_t tokens = static_cast<int64_t>(s->tokens_.grid_w) * s->tokens_.grid_h;
     if (l.steps != s->sampler_->steps() || l.blocks != cfg.depth || l.tokens != tokens || l.hidden != cfg.hidden_size) {
       return invalid_argument("cache entry layout (steps " + std::to_string(l.steps) + ", blocks " +
@@ -149,8 +148,11 @@ Result<std::unique_ptr<EditSession>> EditSession::create(std::shared_ptr<const M
                               ") does not match this edit (steps " + std::to_string(s->sampler_->steps()) +
                               ", blocks " + std::to_string(cfg.depth) + ", tokens " + std::to_string(tokens) + ")");
     }
+    if (cache.recompute_blocks < 0 || cache.recompute_blocks > cfg.depth) {
+      return invalid_argument("recompute_blocks must be in [0, depth]");
+    }
     s->cache_ = std::move(cache);
-    s->kv_ = std::make_unique<EntryKvSource>(s->cache_, s->step_);
+    if (s->cache_.entry) s->kv_ = std::make_unique<EntryKvSource>(s->cache_.entry, s->step_);
   }
   return s;
 }
@@ -166,23 +168,33 @@ DitSegment& EditSession::segment() {
   segment_.grid_w = tokens_.grid_w;
   segment_.cond = dit.conditioning(t, params_.prompt);
   segment_.null_cond = cfg.prompt_scope == PromptScope::kMaskedTokens ? dit.conditioning(t, at::Tensor()) : segment_.cond;
-  if (uses_cache()) {
+  const int recompute = cache_.streamed ? cache_.recompute_blocks : 0;
+  if (uses_cache() && recompute < cfg.depth) {
+    if (cache_.streamed) {
+      cache_.streamed->start_step(step_, recompute);
+      segment_.kv = cache_.streamed.get();
+    } else {
+      kv_->set_step(step_);
+      segment_.kv = kv_.get();
+    }
+  }
+  if (uses_cache() && recompute == 0) {
     segment_.tokens = all_rows.index_select(0, tokens_.indices);
     segment_.token_ids = tokens_.indices;
-    kv_->set_step(step_);
-    segment_.kv = kv_.get();
   } else {
+    // All tokens for the first blocks (all of them without a cache), then the masked rows.
     segment_.tokens = all_rows;
     segment_.token_ids = at::arange(all_rows.size(0), at::kLong);
-    segment_.full_blocks = cfg.depth;
+    segment_.full_blocks = uses_cache() ? recompute : cfg.depth;
     segment_.carry_rows = tokens_.indices;
     if (cfg.prompt_scope == PromptScope::kMaskedTokens) segment_.prompted = tokens_.token_mask();
   }
   return segment_;
 }
 
-void EditSession::apply(const at::Tensor& prediction) {
+Status EditSession::apply(const at::Tensor& prediction) {
   c10::InferenceMode guard;
+  if (cache_.streamed) INFILL_RETURN_IF_ERROR(cache_.streamed->status());
   at::Tensor pred = at::zeros_like(x_);
   model_->dit.unpatchify_into(pred, prediction, tokens_.indices);
   at::Tensor next = sampler_->step(x_, pred, step_);
@@ -190,6 +202,7 @@ void EditSession::apply(const at::Tensor& prediction) {
   last_prediction_ = sampler_->predict_x0(x_, pred, step_);
   x_ = at::where(keep_mask_, reset, next).contiguous();
   ++step_;
+  return {};
 }
 
 at::Tensor EditSession::predicted_latent() const {
@@ -205,6 +218,8 @@ Result<EditOutput> EditSession::finish() const {
   out.masked_tokens = tokens_.count();
   out.total_tokens = static_cast<int64_t>(tokens_.grid_w) * tokens_.grid_h;
   out.used_cache = uses_cache() && tokens_.count() > 0;
+  out.streamed_cache = cache_.streamed != nullptr;
+  out.recomputed_blocks = cache_.streamed ? cache_.recompute_blocks : 0;
   if (tokens_.count() == 0) {
     // Nothing to regenerate: the template itself, bit for bit.
     out.steps_run = 0;
@@ -219,10 +234,10 @@ Result<EditOutput> EditSession::finish() const {
   out.region = bounding_box(padded_mask, 0, factor);
   const PixelRect& r = out.region;
   at::Tensor z = to_autoencoder_scale(*model_, at::where(keep_mask_, tmpl_->latent, x_)).unsqueeze(0);
-  at::Tensor crop = model_->autoencoder->decode_crop(z, r.x / factor, r.y / factor, r.width / factor,
+  at::Tensor decoded = model_->autoencoder->decode_crop(z, r.x / factor, r.y / factor, r.width / factor,
                                                      r.height / factor, params_.decode_margin)[0];
   at::Tensor generated = tmpl_->rgb.clone();
-  generated.narrow(1, r.y, r.height).narrow(2, r.x, r.width).copy_(crop);
+  generated.narrow(1, r.y, r.height).narrow(2, r.x, r.width).copy_(decoded);
   generated = crop(generated, tmpl_->width, tmpl_->height);
   out.image = composite(tmpl_->pixels, generated, feather(params_.mask, params_.feather_px));
   return out;

@@ -25,6 +25,7 @@
 #include "pipeline/image_io.h"
 #include "pipeline/mask.h"
 #include "pipeline/sampler.h"
+#include "pipeline/streamed_kv.h"
 #include "pipeline/template_image.h"
 
 namespace infill {
@@ -59,6 +60,8 @@ struct EditOutput {
   int64_t masked_tokens = 0;
   int64_t total_tokens = 0;
   bool used_cache = false;
+  bool streamed_cache = false;  ///< cached K/V were streamed from the disk tier
+  int recomputed_blocks = 0;    ///< leading blocks run on all tokens by the load plan
   PixelRect region;           ///< pixel box that was decoded
 };
 
@@ -74,15 +77,22 @@ at::Tensor template_noise(const TemplateImage& tmpl, uint64_t seed);
 at::Tensor model_input(const Model& model, const at::Tensor& noisy, const at::Tensor& known,
                        const at::Tensor& latent_mask);
 
+/// Where a mask-aware edit reads the template's cached K/V from.
+struct CacheSource {
+  std::shared_ptr<const ActivationEntry> entry;  ///< a RAM-resident entry, or
+  std::shared_ptr<StreamedKvSource> streamed;    ///< slabs streamed from the disk tier
+  int recompute_blocks = 0;                      ///< with `streamed`: leading blocks run on all tokens
+  bool empty() const { return !entry && !streamed; }
+};
+
 class EditSession {
  public:
   /// Validates `params` against the template (mask size, strength, schedule, prompt) and sets
-  /// up the initial noisy latent. `cache` must be the entry for make_cache_key(...) when
+  /// up the initial noisy latent. `cache` must hold the entry for make_cache_key(...) when
   /// params.cache is kUse and the mask is not empty.
   static Result<std::unique_ptr<EditSession>> create(std::shared_ptr<const Model> model,
                                                      std::shared_ptr<const TemplateImage> tmpl,
-                                                     const EditParams& params,
-                                                     std::shared_ptr<const ActivationEntry> cache);
+                                                     const EditParams& params, CacheSource cache);
 
   bool done() const { return step_ >= sampler_->steps() || tokens_.count() == 0; }
   int step() const { return step_; }
@@ -92,8 +102,9 @@ class EditSession {
 
   /// The rows of the next step. Valid until apply(). Precondition: !done().
   DitSegment& segment();
-  /// Takes the prediction rows for segment()'s carried rows and advances one step.
-  void apply(const at::Tensor& prediction);
+  /// Takes the prediction rows for segment()'s carried rows and advances one step. Fails
+  /// (and the edit with it) when streamed cache slabs could not be read.
+  Status apply(const at::Tensor& prediction);
   /// Current estimate of the clean latent, known region filled in (for previews). [C, h, w]
   at::Tensor predicted_latent() const;
   /// Decodes the masked region and composites it onto the template's pixels.
@@ -104,7 +115,7 @@ class EditSession {
   std::shared_ptr<const Model> model_;
   std::shared_ptr<const TemplateImage> tmpl_;
   EditParams params_;
-  std::shared_ptr<const ActivationEntry> cache_;
+  CacheSource cache_;
   std::optional<Sampler> sampler_;
   TokenSet tokens_;
   at::Tensor latent_mask_;  // [h, w] float 0/1

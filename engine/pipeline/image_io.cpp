@@ -25,15 +25,27 @@ constexpr int kMaxChannels = 4;
 
 OIIO::TypeDesc oiio_type(PixelFormat format) {
   switch (format) {
-    case PixelFormat::kU8: return OIIO::TypeDesc::UINT8;
-    case PixelFormat::kU16: return OIIO::TypeDesc::UINT16;
-    case PixelFormat::kF32: return OIIO::TypeDesc::FLOAT;
+    case PixelFormat::kU8:
+      return OIIO::TypeDesc::UINT8;
+    case PixelFormat::kU16:
+      return OIIO::TypeDesc::UINT16;
+    case PixelFormat::kF32:
+      return OIIO::TypeDesc::FLOAT;
   }
   throw std::invalid_argument("unknown PixelFormat");
 }
 
 std::string size_text(int64_t width, int64_t height) {
   return std::to_string(width) + "x" + std::to_string(height);
+}
+
+// OIIO joins several errors with newlines; messages here are single lines.
+std::string one_line(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  for (size_t pos = text.find('\n'); pos != std::string::npos; pos = text.find('\n', pos)) {
+    text.replace(pos, 1, "; ");
+  }
+  return text;
 }
 
 Status check_image(const PixelImage& image, const std::string& what) {
@@ -56,15 +68,27 @@ Status check_image(const PixelImage& image, const std::string& what) {
   return Status::success();
 }
 
+// Pixels travel exactly as the file stores them. By default OIIO premultiplies colour by
+// alpha when reading unassociated-alpha files (PNG, most TIFFs) and divides when writing them,
+// which would change colour bytes under partial alpha (and zero them where alpha is 0), so
+// both directions ask for the data untouched.
 OIIO::ImageSpec make_spec(const PixelImage& image, OIIO::TypeDesc format) {
   OIIO::ImageSpec spec(image.width, image.height, image.channels, format);
   if (image.channels == 2) spec.alpha_channel = 1;
   if (image.channels == 4) spec.alpha_channel = 3;
+  spec.attribute("oiio:UnassociatedAlpha", 1);
   return spec;
 }
 
+OIIO::ImageSpec read_config() {
+  OIIO::ImageSpec config;
+  config.attribute("oiio:UnassociatedAlpha", 1);
+  return config;
+}
+
 // Reads the first subimage from an opened input. `what` names the source in messages.
-Result<PixelImage> read_opened(OIIO::ImageInput& input, const std::string& what, int64_t max_pixels) {
+Result<PixelImage> read_opened(OIIO::ImageInput& input, const std::string& what,
+                               int64_t max_pixels) {
   const OIIO::ImageSpec& spec = input.spec();
   if (spec.width <= 0 || spec.height <= 0 || spec.depth > 1) {
     std::string size = size_text(spec.width, spec.height);
@@ -86,15 +110,39 @@ Result<PixelImage> read_opened(OIIO::ImageInput& input, const std::string& what,
   const int channels = std::min(spec.nchannels, kMaxChannels);
   PixelImage image = PixelImage::allocate(spec.width, spec.height, channels, format);
   if (!input.read_image(0, 0, 0, channels, oiio_type(format), image.data.data())) {
-    return corrupt_data("image " + what + " cannot be decoded: " + input.geterror());
+    return corrupt_data("image " + what + " cannot be decoded: " + one_line(input.geterror()));
   }
   return image;
+}
+
+// Interleaved samples -> three float planes; grey (1 or 2 channels) fills all three, alpha is
+// skipped.
+template <class T, class Convert>
+void planarize(const T* src, const PixelImage& image, float* const planes[3], Convert convert) {
+  const int64_t n = image.pixel_count();
+  const int channels = image.channels;
+  if (channels >= 3) {
+    for (int64_t i = 0; i < n; ++i) {
+      const T* px = src + i * channels;
+      planes[0][i] = convert(px[0]);
+      planes[1][i] = convert(px[1]);
+      planes[2][i] = convert(px[2]);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = convert(src[i * channels]);
+      planes[0][i] = v;
+      planes[1][i] = v;
+      planes[2][i] = v;
+    }
+  }
 }
 
 // Replaces every occurrence of `from` in `text` by `to`.
 std::string replace_all(std::string text, const std::string& from, const std::string& to) {
   if (from.empty()) return text;
-  for (size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, pos + to.size())) {
+  for (size_t pos = text.find(from); pos != std::string::npos;
+       pos = text.find(from, pos + to.size())) {
     text.replace(pos, from.size(), to);
   }
   return text;
@@ -115,18 +163,24 @@ fs::path temp_sibling(const fs::path& path) {
 
 size_t bytes_per_sample(PixelFormat format) {
   switch (format) {
-    case PixelFormat::kU8: return 1;
-    case PixelFormat::kU16: return 2;
-    case PixelFormat::kF32: return 4;
+    case PixelFormat::kU8:
+      return 1;
+    case PixelFormat::kU16:
+      return 2;
+    case PixelFormat::kF32:
+      return 4;
   }
   throw std::invalid_argument("unknown PixelFormat");
 }
 
 const char* pixel_format_name(PixelFormat format) {
   switch (format) {
-    case PixelFormat::kU8: return "u8";
-    case PixelFormat::kU16: return "u16";
-    case PixelFormat::kF32: return "f32";
+    case PixelFormat::kU8:
+      return "u8";
+    case PixelFormat::kU16:
+      return "u16";
+    case PixelFormat::kF32:
+      return "f32";
   }
   return "unknown";
 }
@@ -149,18 +203,22 @@ PixelImage PixelImage::allocate(int width, int height, int channels, PixelFormat
 Result<PixelImage> load_image(const std::string& path, int64_t max_pixels) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return not_found("image " + path + " does not exist");
-  if (fs::is_directory(path, ec)) return invalid_argument("image " + path + " is a directory, expected a file");
-  auto input = OIIO::ImageInput::open(path);
-  if (!input) return corrupt_data("image " + path + " cannot be read: " + OIIO::geterror());
+  if (fs::is_directory(path, ec))
+    return invalid_argument("image " + path + " is a directory, expected a file");
+  const OIIO::ImageSpec config = read_config();
+  auto input = OIIO::ImageInput::open(path, &config);
+  if (!input)
+    return corrupt_data("image " + path + " cannot be read: " + one_line(OIIO::geterror()));
   return read_opened(*input, path, max_pixels);
 }
 
-Result<PixelImage> decode_image(std::span<const std::byte> bytes, const std::string& name_for_errors,
-                                int64_t max_pixels) {
+Result<PixelImage> decode_image(std::span<const std::byte> bytes,
+                                const std::string& name_for_errors, int64_t max_pixels) {
   if (bytes.empty()) return corrupt_data("image " + name_for_errors + " is empty (0 bytes)");
   {
     OIIO::Filesystem::IOMemReader reader(bytes.data(), bytes.size());
-    auto input = OIIO::ImageInput::open(name_for_errors, nullptr, &reader);
+    const OIIO::ImageSpec config = read_config();
+    auto input = OIIO::ImageInput::open(name_for_errors, &config, &reader);
     if (input) return read_opened(*input, name_for_errors, max_pixels);
     OIIO::geterror();  // clear: the file fallback reports its own, clearer message
   }
@@ -171,7 +229,8 @@ Result<PixelImage> decode_image(std::span<const std::byte> bytes, const std::str
   pattern += extension;
   const int fd = ::mkstemps(pattern.data(), static_cast<int>(extension.size()));
   if (fd < 0) {
-    return io_error("image " + name_for_errors + ": cannot create a temporary file: " + std::strerror(errno));
+    return io_error("image " + name_for_errors +
+                    ": cannot create a temporary file: " + std::strerror(errno));
   }
   const std::string temp_path = pattern;
   size_t written = 0;
@@ -181,13 +240,15 @@ Result<PixelImage> decode_image(std::span<const std::byte> bytes, const std::str
     written += static_cast<size_t>(n);
   }
   ::close(fd);
-  Result<PixelImage> result = io_error("image " + name_for_errors + ": cannot write a temporary file");
+  Result<PixelImage> result =
+      io_error("image " + name_for_errors + ": cannot write a temporary file");
   if (written == bytes.size()) {
-    auto input = OIIO::ImageInput::open(temp_path);
+    const OIIO::ImageSpec config = read_config();
+    auto input = OIIO::ImageInput::open(temp_path, &config);
     if (!input) {
       result = corrupt_data("image " + name_for_errors + " (" + std::to_string(bytes.size()) +
                             " bytes) cannot be decoded: " +
-                            replace_all(OIIO::geterror(), temp_path, name_for_errors));
+                            replace_all(one_line(OIIO::geterror()), temp_path, name_for_errors));
     } else {
       result = read_opened(*input, name_for_errors, max_pixels);
       if (!result.ok()) {
@@ -220,7 +281,7 @@ Status save_image(const std::string& path, const PixelImage& image) {
             output->write_image(type, image.data.data());
   ok = output->close() && ok;
   if (!ok) {
-    std::string message = replace_all(output->geterror(), temp.string(), path);
+    std::string message = replace_all(one_line(output->geterror()), temp.string(), path);
     output.reset();
     fs::remove(temp, ec);
     return io_error("cannot save " + path + ": " + message);
@@ -234,18 +295,21 @@ Status save_image(const std::string& path, const PixelImage& image) {
   return Status::success();
 }
 
-Result<std::vector<std::byte>> encode_png(const PixelImage& image) {
+Result<std::vector<std::byte>> encode_png(const PixelImage& image, int compression_level) {
   INFILL_RETURN_IF_ERROR(check_image(image, "encode png"));
   OIIO::Filesystem::IOVecOutput sink;
   auto output = OIIO::ImageOutput::create("png", &sink);
-  if (!output) return Status(ErrorCode::kInternal, "encode png: no PNG writer: " + OIIO::geterror());
+  if (!output)
+    return Status(ErrorCode::kInternal, "encode png: no PNG writer: " + OIIO::geterror());
   // PNG stores u8 or u16; OIIO converts float samples to u16 with clamping.
   const OIIO::TypeDesc stored =
       image.format == PixelFormat::kU8 ? OIIO::TypeDesc::UINT8 : OIIO::TypeDesc::UINT16;
-  bool ok = output->open("memory.png", make_spec(image, stored)) &&
+  OIIO::ImageSpec spec = make_spec(image, stored);
+  spec.attribute("png:compressionLevel", std::clamp(compression_level, 0, 9));
+  bool ok = output->open("memory.png", spec) &&
             output->write_image(oiio_type(image.format), image.data.data());
   ok = output->close() && ok;
-  if (!ok) return Status(ErrorCode::kInternal, "encode png: " + output->geterror());
+  if (!ok) return Status(ErrorCode::kInternal, "encode png: " + one_line(output->geterror()));
   const auto& buffer = sink.buffer();
   std::vector<std::byte> bytes(buffer.size());
   std::memcpy(bytes.data(), buffer.data(), buffer.size());
@@ -255,30 +319,24 @@ Result<std::vector<std::byte>> encode_png(const PixelImage& image) {
 at::Tensor to_rgb_tensor(const PixelImage& image) {
   const Status status = check_image(image, "to_rgb_tensor");
   if (!status.ok()) throw std::invalid_argument(status.message());
-  const int64_t h = image.height;
-  const int64_t w = image.width;
-  const int64_t c = image.channels;
-  at::Tensor hwc;
-  // from_blob does not own: convert to float (a copy) before the blob can go away.
-  void* data = const_cast<std::byte*>(image.data.data());
+  at::Tensor rgb = at::empty({3, image.height, image.width}, at::kFloat);
+  float* planes[3];
+  for (int c = 0; c < 3; ++c) planes[c] = rgb.data_ptr<float>() + c * image.pixel_count();
   switch (image.format) {
     case PixelFormat::kU8:
-      hwc = at::from_blob(data, {h, w, c}, at::kByte).to(at::kFloat).div_(255.0f);
+      planarize(reinterpret_cast<const uint8_t*>(image.data.data()), image, planes,
+                [](uint8_t v) { return static_cast<float>(v) / 255.0f; });
       break;
-    case PixelFormat::kU16: {
-      // ATen 1.13 has no uint16 dtype: widen to int32 first.
-      const auto* src = reinterpret_cast<const uint16_t*>(image.data.data());
-      hwc = at::empty({h, w, c}, at::kFloat);
-      float* dst = hwc.data_ptr<float>();
-      for (int64_t i = 0; i < h * w * c; ++i) dst[i] = static_cast<float>(src[i]) / 65535.0f;
+    case PixelFormat::kU16:
+      planarize(reinterpret_cast<const uint16_t*>(image.data.data()), image, planes,
+                [](uint16_t v) { return static_cast<float>(v) / 65535.0f; });
       break;
-    }
     case PixelFormat::kF32:
-      hwc = at::nan_to_num(at::from_blob(data, {h, w, c}, at::kFloat), 0.0, 1.0, 0.0).clamp_(0.0, 1.0);
+      planarize(reinterpret_cast<const float*>(image.data.data()), image, planes,
+                [](float v) { return v > 0.0f ? std::min(v, 1.0f) : 0.0f; });  // NaN -> 0
       break;
   }
-  at::Tensor rgb = c >= 3 ? hwc.narrow(2, 0, 3) : hwc.narrow(2, 0, 1).expand({h, w, 3});
-  return rgb.permute({2, 0, 1}).contiguous();
+  return rgb;
 }
 
 }  // namespace infill

@@ -57,8 +57,8 @@ Result<PixelImage> load_image(const std::string& path, int64_t max_pixels);
 /// As load_image, from an encoded file in memory (an upload). The format is detected from the
 /// content; `name_for_errors` only labels messages. Formats whose OIIO reader cannot read
 /// from memory (e.g. HEIF, SGI, camera raw) are decoded through a temporary file.
-Result<PixelImage> decode_image(std::span<const std::byte> bytes, const std::string& name_for_errors,
-                                int64_t max_pixels);
+Result<PixelImage> decode_image(std::span<const std::byte> bytes,
+                                const std::string& name_for_errors, int64_t max_pixels);
 
 /// Writes `image` to `path`, the format chosen by the extension (".png", ".tif", ".exr", ...).
 /// Formats that cannot store the image's sample type get OIIO's nearest one (e.g. f32 -> u16
@@ -68,9 +68,16 @@ Result<PixelImage> decode_image(std::span<const std::byte> bytes, const std::str
 /// not_found (directory missing), io_error (write or rename refused).
 Status save_image(const std::string& path, const PixelImage& image);
 
+/// zlib level encode_png uses by default: level 1 encodes a 2048^2 photo about 4x faster than
+/// libpng's default 6 for files about 20% larger, the right trade for interactive previews
+/// and results sent to a local client.
+constexpr int kDefaultPngCompression = 1;
+
 /// PNG encoding in memory (previews, results over the wire). u8 and u16 are stored as is;
-/// f32 is clamped to [0, 1] and stored as u16.
-Result<std::vector<std::byte>> encode_png(const PixelImage& image);
+/// f32 is clamped to [0, 1] and stored as u16. `compression_level` is zlib's 0 (none) to 9
+/// (smallest); out-of-range values are clamped.
+Result<std::vector<std::byte>> encode_png(const PixelImage& image,
+                                          int compression_level = kDefaultPngCompression);
 
 /// The model's view of an image: float [3, H, W] in [0, 1]. Grey is replicated to RGB, alpha
 /// is dropped, u8 / 255, u16 / 65535, f32 clamped to [0, 1] (NaN -> 0).

@@ -11,13 +11,16 @@ namespace infill {
 Result<SamplerKind> parse_sampler(std::string_view name) {
   if (name == "euler_rf") return SamplerKind::kEulerRF;
   if (name == "ddim") return SamplerKind::kDdim;
-  return invalid_argument("sampler \"" + std::string(name) + "\" is unknown; expected euler_rf or ddim");
+  return invalid_argument("sampler \"" + std::string(name) +
+                          "\" is unknown; expected euler_rf or ddim");
 }
 
 const char* sampler_name(SamplerKind kind) {
   switch (kind) {
-    case SamplerKind::kEulerRF: return "euler_rf";
-    case SamplerKind::kDdim: return "ddim";
+    case SamplerKind::kEulerRF:
+      return "euler_rf";
+    case SamplerKind::kDdim:
+      return "ddim";
   }
   return "unknown";
 }

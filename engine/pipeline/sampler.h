@@ -50,8 +50,8 @@ class Sampler {
   /// (shift > 0; 1 = no shift). DDIM: the ADM/DiT linear beta schedule (1000 training steps,
   /// beta from 1e-4 to 0.02) with "trailing" timesteps t_i = round(1000 - i * 1000 / steps) - 1,
   /// so step 0 always runs at t = 999 (closest to pure noise, which img2img at strength 1 and
-  /// text-to-image start from) and the last step lands on alpha_bar = 1. `shift` must be 1 for DDIM.
-  /// Errors (invalid_argument): steps outside [1, 1000], prediction not matching the sampler,
+  /// text-to-image start from) and the last step lands on alpha_bar = 1. `shift` must be 1 for
+  /// DDIM. Errors (invalid_argument): steps outside [1, 1000], prediction not matching the sampler,
   /// bad shift.
   static Result<Sampler> make(SamplerKind kind, int steps, Prediction prediction,
                               double shift = 1.0);

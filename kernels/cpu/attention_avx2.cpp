@@ -43,27 +43,29 @@ struct Avx2 {
     return _mm_cvtss_f32(s);
   }
 
-  // Same polynomial as the AVX-512 variant; 2^n is built in the exponent bits.
+  static Reg load_first(const float* p, int n) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes));
+  }
+
+  // Same polynomial as the AVX-512 variant; 2^n is built in the exponent bits, which is exact
+  // for the n >= -87 log2 e > -126 that survive the cutoff.
   static Reg exp(Reg x) {
-    const Reg lo = _mm256_set1_ps(-87.33654f);
-    const Reg underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    // max(lo, x) returns x when x is NaN, so NaN propagates.
-    x = _mm256_min_ps(_mm256_set1_ps(88.37626f), _mm256_max_ps(lo, x));
-    const Reg n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    Reg r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    Reg y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    // n is in [-126, 128) here; n = 128 only for x near the clamp, never for x <= 0.
-    const __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+    const Reg keep = _mm256_cmp_ps(x, _mm256_set1_ps(kExpCutoff), _CMP_NLT_UQ);
+    const Reg log2e = _mm256_set1_ps(1.44269504088896341f);
+    const Reg n =
+        _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const Reg f = _mm256_fmsub_ps(x, log2e, n);
+    Reg y = _mm256_set1_ps(1.5403530393381606e-4f);
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.3333558146428443e-3f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(9.618129107628477e-3f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(5.550410866482158e-2f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(0.2402265069591007f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(0.6931471805599453f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.0f));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(keep, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
   }
 };
 

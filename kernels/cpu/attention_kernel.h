@@ -19,7 +19,11 @@ struct AttentionProblem {
   const float* q = nullptr;  // [M, heads * d], row stride q_row_stride
   int64_t q_row_stride = 0;
   // K packed per head: [heads, keys_padded / kKeyPanel, d, kKeyPanel]; padded keys are zero.
+  // Null when the queries are too few to repay packing: scores are then dot products over
+  // the rows of k (row stride k_row_stride).
   const float* k_panels = nullptr;
+  const float* k = nullptr;
+  int64_t k_row_stride = 0;
   // V of head h, key j, column c at v[h * v_head_stride + j * v_row_stride + c]; columns up to
   // padded_head_dim are readable (zeros past head_dim when V was repacked).
   const float* v = nullptr;
@@ -39,6 +43,15 @@ struct AttentionProblem {
 /// V columns are processed in vectors of up to 16 floats; head_dim is padded to this.
 constexpr int64_t kHeadDimAlign = 16;
 
+/// Below this many query rows per head, scores are computed from the rows of K directly:
+/// packing K costs about as much as attending ~8 queries.
+constexpr int64_t kMinQueriesForPanels = 8;
+
+/// Scores below the row maximum by more than this contribute exp(-60) < 1e-26 of the
+/// largest term, far below float resolution of the row sum; they are flushed to zero, which
+/// also keeps denormals (and their microcode assists) out of the P * V products.
+constexpr float kExpCutoff = -60.0f;
+
 /// Floats of scratch one tile call needs (per thread, reused across calls).
 inline int64_t attention_scratch_floats(int64_t padded_head_dim) {
   return 2 * kMaxQueryTile * padded_head_dim + kMaxQueryTile * kKeyBlock;
@@ -49,11 +62,21 @@ inline int64_t attention_scratch_floats(int64_t padded_head_dim) {
 using AttendTileFn = void (*)(const AttentionProblem& p, int64_t head, int64_t q_begin,
                               int64_t q_end, float* scratch);
 
-void attend_tile_avx512(const AttentionProblem& p, int64_t head, int64_t q_begin,
-                        int64_t q_end, float* scratch);
+void attend_tile_avx512(const AttentionProblem& p, int64_t head, int64_t q_begin, int64_t q_end,
+                        float* scratch);
 void attend_tile_avx2(const AttentionProblem& p, int64_t head, int64_t q_begin, int64_t q_end,
                       float* scratch);
-void attend_tile_scalar(const AttentionProblem& p, int64_t head, int64_t q_begin,
-                        int64_t q_end, float* scratch);
+void attend_tile_scalar(const AttentionProblem& p, int64_t head, int64_t q_begin, int64_t q_end,
+                        float* scratch);
+
+/// Packs up to kKeyPanel keys of one head into a [d, kKeyPanel] panel: panel[c * kKeyPanel + j]
+/// = k[j * k_row_stride + c] for j < keys, zero for keys <= j < kKeyPanel.
+using PackKPanelFn = void (*)(const float* k, int64_t k_row_stride, int64_t keys, int64_t d,
+                              float* panel);
+
+void pack_k_panel_avx512(const float* k, int64_t k_row_stride, int64_t keys, int64_t d,
+                         float* panel);
+void pack_k_panel_scalar(const float* k, int64_t k_row_stride, int64_t keys, int64_t d,
+                         float* panel);
 
 }  // namespace infill::kernels::cpu

@@ -27,7 +27,8 @@ struct Scalar {
   static Reg fma(Reg a, Reg b, Reg c) { return a * b + c; }
   static float reduce_max(Reg v) { return v; }
   static float reduce_add(Reg v) { return v; }
-  static Reg exp(Reg x) { return std::exp(x); }
+  static Reg load_first(const float* p, int n) { return n > 0 ? *p : 0.0f; }
+  static Reg exp(Reg x) { return x < kExpCutoff ? 0.0f : std::exp(x); }
 };
 
 }  // namespace
@@ -37,9 +38,22 @@ struct Scalar {
 
 namespace infill::kernels::cpu {
 
-void attend_tile_scalar(const AttentionProblem& p, int64_t head, int64_t q_begin,
-                        int64_t q_end, float* scratch) {
+void attend_tile_scalar(const AttentionProblem& p, int64_t head, int64_t q_begin, int64_t q_end,
+                        float* scratch) {
   attend_tile<Scalar>(p, head, q_begin, q_end, scratch);
+}
+
+void pack_k_panel_scalar(const float* k, int64_t k_row_stride, int64_t keys, int64_t d,
+                         float* panel) {
+  for (int64_t j = 0; j < keys; ++j) {
+    const float* row = k + j * k_row_stride;
+    for (int64_t c = 0; c < d; ++c) panel[c * kKeyPanel + j] = row[c];
+  }
+  if (keys < kKeyPanel) {
+    for (int64_t c = 0; c < d; ++c) {
+      std::fill(panel + c * kKeyPanel + keys, panel + (c + 1) * kKeyPanel, 0.0f);
+    }
+  }
 }
 
 }  // namespace infill::kernels::cpu

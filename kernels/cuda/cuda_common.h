@@ -40,8 +40,8 @@ class DeviceBuffer {
 
 }  // namespace infill::kernels::cuda
 
-#define INFILL_CUDA_TRY(expr, what)                                     \
-  do {                                                                  \
+#define INFILL_CUDA_TRY(expr, what)                                             \
+  do {                                                                          \
     const int infill_cuda_rc_ = ::infill::kernels::cuda::check((expr), (what)); \
-    if (infill_cuda_rc_ != INFILL_CUDA_OK) return infill_cuda_rc_;      \
+    if (infill_cuda_rc_ != INFILL_CUDA_OK) return infill_cuda_rc_;              \
   } while (0)

@@ -42,16 +42,16 @@ int infill_cuda_gather_rows(const void* src, int64_t src_rows, int64_t src_row_s
  * [0, dst_rows). dst row i at dst + i * dst_row_stride_bytes, rows row i at
  * rows + i * rows_row_stride_bytes. */
 int infill_cuda_scatter_rows(void* dst, int64_t dst_rows, int64_t dst_row_stride_bytes,
-                             int64_t row_bytes, const int64_t* index, int64_t m,
-                             const void* rows, int64_t rows_row_stride_bytes);
+                             int64_t row_bytes, const int64_t* index, int64_t m, const void* rows,
+                             int64_t rows_row_stride_bytes);
 
 /* out = softmax(q k^T * scale) v per head. q [m, heads * head_dim] with row stride
  * q_row_stride floats, k and v [l, heads * head_dim] with their row strides, out
  * [m, heads * head_dim] packed. l >= 1. */
 int infill_cuda_masked_attention(const float* q, int64_t q_row_stride, const float* k,
                                  int64_t k_row_stride, const float* v, int64_t v_row_stride,
-                                 int64_t m, int64_t l, int64_t heads, int64_t head_dim,
-                                 float scale, float* out);
+                                 int64_t m, int64_t l, int64_t heads, int64_t head_dim, float scale,
+                                 float* out);
 
 #ifdef __cplusplus
 }

@@ -31,10 +31,10 @@ __global__ void scatter_kernel(T* dst, int64_t row_units, const int64_t* index, 
 int check_index(const int64_t* index, int64_t m, int64_t rows, const char* rows_name) {
   for (int64_t i = 0; i < m; ++i) {
     if (index[i] < 0 || index[i] >= rows) {
-      return fail(INFILL_CUDA_ERR_INVALID_ARGUMENT,
-                  "index[" + std::to_string(i) + "] = " + std::to_string(index[i]) +
-                      " is outside [0, " + std::to_string(rows) + ") (the rows of " + rows_name +
-                      ")");
+      return fail(INFILL_CUDA_ERR_INVALID_ARGUMENT, "index[" + std::to_string(i) +
+                                                        "] = " + std::to_string(index[i]) +
+                                                        " is outside [0, " + std::to_string(rows) +
+                                                        ") (the rows of " + rows_name + ")");
     }
   }
   return INFILL_CUDA_OK;
@@ -44,10 +44,11 @@ int check_shape(int64_t rows, int64_t stride_bytes, int64_t row_bytes, int64_t m
                 const char* name) {
   if (rows < 0 || m < 0 || row_bytes < 0 || stride_bytes < row_bytes) {
     return fail(INFILL_CUDA_ERR_INVALID_ARGUMENT,
-                std::string(name) + ": expected rows, m, row_bytes >= 0 and a row stride of at "
-                                    "least row_bytes, got rows " + std::to_string(rows) +
-                    ", stride " + std::to_string(stride_bytes) + ", row_bytes " +
-                    std::to_string(row_bytes) + ", m " + std::to_string(m));
+                std::string(name) +
+                    ": expected rows, m, row_bytes >= 0 and a row stride of at "
+                    "least row_bytes, got rows " +
+                    std::to_string(rows) + ", stride " + std::to_string(stride_bytes) +
+                    ", row_bytes " + std::to_string(row_bytes) + ", m " + std::to_string(m));
   }
   return INFILL_CUDA_OK;
 }
@@ -73,9 +74,10 @@ extern "C" int infill_cuda_gather_rows(const void* src, int64_t src_rows,
     INFILL_CUDA_TRY(d_index.allocate(sizeof(int64_t) * static_cast<size_t>(m)),
                     "cudaMalloc(index)");
     INFILL_CUDA_TRY(d_out.allocate(row * static_cast<size_t>(m)), "cudaMalloc(out)");
-    INFILL_CUDA_TRY(cudaMemcpy2D(d_src.as<void>(), row, src, static_cast<size_t>(src_row_stride_bytes),
-                                 row, static_cast<size_t>(src_rows), cudaMemcpyHostToDevice),
-                    "cudaMemcpy2D(src)");
+    INFILL_CUDA_TRY(
+        cudaMemcpy2D(d_src.as<void>(), row, src, static_cast<size_t>(src_row_stride_bytes), row,
+                     static_cast<size_t>(src_rows), cudaMemcpyHostToDevice),
+        "cudaMemcpy2D(src)");
     INFILL_CUDA_TRY(cudaMemcpy(d_index.as<void>(), index, sizeof(int64_t) * static_cast<size_t>(m),
                                cudaMemcpyHostToDevice),
                     "cudaMemcpy(index)");
@@ -88,9 +90,9 @@ extern "C" int infill_cuda_gather_rows(const void* src, int64_t src_rows,
           d_src.as<uint8_t>(), row_bytes, d_index.as<int64_t>(), d_out.as<uint8_t>());
     }
     INFILL_CUDA_TRY(cudaGetLastError(), "gather_kernel launch");
-    INFILL_CUDA_TRY(cudaMemcpy(out, d_out.as<void>(), row * static_cast<size_t>(m),
-                               cudaMemcpyDeviceToHost),
-                    "cudaMemcpy(out)");
+    INFILL_CUDA_TRY(
+        cudaMemcpy(out, d_out.as<void>(), row * static_cast<size_t>(m), cudaMemcpyDeviceToHost),
+        "cudaMemcpy(out)");
     return INFILL_CUDA_OK;
   } catch (const std::exception& e) {
     return fail(INFILL_CUDA_ERR_RUNTIME, std::string("gather_rows: ") + e.what());
@@ -122,13 +124,14 @@ extern "C" int infill_cuda_scatter_rows(void* dst, int64_t dst_rows, int64_t dst
     INFILL_CUDA_TRY(d_index.allocate(sizeof(int64_t) * static_cast<size_t>(m)),
                     "cudaMalloc(index)");
     INFILL_CUDA_TRY(d_rows.allocate(row * static_cast<size_t>(m)), "cudaMalloc(rows)");
-    INFILL_CUDA_TRY(cudaMemcpy2D(d_dst.as<void>(), row, dst, static_cast<size_t>(dst_row_stride_bytes),
-                                 row, static_cast<size_t>(dst_rows), cudaMemcpyHostToDevice),
-                    "cudaMemcpy2D(dst)");
-    INFILL_CUDA_TRY(cudaMemcpy2D(d_rows.as<void>(), row, rows,
-                                 static_cast<size_t>(rows_row_stride_bytes), row,
-                                 static_cast<size_t>(m), cudaMemcpyHostToDevice),
-                    "cudaMemcpy2D(rows)");
+    INFILL_CUDA_TRY(
+        cudaMemcpy2D(d_dst.as<void>(), row, dst, static_cast<size_t>(dst_row_stride_bytes), row,
+                     static_cast<size_t>(dst_rows), cudaMemcpyHostToDevice),
+        "cudaMemcpy2D(dst)");
+    INFILL_CUDA_TRY(
+        cudaMemcpy2D(d_rows.as<void>(), row, rows, static_cast<size_t>(rows_row_stride_bytes), row,
+                     static_cast<size_t>(m), cudaMemcpyHostToDevice),
+        "cudaMemcpy2D(rows)");
     INFILL_CUDA_TRY(cudaMemcpy(d_index.as<void>(), index, sizeof(int64_t) * static_cast<size_t>(m),
                                cudaMemcpyHostToDevice),
                     "cudaMemcpy(index)");

@@ -278,10 +278,10 @@ TEST_CASE("class-conditioned DiT checkpoints (the public DiT layout) load by con
   REQUIRE(file.ok());
   const TensorInfo* table = file->find("y_embedder.embedding_table.weight");
   REQUIRE(table != nullptr);
-  CHECK(table->shape == std::vector<int64_t>{11, 32});  // 10 classes + the null class
+  CHECK(table->shape == std::vector<int64_t>({11, 32}));  // 10 classes + the null class
   const TensorInfo* final_linear = file->find("final_layer.linear.weight");
   REQUIRE(final_linear != nullptr);
-  CHECK(final_linear->shape == std::vector<int64_t>{2 * 2 * 8, 32});  // learn_sigma doubles channels
+  CHECK(final_linear->shape == std::vector<int64_t>({2 * 2 * 8, 32}));  // learn_sigma doubles channels
   REQUIRE(Dit::load(cfg, dir.file("dit.safetensors")).ok());
   CHECK_FALSE(at::equal(dit.conditioning(10, at::scalar_tensor(3, at::kLong)), dit.conditioning(10, at::Tensor())));
 }

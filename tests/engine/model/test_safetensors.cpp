@@ -24,9 +24,8 @@ class TempDir {
  public:
   TempDir() {
     static int counter = 0;
-    path_ = fs::temp_directory_path() /
-            ("infill_test_safetensors_" + std::to_string(::getpid()) + "_" +
-             std::to_string(counter++));
+    path_ = fs::temp_directory_path() / ("infill_test_safetensors_" + std::to_string(::getpid()) +
+                                         "_" + std::to_string(counter++));
     fs::create_directories(path_);
   }
   ~TempDir() {
@@ -72,7 +71,8 @@ std::string bytes_of(const std::vector<float>& values) {
 
 }  // namespace
 
-TEST_CASE("safetensors round trip keeps dtype, shape, values, order and metadata", "[safetensors]") {
+TEST_CASE("safetensors round trip keeps dtype, shape, values, order and metadata",
+          "[safetensors]") {
   TempDir dir;
   const std::string path = dir.file("rt.safetensors");
   // Values exactly representable in each dtype, so the comparison is exact.
@@ -216,9 +216,9 @@ TEST_CASE("safetensors rejects malformed files with specific messages", "[safete
                   "tensor 'w' is a number, expected an object");
   }
   SECTION("missing dtype") {
-    require_error(open_status(dir, "{" + tensor("w", R"("shape":[3],"data_offsets":[0,12])") + "}",
-                              d12),
-                  ErrorCode::kCorruptData, "tensor 'w' has no dtype");
+    require_error(
+        open_status(dir, "{" + tensor("w", R"("shape":[3],"data_offsets":[0,12])") + "}", d12),
+        ErrorCode::kCorruptData, "tensor 'w' has no dtype");
   }
   SECTION("missing shape") {
     require_error(
@@ -236,80 +236,83 @@ TEST_CASE("safetensors rejects malformed files with specific messages", "[safete
         ErrorCode::kCorruptData, "dtype is a number, expected a string");
   }
   SECTION("shape of the wrong type") {
-    require_error(open_status(dir,
-                              "{" + tensor("w", R"("dtype":"F32","shape":"3","data_offsets":[0,12])") +
-                                  "}",
-                              d12),
-                  ErrorCode::kCorruptData, "shape is a string, expected an array");
+    require_error(
+        open_status(dir,
+                    "{" + tensor("w", R"("dtype":"F32","shape":"3","data_offsets":[0,12])") + "}",
+                    d12),
+        ErrorCode::kCorruptData, "shape is a string, expected an array");
   }
   SECTION("fractional dim") {
-    require_error(open_status(dir,
-                              "{" + tensor("w", R"("dtype":"F32","shape":[1.5],"data_offsets":[0,12])") +
-                                  "}",
-                              d12),
-                  ErrorCode::kCorruptData, "shape[0] is a number, expected an integer");
+    require_error(
+        open_status(dir,
+                    "{" + tensor("w", R"("dtype":"F32","shape":[1.5],"data_offsets":[0,12])") + "}",
+                    d12),
+        ErrorCode::kCorruptData, "shape[0] is a number, expected an integer");
   }
   SECTION("data_offsets of the wrong arity") {
     require_error(
-        open_status(dir, "{" + tensor("w", R"("dtype":"F32","shape":[3],"data_offsets":[12])") + "}",
-                    d12),
+        open_status(
+            dir, "{" + tensor("w", R"("dtype":"F32","shape":[3],"data_offsets":[12])") + "}", d12),
         ErrorCode::kCorruptData, "data_offsets is [12], expected [begin, end]");
   }
   SECTION("unknown dtype") {
     require_error(
-        open_status(dir,
-                    "{" + tensor("w", R"("dtype":"F8_E4M3","shape":[3],"data_offsets":[0,12])") + "}",
-                    d12),
+        open_status(
+            dir, "{" + tensor("w", R"("dtype":"F8_E4M3","shape":[3],"data_offsets":[0,12])") + "}",
+            d12),
         ErrorCode::kCorruptData, "tensor 'w': unknown dtype 'F8_E4M3'");
   }
   SECTION("negative dim") {
     require_error(
-        open_status(dir,
-                    "{" + tensor("w", R"("dtype":"F32","shape":[3,-1],"data_offsets":[0,12])") + "}",
-                    d12),
+        open_status(
+            dir, "{" + tensor("w", R"("dtype":"F32","shape":[3,-1],"data_offsets":[0,12])") + "}",
+            d12),
         ErrorCode::kCorruptData, "tensor 'w': shape[1] is negative (-1)");
   }
   SECTION("huge dims do not wrap around") {
     // 2^32 * 2^32 * 4 bytes wraps a uint64 to 0; the reader must not accept it as empty.
     require_error(
-        open_status(dir, "{" + tensor("w", R"("dtype":"F32","shape":[4294967296,4294967296],)"
-                                           R"("data_offsets":[0,0])") +
+        open_status(dir, "{" +
+                             tensor("w", R"("dtype":"F32","shape":[4294967296,4294967296],)"
+                                         R"("data_offsets":[0,0])") +
                              "}"),
         ErrorCode::kCorruptData, "is too large");
   }
   SECTION("begin after end") {
     require_error(
-        open_status(dir, "{" + tensor("w", R"("dtype":"F32","shape":[0],"data_offsets":[8,4])") + "}",
-                    d12),
+        open_status(
+            dir, "{" + tensor("w", R"("dtype":"F32","shape":[0],"data_offsets":[8,4])") + "}", d12),
         ErrorCode::kCorruptData, "tensor 'w': data_offsets begin 8 is after end 4");
   }
   SECTION("end past the data section") {
     require_error(
-        open_status(dir, "{" + tensor("w", R"("dtype":"F32","shape":[4],"data_offsets":[0,16])") + "}",
+        open_status(dir,
+                    "{" + tensor("w", R"("dtype":"F32","shape":[4],"data_offsets":[0,16])") + "}",
                     d12),
         ErrorCode::kCorruptData, "tensor 'w': data ends at 16, past the data section of 12 bytes");
   }
   SECTION("byte size does not match the shape") {
     require_error(
-        open_status(dir, "{" + tensor("w", R"("dtype":"F16","shape":[2,3],"data_offsets":[0,8])") + "}",
+        open_status(dir,
+                    "{" + tensor("w", R"("dtype":"F16","shape":[2,3],"data_offsets":[0,8])") + "}",
                     d12),
         ErrorCode::kCorruptData, "tensor 'w' holds 8 bytes, expected 12 for F16 [2,3]");
   }
   SECTION("overlapping tensors") {
-    require_error(open_status(dir,
-                              "{" + tensor("a", R"("dtype":"F32","shape":[2],"data_offsets":[0,8])") +
-                                  "," + tensor("b", R"("dtype":"F32","shape":[1],"data_offsets":[4,8])") +
-                                  "}",
-                              d12),
-                  ErrorCode::kCorruptData, "tensor 'b' [4, 8) overlaps tensor 'a' [0, 8)");
+    require_error(
+        open_status(dir,
+                    "{" + tensor("a", R"("dtype":"F32","shape":[2],"data_offsets":[0,8])") + "," +
+                        tensor("b", R"("dtype":"F32","shape":[1],"data_offsets":[4,8])") + "}",
+                    d12),
+        ErrorCode::kCorruptData, "tensor 'b' [4, 8) overlaps tensor 'a' [0, 8)");
   }
   SECTION("duplicate names") {
-    require_error(open_status(dir,
-                              "{" + tensor("a", R"("dtype":"F32","shape":[1],"data_offsets":[0,4])") +
-                                  "," + tensor("a", R"("dtype":"F32","shape":[1],"data_offsets":[4,8])") +
-                                  "}",
-                              d12),
-                  ErrorCode::kCorruptData, "tensor 'a' appears twice");
+    require_error(
+        open_status(dir,
+                    "{" + tensor("a", R"("dtype":"F32","shape":[1],"data_offsets":[0,4])") + "," +
+                        tensor("a", R"("dtype":"F32","shape":[1],"data_offsets":[4,8])") + "}",
+                    d12),
+        ErrorCode::kCorruptData, "tensor 'a' appears twice");
   }
   SECTION("metadata with a non-string value") {
     require_error(open_status(dir, R"({"__metadata__":{"format":"pt","epoch":3}})"),
@@ -366,8 +369,9 @@ TEST_CASE("write_safetensors rejects bad input and reports I/O failures", "[safe
   require_error(infill::write_safetensors(path, {{"bad\xff", at::ones({1})}}),
                 ErrorCode::kInvalidArgument, "cannot be written as JSON");
   CHECK_FALSE(fs::exists(path));
-  require_error(infill::write_safetensors(dir.file("no/such/dir/w.safetensors"), {{"a", at::ones({1})}}),
-                ErrorCode::kIoError, "cannot create temporary file");
+  require_error(
+      infill::write_safetensors(dir.file("no/such/dir/w.safetensors"), {{"a", at::ones({1})}}),
+      ErrorCode::kIoError, "cannot create temporary file");
 
   // Overwriting replaces the previous content whole.
   REQUIRE(infill::write_safetensors(path, {{"a", at::ones({4})}}).ok());

@@ -63,8 +63,8 @@ void mutate(std::string& bytes, size_t header_end, std::mt19937_64& rng) {
     case 5: {  // insertion of a few bytes
       const size_t at = pick(bytes.size() + 1);
       std::string extra(1 + pick(4), '\0');
-      for (char& c : extra) c = pick(2) == 0 ? kJsonChars[pick(sizeof(kJsonChars) - 1)]
-                                             : static_cast<char>(rng());
+      for (char& c : extra)
+        c = pick(2) == 0 ? kJsonChars[pick(sizeof(kJsonChars) - 1)] : static_cast<char>(rng());
       bytes.insert(at, extra);
       break;
     }
@@ -88,16 +88,15 @@ void mutate(std::string& bytes, size_t header_end, std::mt19937_64& rng) {
 }  // namespace
 
 TEST_CASE("safetensors survives seeded random mutations", "[safetensors][fuzz]") {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("infill_test_safetensors_fuzz_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("infill_test_safetensors_fuzz_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string original_path = (dir / "original.safetensors").string();
-  REQUIRE(infill::write_safetensors(
-              original_path,
-              {{"a.weight", at::linspace(-1, 1, 12).reshape({3, 4})},
-               {"b.half", at::linspace(0, 2, 6).to(at::kHalf)},
-               {"c.bf16", at::linspace(-4, 4, 5).to(at::kBFloat16)}},
-              {{"format", "pt"}})
+  REQUIRE(infill::write_safetensors(original_path,
+                                    {{"a.weight", at::linspace(-1, 1, 12).reshape({3, 4})},
+                                     {"b.half", at::linspace(0, 2, 6).to(at::kHalf)},
+                                     {"c.bf16", at::linspace(-4, 4, 5).to(at::kBFloat16)}},
+                                    {{"format", "pt"}})
               .ok());
   const std::string original = read_all(original_path);
   uint64_t header_bytes = 0;
