@@ -8,10 +8,10 @@
 #include <map>
 #include <string>
 
-#include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
 #include "cache/activation_store.h"
+#include "model/compute_threads.h"
 #include "model/model.h"
 #include "pipeline/edit_pipeline.h"
 #include "pipeline/image_io.h"
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       !number("--halo", 1, halo) || !number("--feather", 4, feather) || !number("--threads", 0, threads)) {
     return fail("--seed, --steps, --strength, --halo, --feather and --threads take numbers", 2);
   }
-  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+  infill::set_compute_threads(static_cast<int>(threads));
   const std::string format = opts.count("--format") ? opts["--format"] : "png";
   if (format != "png" && format != "tif" && format != "exr") return fail("--format is " + format + ", expected png, tif or exr", 2);
 

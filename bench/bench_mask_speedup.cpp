@@ -15,6 +15,7 @@
 #include "cache/activation_entry.h"
 #include "kernels/masked_attention.h"
 #include "machine_info.h"
+#include "model/compute_threads.h"
 #include "model/dit.h"
 #include "pipeline/cached_kv.h"
 
@@ -49,6 +50,7 @@ at::Tensor blob_tokens(int grid, int64_t count) {
 }  // namespace
 
 int main() {
+  infill::set_compute_threads(0);
   c10::InferenceMode guard;
   infill::DitConfig cfg;
   cfg.weights = "(random)";

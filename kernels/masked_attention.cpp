@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -57,14 +58,15 @@ float* thread_buffer(std::vector<float>& buffer, int64_t floats) {
   return buffer.data();
 }
 
-// Per-head packing of K (into panels) and, when d is not a multiple of the vector width, of V
-// (into [L, padded d] with zero columns). It runs inside the attention's parallel region:
-// the first task that needs a head packs it and tasks of that head on other threads wait, so
-// there is no second fork / join just for packing.
-class HeadPacker {
+// Lazy packing of K (into panels) and, when d is not a multiple of the vector width, of V
+// (into [L, padded d] with zero columns), one (head, key panel) at a time. The tile kernel
+// asks for a panel right before it uses it: the first thread to ask packs it, so packing is
+// shared by the threads, needs no fork / join of its own, and the packed panel is still in
+// cache when it is read.
+class KeyPacker {
  public:
-  HeadPacker(const at::Tensor& k, const at::Tensor& v, const cpu::AttentionProblem& p,
-             cpu::PackKPanelFn pack_panel, float* k_panels, float* v_packed)
+  KeyPacker(const at::Tensor& k, const at::Tensor& v, const cpu::AttentionProblem& p,
+            cpu::PackKPanelFn pack_panel, float* k_panels, float* v_packed)
       : k_(k.data_ptr<float>()),
         k_stride_(k.stride(0)),
         v_(v.data_ptr<float>()),
@@ -73,19 +75,27 @@ class HeadPacker {
         pack_panel_(pack_panel),
         k_panels_(k_panels),
         v_packed_(v_packed),
-        state_(static_cast<size_t>(p.heads)) {}
+        panels_per_head_(p.keys_padded / cpu::kKeyPanel),
+        state_(static_cast<size_t>(p.heads * panels_per_head_)) {}
 
-  /// Returns once `head` is packed; packs it when no other thread has started to.
-  void ensure(int64_t head) {
-    std::atomic<int>& state = state_[static_cast<size_t>(head)];
+  bool needed() const { return k_panels_ || v_packed_; }
+
+  /// Returns once keys [panel * kKeyPanel, +kKeyPanel) of `head` are packed; packs them when
+  /// no other thread has started to. Thread-safe.
+  void ensure(int64_t head, int64_t panel) {
+    std::atomic<int>& state = state_[static_cast<size_t>(head * panels_per_head_ + panel)];
     if (state.load(std::memory_order_acquire) == kPacked) return;
     int expected = kUnpacked;
     if (state.compare_exchange_strong(expected, kPacking, std::memory_order_acq_rel)) {
-      pack(head);
+      pack(head, panel);
       state.store(kPacked, std::memory_order_release);
       return;
     }
     while (state.load(std::memory_order_acquire) != kPacked) std::this_thread::yield();
+  }
+
+  static void ensure_thunk(const void* self, int64_t head, int64_t panel) {
+    const_cast<KeyPacker*>(static_cast<const KeyPacker*>(self))->ensure(head, panel);
   }
 
  private:
@@ -93,19 +103,18 @@ class HeadPacker {
   static constexpr int kPacking = 1;
   static constexpr int kPacked = 2;
 
-  void pack(int64_t head) const {
+  void pack(int64_t head, int64_t panel) const {
     const int64_t d = p_.head_dim;
+    const int64_t key0 = panel * cpu::kKeyPanel;
+    const int64_t n = std::min(cpu::kKeyPanel, p_.keys - key0);
     if (k_panels_) {
-      float* panels = k_panels_ + head * p_.keys_padded * d;
-      for (int64_t key0 = 0; key0 < p_.keys_padded; key0 += cpu::kKeyPanel) {
-        pack_panel_(k_ + key0 * k_stride_ + head * d, k_stride_,
-                    std::min(cpu::kKeyPanel, p_.keys - key0), d, panels + key0 * d);
-      }
+      pack_panel_(k_ + key0 * k_stride_ + head * d, k_stride_, n, d,
+                  k_panels_ + head * p_.keys_padded * d + key0 * d);
     }
     if (v_packed_) {
       const int64_t dp = p_.padded_head_dim;
-      float* dst = v_packed_ + head * p_.keys * dp;
-      for (int64_t key = 0; key < p_.keys; ++key, dst += dp) {
+      float* dst = v_packed_ + (head * p_.keys + key0) * dp;
+      for (int64_t key = key0; key < key0 + n; ++key, dst += dp) {
         std::memcpy(dst, v_ + key * v_stride_ + head * d, static_cast<size_t>(d) * sizeof(float));
         std::fill(dst + d, dst + dp, 0.0f);
       }
@@ -120,6 +129,7 @@ class HeadPacker {
   cpu::PackKPanelFn pack_panel_;
   float* k_panels_;
   float* v_packed_;
+  int64_t panels_per_head_;
   std::vector<std::atomic<int>> state_;
 };
 
@@ -225,9 +235,13 @@ at::Tensor masked_attention(const at::Tensor& q_in, const at::Tensor& k_in, cons
     p.v_row_stride = p.padded_head_dim;
     p.v_head_stride = keys * p.padded_head_dim;
   }
-  HeadPacker packer(
+  KeyPacker packer(
       k, v, p, resolved == CpuIsa::kAvx512 ? &cpu::pack_k_panel_avx512 : &cpu::pack_k_panel_scalar,
       k_panels, v_packed);
+  if (packer.needed()) {
+    p.prepare_keys = &KeyPacker::ensure_thunk;
+    p.prepare_ctx = &packer;
+  }
 
   // Tiles of whole 6-row register groups, as large as kMaxQueryTile allows, but small enough
   // that every thread gets several tasks.
@@ -235,18 +249,37 @@ at::Tensor masked_attention(const at::Tensor& q_in, const at::Tensor& k_in, cons
   int64_t tile = cpu::kMaxQueryTile;
   while (tile > 6 && heads * ((m + tile - 1) / tile) < 4 * threads) tile -= 6;
   const int64_t tiles = (m + tile - 1) / tile;
-  // About 2 * 64K multiply-adds per thread is where a second thread starts to pay off.
-  const int64_t work_per_task = std::min(tile, m) * keys * d;
-  const int64_t grain = std::max<int64_t>(1, (1 << 17) / std::max<int64_t>(1, work_per_task));
+  // A thread per 2 * 512K multiply-adds (~0.1 ms): below that, waking a second thread costs
+  // about as much as it saves, and far more when the machine is busy.
+  constexpr int64_t kWorkPerThread = int64_t{1} << 19;
   const cpu::AttendTileFn kernel = tile_kernel(resolved);
-  cpu::parallel_for(0, heads * tiles, grain, [&](int64_t begin, int64_t end) {
+  const int64_t tasks = heads * tiles;
+  // Tasks (head-major) are split into one contiguous queue per worker, so workers start on
+  // different heads and pack different keys; a worker that runs dry takes tasks from the
+  // front of the others' queues, so a thread that is descheduled or slowed down by a
+  // neighbour does not hold up the call.
+  const int64_t workers =
+      std::min({threads, tasks, std::max<int64_t>(1, m * keys * d * heads / kWorkPerThread)});
+  struct Queue {
+    std::atomic<int64_t> next{0};
+    int64_t end = 0;
+  };
+  std::unique_ptr<Queue[]> queues(new Queue[static_cast<size_t>(workers)]);
+  for (int64_t w = 0; w < workers; ++w) {
+    queues[w].next = w * tasks / workers;
+    queues[w].end = (w + 1) * tasks / workers;
+  }
+  cpu::parallel_for(0, workers, 1, [&](int64_t begin, int64_t) {
     std::vector<float> scratch(
         static_cast<size_t>(cpu::attention_scratch_floats(p.padded_head_dim)));
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t head = t / tiles;
-      const int64_t q0 = (t % tiles) * tile;
-      packer.ensure(head);
-      kernel(p, head, q0, std::min(m, q0 + tile), scratch.data());
+    for (int64_t i = 0; i < workers; ++i) {
+      // Own queues first, then the others' in order.
+      Queue& queue = queues[(begin + i) % workers];
+      for (int64_t t = queue.next++; t < queue.end; t = queue.next++) {
+        const int64_t head = t / tiles;
+        const int64_t q0 = (t % tiles) * tile;
+        kernel(p, head, q0, std::min(m, q0 + tile), scratch.data());
+      }
     }
   });
   return out;

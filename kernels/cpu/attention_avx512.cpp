@@ -108,6 +108,11 @@ inline void transpose16(__m512 r[16]) {
 void pack_k_panel_avx512(const float* k, int64_t k_row_stride, int64_t keys, int64_t d,
                          float* panel) {
   for (int64_t j0 = 0; j0 < kKeyPanel; j0 += 16) {
+    // K rows are strided (all heads side by side) and each is read only in part, which the
+    // hardware prefetchers follow poorly: request the next 16 rows' slices ahead.
+    for (int64_t i = j0 + 16; i < std::min(j0 + 32, keys + 16); ++i) {
+      for (int64_t c0 = 0; c0 < d; c0 += 16) __builtin_prefetch(k + i * k_row_stride + c0);
+    }
     for (int64_t c0 = 0; c0 < d; c0 += 16) {
       const int cols = static_cast<int>(std::min<int64_t>(16, d - c0));
       const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);

@@ -29,6 +29,10 @@ struct AttentionProblem {
   const float* v = nullptr;
   int64_t v_row_stride = 0;
   int64_t v_head_stride = 0;
+  // When set, called before the tile kernel touches keys [panel * kKeyPanel, +kKeyPanel) of
+  // `head` (in K panels or packed V), so packing can happen lazily, right before first use.
+  void (*prepare_keys)(const void* ctx, int64_t head, int64_t panel) = nullptr;
+  const void* prepare_ctx = nullptr;
   float* out = nullptr;  // [M, heads * d], row stride out_row_stride
   int64_t out_row_stride = 0;
   int64_t queries = 0;      // M

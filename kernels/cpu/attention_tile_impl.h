@@ -210,7 +210,8 @@ inline float softmax_update(float* srow, int64_t nk, float& m, float& l) {
   typename V::Reg mx = V::set1(kNegInf);
   for (int64_t i = 0; i < nvec; ++i) mx = V::max(mx, V::load(srow + i * kW));
   const float m_new = std::max(m, V::reduce_max(mx));
-  const float alpha = m - m_new < kExpCutoff ? 0.0f : std::exp(m - m_new);
+  // Most blocks do not raise the running max; they skip the scalar exp.
+  const float alpha = m_new == m ? 1.0f : m - m_new < kExpCutoff ? 0.0f : std::exp(m - m_new);
   const typename V::Reg mv = V::set1(m_new);
   typename V::Reg sum = V::zero();
   for (int64_t i = 0; i < nvec; ++i) {
@@ -255,6 +256,11 @@ void attend_tile(const AttentionProblem& p, int64_t head, int64_t q_begin, int64
 
   for (int64_t kb0 = 0; kb0 < p.keys; kb0 += kKeyBlock) {
     const int64_t nk = std::min(kKeyBlock, p.keys - kb0);
+    if (p.prepare_keys) {
+      for (int64_t key = kb0; key < kb0 + nk; key += kKeyPanel) {
+        p.prepare_keys(p.prepare_ctx, head, key / kKeyPanel);
+      }
+    }
     if (!p.k_panels) score_direct<V>(p, head, rows, qs, dp, kb0, nk, s, kKeyBlock);
     for (int64_t j0 = 0; p.k_panels && j0 < nk; j0 += kKeyChunk) {
       const int64_t key = kb0 + j0;

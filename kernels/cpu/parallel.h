@@ -1,36 +1,27 @@
 #pragma once
-/// at::parallel_for semantics on libtorch's own OpenMP thread pool.
+/// The kernels' parallel loop: at::parallel_for on libtorch's OpenMP pool, so the kernels
+/// share the threads that at::set_num_threads() sizes instead of competing with them.
 ///
-/// at::parallel_for is a header template whose parallel branch only exists when the including
-/// translation unit is compiled with -fopenmp; our targets are not (TORCH_CXX_FLAGS carries
-/// only the ABI define), so there it silently runs serially. This helper forwards to
-/// at::parallel_for when _OPENMP is defined and otherwise enters libtorch's libgomp directly
-/// (GOMP_parallel, resolved at run time), so the kernels share the pool that
-/// at::set_num_threads() sizes instead of competing with it. Without libgomp it runs serially.
+/// at::parallel_for is a header template whose parallel branch exists only when the including
+/// translation unit is compiled with OpenMP; infill_kernels is (kernels/CMakeLists.txt), and
+/// this header refuses to compile otherwise rather than silently running serially.
 
 #include <cstdint>
 
 #include <ATen/Parallel.h>
 
+#ifndef _OPENMP
+#error "kernels/cpu/parallel.h needs OpenMP (link OpenMP::OpenMP_CXX): at::parallel_for would run serially"
+#endif
+
 namespace infill::kernels::cpu {
 
-/// Calls `fn(chunk_begin, chunk_end)` over [begin, end) split into one contiguous chunk per
-/// thread, using at most at::get_num_threads() threads and no more than (end - begin) / grain
-/// (rounded up); runs inline when that is one thread or when already inside a parallel region.
-/// The first exception thrown by `fn` is rethrown on the calling thread.
-void parallel_for_erased(int64_t begin, int64_t end, int64_t grain,
-                         void (*call)(const void* fn, int64_t chunk_begin, int64_t chunk_end),
-                         const void* fn);
-
+/// Calls `fn(chunk_begin, chunk_end)` over [begin, end) in chunks of at least `grain`;
+/// runs inline for one chunk or inside a parallel region. An exception thrown by `fn` is
+/// rethrown on the calling thread.
 template <class F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& fn) {
-#ifdef _OPENMP
   at::parallel_for(begin, end, grain, fn);
-#else
-  parallel_for_erased(
-      begin, end, grain,
-      [](const void* f, int64_t b, int64_t e) { (*static_cast<const F*>(f))(b, e); }, &fn);
-#endif
 }
 
 }  // namespace infill::kernels::cpu
