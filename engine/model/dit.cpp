@@ -18,10 +18,26 @@ namespace infill {
 namespace {
 
 struct Linear {
-  at::Tensor w;  // [out, in]
+  at::Tensor w;  // [out, in]; after finish() a transposed view of `wt`
   at::Tensor b;  // [out]
-  at::Tensor operator()(const at::Tensor& x) const { return at::linear(x, w, b); }
+  at::Tensor wt;  // [in, out] contiguous: OpenBLAS runs the small-M GEMMs of masked tokens faster
+  void finish() {
+    wt = w.t().contiguous();
+    w = wt.t();
+  }
+  at::Tensor operator()(const at::Tensor& x) const {
+    return x.dim() == 1 ? at::addmv(b, w, x) : at::addmm(b, x, wt);
+  }
 };
+
+// GELU with the tanh approximation, as 0.5 x (1 + tanh(u)) = x sigmoid(2u): the same function,
+// and ATen's vectorised sigmoid is about 3x faster here than its tanh-GELU kernel.
+at::Tensor gelu_tanh(const at::Tensor& x) {
+  constexpr double kTwoSqrtTwoOverPi = 1.5957691216057308;  // 2 * sqrt(2 / pi)
+  at::Tensor u = x * x;
+  u.mul_(0.044715).add_(1.0).mul_(x).mul_(kTwoSqrtTwoOverPi);
+  return u.sigmoid_().mul_(x);
+}
 
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -88,7 +104,15 @@ struct Dit::Weights {
     return s;
   }
 
-  void finish() { x_proj_flat = x_proj_w.reshape({x_proj_w.size(0), -1}); }
+  void finish() {
+    x_proj_flat = x_proj_w.reshape({x_proj_w.size(0), -1});
+    for (Linear* l : {&t_mlp0, &t_mlp2, &y_mlp0, &y_mlp2, &final_ada, &final_linear}) {
+      if (l->w.defined()) l->finish();
+    }
+    for (Block& b : blocks) {
+      for (Linear* l : {&b.qkv, &b.proj, &b.fc1, &b.fc2, &b.ada}) l->finish();
+    }
+  }
 
   at::Tensor positions(int grid_h, int grid_w) const {
     std::lock_guard<std::mutex> lock(pos_mutex);
@@ -138,7 +162,7 @@ Dit Dit::random(const DitConfig& config, uint64_t seed) {
 Status Dit::save(const std::string& path, bool fp16) const {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (auto& slot : w_->slots()) {
-    at::Tensor t = *slot.tensor;
+    at::Tensor t = slot.tensor->contiguous();
     tensors.emplace_back(w_->cfg.key_prefix + slot.name, fp16 ? t.to(at::kHalf) : t);
   }
   return write_safetensors(path, tensors, {{"format", "pt"}});
@@ -234,9 +258,9 @@ at::Tensor segment_modulation(const Linear& ada, const SegmentState& s) {
   return at::where(s.prompted.unsqueeze(1), with_prompt, without);
 }
 
-// x * (1 + scale) + shift, in place.
+// x * (1 + scale) + shift, in place, without temporaries.
 void modulate_(at::Tensor x, const at::Tensor& shift, const at::Tensor& scale) {
-  x.mul_(scale + 1.0).add_(shift);
+  x.addcmul_(x, scale).add_(shift);
 }
 
 }  // namespace
@@ -283,29 +307,39 @@ at::Tensor Dit::forward(std::span<DitSegment> segments) const {
       if (s.seg->full_blocks > 0 && b == s.seg->full_blocks) reduce_rows(s);
       s.full = b < s.seg->full_blocks;
     }
-    std::vector<at::Tensor> parts;
-    for (auto& s : states) parts.push_back(s.x);
-    at::Tensor x = parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+    // Row ranges of the segments in the packed matrix; a single segment needs no slicing.
+    const bool single = states.size() == 1;
+    std::vector<int64_t> begin(states.size());
+    int64_t rows_total = 0;
+    for (size_t i = 0; i < states.size(); ++i) {
+      begin[i] = rows_total;
+      rows_total += states[i].x.size(0);
+    }
+    auto slice = [&](const at::Tensor& t, size_t i) {
+      return single ? t : t.narrow(0, begin[i], states[i].x.size(0));
+    };
+    at::Tensor x;
+    if (single) {
+      x = states[0].x;
+    } else {
+      std::vector<at::Tensor> parts;
+      for (auto& s : states) parts.push_back(s.x);
+      x = at::cat(parts, 0);
+    }
+    // shift/scale/gate of attention and MLP per segment: [1 or R, H] each.
+    std::vector<std::vector<at::Tensor>> mod(states.size());
+    for (size_t i = 0; i < states.size(); ++i) mod[i] = segment_modulation(blk.ada, states[i]).chunk(6, 1);
 
     // Attention half.
     at::Tensor h = at::layer_norm(x, {H}, {}, {}, 1e-6);
-    std::vector<at::Tensor> mods;
-    int64_t row = 0;
-    for (auto& s : states) {
-      const int64_t r = s.x.size(0);
-      at::Tensor mod = segment_modulation(blk.ada, s);
-      mods.push_back(mod);
-      auto chunks = mod.chunk(6, 1);
-      modulate_(h.narrow(0, row, r), chunks[0], chunks[1]);
-      row += r;
-    }
+    for (size_t i = 0; i < states.size(); ++i) modulate_(slice(h, i), mod[i][0], mod[i][1]);
     at::Tensor qkv = blk.qkv(h);
-    at::Tensor attn = at::empty({x.size(0), H}, x.options());
-    row = 0;
-    for (auto& s : states) {
+    at::Tensor attn = single ? at::Tensor() : at::empty({rows_total, H}, x.options());
+    for (size_t i = 0; i < states.size(); ++i) {
+      SegmentState& s = states[i];
       const int64_t r = s.x.size(0);
       const int64_t L = static_cast<int64_t>(s.seg->grid_h) * s.seg->grid_w;
-      at::Tensor rows = qkv.narrow(0, row, r);
+      at::Tensor rows = slice(qkv, i);
       at::Tensor q = rows.narrow(1, 0, H), k = rows.narrow(1, H, H), v = rows.narrow(1, 2 * H, H);
       at::Tensor out;
       if (s.full || r == L) {
@@ -322,33 +356,22 @@ at::Tensor Dit::forward(std::span<DitSegment> segments) const {
         kernels::scatter_rows(s.v_buf, s.ids, v);
         out = kernels::masked_attention(q, s.k_buf, s.v_buf, cfg.num_heads, scale);
       }
-      attn.narrow(0, row, r).copy_(out);
-      row += r;
+      if (single) {
+        attn = out;
+      } else {
+        attn.narrow(0, begin[i], r).copy_(out);
+      }
     }
     at::Tensor proj = blk.proj(attn);
-    row = 0;
-    for (size_t i = 0; i < states.size(); ++i) {
-      const int64_t r = states[i].x.size(0);
-      x.narrow(0, row, r).addcmul_(proj.narrow(0, row, r), mods[i].chunk(6, 1)[2]);
-      row += r;
-    }
+    for (size_t i = 0; i < states.size(); ++i) slice(x, i).addcmul_(slice(proj, i), mod[i][2]);
 
     // MLP half.
     h = at::layer_norm(x, {H}, {}, {}, 1e-6);
-    row = 0;
+    for (size_t i = 0; i < states.size(); ++i) modulate_(slice(h, i), mod[i][3], mod[i][4]);
+    at::Tensor m = blk.fc2(gelu_tanh(blk.fc1(h)));
     for (size_t i = 0; i < states.size(); ++i) {
-      const int64_t r = states[i].x.size(0);
-      auto chunks = mods[i].chunk(6, 1);
-      modulate_(h.narrow(0, row, r), chunks[3], chunks[4]);
-      row += r;
-    }
-    at::Tensor m = blk.fc2(at::gelu(blk.fc1(h), "tanh"));
-    row = 0;
-    for (size_t i = 0; i < states.size(); ++i) {
-      const int64_t r = states[i].x.size(0);
-      x.narrow(0, row, r).addcmul_(m.narrow(0, row, r), mods[i].chunk(6, 1)[5]);
-      states[i].x = x.narrow(0, row, r);
-      row += r;
+      slice(x, i).addcmul_(slice(m, i), mod[i][5]);
+      states[i].x = slice(x, i);
     }
   }
 

@@ -2,17 +2,18 @@
 
 #include <ATen/ATen.h>
 
+#include "kernels/half_convert.h"
+
 namespace infill {
 
 void fp16_slab_to_float(const uint16_t* slab, at::Tensor& out) {
-  // from_blob does not take ownership; the slab outlives the copy.
-  at::Tensor half = at::from_blob(const_cast<uint16_t*>(slab), out.sizes(), at::kHalf);
-  out.copy_(half);
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat, "fp16_slab_to_float needs a contiguous float tensor");
+  kernels::half_to_float(slab, out.data_ptr<float>(), out.numel());
 }
 
 void float_to_fp16_slab(const at::Tensor& in, uint16_t* slab) {
-  at::Tensor half = at::from_blob(slab, in.sizes(), at::kHalf);
-  half.copy_(in);
+  const at::Tensor rows = in.contiguous();  // K and V arrive as strided views of the qkv rows
+  kernels::float_to_half(rows.data_ptr<float>(), slab, rows.numel());
 }
 
 void EntryKvSource::fetch(int block, at::Tensor& k, at::Tensor& v) {

@@ -1,6 +1,6 @@
+#include "support/catch.h"
 #include "kernels/cuda_kernels.h"
 
-#include <catch2/catch.hpp>
 
 #include <cstdlib>
 #include <filesystem>

@@ -1,6 +1,6 @@
+#include "support/catch.h"
 #include "kernels/masked_attention.h"
 
-#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -1,6 +1,6 @@
+#include "support/catch.h"
 #include "kernels/token_rows.h"
 
-#include <catch2/catch.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -1,5 +1,5 @@
-#include <catch2/catch.hpp>
 
+#include "support/catch.h"
 #include <atomic>
 #include <filesystem>
 #include <map>

@@ -1,5 +1,5 @@
-#include <catch2/catch.hpp>
 
+#include "support/catch.h"
 #include <chrono>
 #include <cstdio>
 #include <vector>

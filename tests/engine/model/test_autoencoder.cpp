@@ -1,3 +1,4 @@
+#include "support/catch.h"
 #include <unistd.h>
 
 #include <chrono>
@@ -8,7 +9,6 @@
 #include <string>
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 
 #include "model/autoencoder.h"
 #include "model/safetensors.h"

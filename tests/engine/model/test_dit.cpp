@@ -1,8 +1,8 @@
 // The DiT against an independent plain-libtorch implementation of the reference maths
 // (written from the checkpoint's tensors, batch-style as in the public DiT code), and the
 // mask-aware forward against the full forward.
-#include <catch2/catch.hpp>
 
+#include "support/catch.h"
 #include <cmath>
 #include <map>
 

@@ -1,3 +1,4 @@
+#include "support/catch.h"
 #include <unistd.h>
 
 #include <cstring>
@@ -8,7 +9,6 @@
 #include <string>
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 
 #include "model/safetensors.h"
 #include "model/safetensors_torch.h"

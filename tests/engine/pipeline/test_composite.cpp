@@ -1,3 +1,4 @@
+#include "support/catch.h"
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -5,7 +6,6 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 
 #include "pipeline/composite.h"
 

@@ -1,6 +1,6 @@
 // End-to-end edits on a small random-weight model written to disk and loaded back.
-#include <catch2/catch.hpp>
 
+#include "support/catch.h"
 #include <filesystem>
 #include <fstream>
 

@@ -1,3 +1,4 @@
+#include "support/catch.h"
 #include <unistd.h>
 
 #include <cmath>
@@ -8,7 +9,6 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 
 #include "pipeline/image_io.h"
 #include "pipeline/mask.h"

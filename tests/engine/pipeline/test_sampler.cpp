@@ -1,9 +1,9 @@
+#include "support/catch.h"
 #include <cmath>
 #include <limits>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 
 #include "pipeline/sampler.h"
 

@@ -1,6 +1,6 @@
+#include "support/catch.h"
 #include "kernels/cpu/parallel.h"
 
-#include <catch2/catch.hpp>
 
 #include <atomic>
 #include <mutex>
