@@ -27,12 +27,17 @@ double time_ms(const std::function<void()>& fn) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 double median_ms(int repeats, const std::function<void()>& fn) {
   fn();  // warm-up
   std::vector<double> ms;
   for (int i = 0; i < repeats; ++i) ms.push_back(time_ms(fn));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return median(ms);
 }
 
 // A compact blob of `count` tokens (a filled disc grown from the grid centre), as a painted
@@ -91,16 +96,11 @@ int main() {
     return dit.forward(segs);
   };
   full_step(&sink);  // records the cache entry the masked path reads (as the prepare job does)
-  // The baseline is timed before and after the masked rows, so that drift of the machine over
-  // the run (frequency, other load) does not favour either side.
-  const int full_repeats = 5;
-  std::vector<double> full_samples;
-  auto time_full = [&] {
-    for (int i = 0; i < full_repeats; ++i) full_samples.push_back(time_ms([&] { full_step(nullptr); }));
-  };
-  time_full();
-
+  // Per mask ratio, full and masked steps are timed interleaved (one full step, then a few
+  // masked ones, repeated), so that drift of this shared machine over the run (frequency,
+  // neighbours) affects both sides of each ratio alike.
   nlohmann::json result_rows = nlohmann::json::array();
+  const int rounds = 4;
   for (double m : {0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0}) {
     const int64_t count = std::max<int64_t>(1, std::llround(m * tokens));
     const at::Tensor ids = blob_tokens(grid, count);
@@ -115,16 +115,21 @@ int main() {
       infill::DitSegment segs[] = {seg};
       return dit.forward(segs);
     };
-    const int repeats = m <= 0.2 ? 15 : 7;
-    const double masked_ms = median_ms(repeats, masked_step);
-    result_rows.push_back({{"mask_ratio", m}, {"masked_tokens", count}, {"masked_ms", masked_ms}, {"repeats", repeats}});
-  }
-  time_full();
-  std::sort(full_samples.begin(), full_samples.end());
-  const double full_ms = full_samples[full_samples.size() / 2];
-  for (auto& row : result_rows) {
-    row["full_ms"] = full_ms;
-    row["speedup"] = full_ms / row["masked_ms"].get<double>();
+    const int masked_per_round = m <= 0.2 ? 5 : 2;
+    masked_step();  // warm-up
+    std::vector<double> full_samples, masked_samples;
+    for (int round = 0; round < rounds; ++round) {
+      full_samples.push_back(time_ms([&] { full_step(nullptr); }));
+      for (int i = 0; i < masked_per_round; ++i) masked_samples.push_back(time_ms(masked_step));
+    }
+    const double full_ms = median(full_samples), masked_ms = median(masked_samples);
+    result_rows.push_back({{"mask_ratio", m},
+                           {"masked_tokens", count},
+                           {"full_ms", full_ms},
+                           {"masked_ms", masked_ms},
+                           {"speedup", full_ms / masked_ms},
+                           {"full_repeats", full_samples.size()},
+                           {"masked_repeats", masked_samples.size()}});
   }
 
   // Fused masked attention against matmul + softmax + matmul, L = 1024, M = 102.
@@ -147,7 +152,7 @@ int main() {
         {"weights", "random"},
         {"measure", "median per-step DiT forward latency; full path = all tokens, fresh K/V; masked = masked "
                     "tokens only, cached fp16 K/V from RAM"},
-        {"full_repeats", 2 * full_repeats}}},
+        {"timing", "full and masked steps interleaved per ratio; medians"}}},
       {"rows", result_rows},
       {"attention",
        {{"L", L}, {"M", M}, {"heads", heads}, {"reference_ms", reference_ms}, {"fused_ms", fused_ms},
