@@ -1,7 +1,10 @@
 #pragma once
-// A unique temporary directory removed at the end of the scope.
+// A fresh directory under /tmp, removed with its content when the object dies.
+#include <stdlib.h>
+
 #include <filesystem>
-#include <random>
+#include <iterator>
+#include <stdexcept>
 #include <string>
 
 namespace infill::test {
@@ -9,9 +12,9 @@ namespace infill::test {
 class TempDir {
  public:
   explicit TempDir(const std::string& tag = "infill-test") {
-    std::random_device rd;
-    path_ = std::filesystem::temp_directory_path() / (tag + "-" + std::to_string(rd()) + std::to_string(rd()));
-    std::filesystem::create_directories(path_);
+    std::string pattern = "/tmp/" + tag + "-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
+    path_ = pattern;
   }
   ~TempDir() {
     std::error_code ec;
@@ -19,11 +22,17 @@ class TempDir {
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  /// Number of directory entries (files left behind by a failed write, say).
+  size_t entries() const {
+    return static_cast<size_t>(
+        std::distance(std::filesystem::directory_iterator(path_), std::filesystem::directory_iterator()));
+  }
 
  private:
-  std::filesystem::path path_;
+  std::string path_;
 };
 
 }  // namespace infill::test

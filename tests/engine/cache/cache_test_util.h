@@ -12,28 +12,10 @@
 #include <string>
 
 #include "cache/activation_entry.h"
+#include "support/temp_dir.h"
 
 namespace infill::test {
 
-/// A fresh directory under /tmp, removed (with its content) when the object dies.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/infill-cache-test-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 inline ActivationKey make_key(int id, const std::string& model = "dit-test@0123abcd") {
   ActivationKey key;

@@ -1,4 +1,5 @@
 #include "support/catch.h"
+#include "support/temp_dir.h"
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +14,8 @@
 #include "model/autoencoder.h"
 #include "model/safetensors.h"
 #include "model/safetensors_torch.h"
+
+using infill::test::TempDir;
 
 namespace fs = std::filesystem;
 using infill::Autoencoder;
@@ -47,23 +50,6 @@ void require_shared_or_skip() {
   std::exit(4);
 }
 
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() / ("infill_test_autoencoder_" + std::to_string(::getpid()) +
-                                         "_" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 }  // namespace
 

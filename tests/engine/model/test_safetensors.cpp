@@ -1,4 +1,5 @@
 #include "support/catch.h"
+#include "support/temp_dir.h"
 #include <unistd.h>
 
 #include <cmath>
@@ -13,31 +14,14 @@
 #include "model/safetensors.h"
 #include "model/safetensors_torch.h"
 
+using infill::test::TempDir;
+
 namespace fs = std::filesystem;
 using infill::ErrorCode;
 using infill::SafetensorsFile;
 
 namespace {
 
-/// A fresh directory under the system temp dir, removed with its content at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() / ("infill_test_safetensors_" + std::to_string(::getpid()) +
-                                         "_" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 /// Writes a file by hand: 8-byte length (the header's, unless overridden), header, data.
 std::string write_raw(const TempDir& dir, const std::string& header, const std::string& data = "",

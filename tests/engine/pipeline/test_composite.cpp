@@ -1,4 +1,5 @@
 #include "support/catch.h"
+#include "support/random_image.h"
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -13,27 +14,7 @@ using namespace infill;
 
 namespace {
 
-// An image of random samples: u8 / u16 over their full range, f32 in [-0.5, 2) (HDR-like).
-PixelImage random_image(int width, int height, int channels, PixelFormat format, uint32_t seed) {
-  PixelImage image = PixelImage::allocate(width, height, channels, format);
-  std::mt19937 rng(seed);
-  const size_t n = static_cast<size_t>(width) * height * channels;
-  for (size_t i = 0; i < n; ++i) {
-    switch (format) {
-      case PixelFormat::kU8:
-        reinterpret_cast<uint8_t*>(image.data.data())[i] = rng() & 0xff;
-        break;
-      case PixelFormat::kU16:
-        reinterpret_cast<uint16_t*>(image.data.data())[i] = rng() & 0xffff;
-        break;
-      case PixelFormat::kF32:
-        reinterpret_cast<float*>(image.data.data())[i] =
-            std::uniform_real_distribution<float>(-0.5f, 2.0f)(rng);
-        break;
-    }
-  }
-  return image;
-}
+using test::random_image;
 
 // Sample (pixel, channel) as a double in the [0, 1] convention of its format.
 double sample(const PixelImage& image, int64_t pixel, int c) {

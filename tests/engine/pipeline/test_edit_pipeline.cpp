@@ -228,7 +228,7 @@ TEST_CASE("K/V streamed from the disk tier give the same edit as the RAM entry",
   test::TempDir cache_dir("infill-stream");
   ActivationStoreOptions options;
   options.ram_budget_bytes = 1;  // every entry goes straight to disk
-  options.disk_dir = cache_dir.path().string();
+  options.disk_dir = cache_dir.path();
   auto store = ActivationStore::open(options);
   REQUIRE(store.ok());
   std::shared_ptr<ActivationStore> disk_store = std::move(*store);

@@ -1,4 +1,6 @@
 #include "support/catch.h"
+#include "support/random_image.h"
+#include "support/temp_dir.h"
 #include <unistd.h>
 
 #include <cstring>
@@ -13,6 +15,8 @@
 
 #include "pipeline/image_io.h"
 
+using infill::test::TempDir;
+
 using namespace infill;
 namespace fs = std::filesystem;
 
@@ -20,44 +24,9 @@ namespace {
 
 constexpr int64_t kNoLimit = int64_t{1} << 40;
 
-// A private scratch directory under /tmp, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("infill_test_image_io_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  size_t entries() const {
-    return std::distance(fs::directory_iterator(path), fs::directory_iterator());
-  }
-};
 
 PixelImage random_image(int width, int height, int channels, PixelFormat format, uint32_t seed) {
-  PixelImage image = PixelImage::allocate(width, height, channels, format);
-  std::mt19937 rng(seed);
-  const size_t n = static_cast<size_t>(width) * height * channels;
-  for (size_t i = 0; i < n; ++i) {
-    switch (format) {
-      case PixelFormat::kU8:
-        reinterpret_cast<uint8_t*>(image.data.data())[i] = rng() & 0xff;
-        break;
-      case PixelFormat::kU16:
-        reinterpret_cast<uint16_t*>(image.data.data())[i] = rng() & 0xffff;
-        break;
-      case PixelFormat::kF32:
-        reinterpret_cast<float*>(image.data.data())[i] =
-            std::uniform_real_distribution<float>(-1.0f, 4.0f)(rng);
-        break;
-    }
-  }
-  return image;
+  return test::random_image(width, height, channels, format, seed, -1.0f, 4.0f);
 }
 
 std::vector<std::byte> read_bytes(const std::string& path) {

@@ -1,4 +1,5 @@
 #include "support/catch.h"
+#include "support/temp_dir.h"
 #include <unistd.h>
 
 #include <cmath>
@@ -13,28 +14,12 @@
 #include "pipeline/image_io.h"
 #include "pipeline/mask.h"
 
+using infill::test::TempDir;
+
 using namespace infill;
 
 namespace {
 
-// A private scratch directory under /tmp, removed at the end of the test.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    path = std::filesystem::temp_directory_path() /
-           ("infill_test_mask_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  static int& counter() {
-    static int n = 0;
-    return n;
-  }
-};
 
 PixelImage u8_image(int width, int height, int channels, const std::vector<uint8_t>& samples) {
   PixelImage image = PixelImage::allocate(width, height, channels, PixelFormat::kU8);
