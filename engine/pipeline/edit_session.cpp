@@ -169,7 +169,9 @@ DitSegment& EditSession::segment() {
   segment_.cond = dit.conditioning(t, params_.prompt);
   segment_.null_cond = cfg.prompt_scope == PromptScope::kMaskedTokens ? dit.conditioning(t, at::Tensor()) : segment_.cond;
   const int recompute = cache_.streamed ? cache_.recompute_blocks : 0;
-  if (uses_cache() && recompute < cfg.depth) {
+  // With every token masked nothing is read from the cache (all K/V rows are fresh).
+  const bool reads_cache = uses_cache() && recompute < cfg.depth && tokens_.count() < all_rows.size(0);
+  if (reads_cache) {
     if (cache_.streamed) {
       cache_.streamed->start_step(step_, recompute);
       segment_.kv = cache_.streamed.get();

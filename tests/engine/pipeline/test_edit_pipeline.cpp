@@ -233,8 +233,9 @@ TEST_CASE("K/V streamed from the disk tier give the same edit as the RAM entry",
   REQUIRE(store.ok());
   std::shared_ptr<ActivationStore> disk_store = std::move(*store);
 
+  // One 16x16 patch plus a one-token halo: 4 of the 15 tokens, so the cache is really read.
   at::Tensor mask = at::zeros({40, 72});
-  mask.narrow(0, 8, 20).narrow(1, 30, 30).fill_(1.0);
+  mask.narrow(0, 2, 10).narrow(1, 2, 10).fill_(1.0);
   EditParams params = f.params(mask, CacheMode::kUse);
   auto entry = f.pipeline->prepare(*f.tmpl, params.schedule);
   REQUIRE(entry.ok());
@@ -263,11 +264,17 @@ TEST_CASE("K/V streamed from the disk tier give the same edit as the RAM entry",
     if (r->recomputed_blocks == 0) CHECK(same_bytes(r->image, from_ram->image));
   }
   SECTION("a damaged file fails the edit instead of using bad data") {
+    int damaged = 0;
     for (const auto& file : std::filesystem::directory_iterator(cache_dir.path())) {
       std::fstream io(file.path(), std::ios::in | std::ios::out | std::ios::binary);
-      io.seekp(static_cast<std::streamoff>(std::filesystem::file_size(file.path()) - 100));
-      io.put('\x5a');
+      const auto at = static_cast<std::streamoff>(std::filesystem::file_size(file.path()) - 100);
+      io.seekg(at);
+      const char byte = static_cast<char>(io.get());
+      io.seekp(at);
+      io.put(static_cast<char>(~byte));  // always a different byte
+      damaged += io.good();
     }
+    REQUIRE(damaged == 1);
     auto broken = run_session(
         f, params, CacheSource{nullptr, std::make_shared<StreamedKvSource>(disk_store, key, (*entry)->layout()), 0});
     REQUIRE_FALSE(broken.ok());
