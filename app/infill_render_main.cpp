@@ -24,6 +24,7 @@ constexpr const char* kUsage = R"(usage: infill-render --model DIR --template IM
 
 Edits IMAGE inside MASK (white = regenerate, black = keep) and writes DIR/before.png,
 DIR/mask.png and DIR/after.png (after.<ext> with --format).
+Exit codes: 0 done, 2 bad input (options, files, sizes), 5 engine or system failure.
 
 options:
   --seed N          noise seed of the edit (default 1)
@@ -41,6 +42,19 @@ options:
 int fail(const std::string& message, int code) {
   std::cerr << "Error: " << message << "\n";
   return code;
+}
+
+// Bad input (2) versus a failure of the engine or the system (5).
+int exit_code(const infill::Status& status) {
+  switch (status.code()) {
+    case infill::ErrorCode::kInvalidArgument:
+    case infill::ErrorCode::kNotFound:
+    case infill::ErrorCode::kOutOfRange:
+    case infill::ErrorCode::kCorruptData:  // an undecodable image or mask file
+      return 2;
+    default:
+      return 5;
+  }
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -93,7 +107,7 @@ int main(int argc, char** argv) {
 
   const auto t_start = std::chrono::steady_clock::now();
   auto model = infill::load_model(opts["--model"]);
-  if (!model.ok()) return fail(model.status().message(), 2);
+  if (!model.ok()) return fail(model.status().message(), exit_code(model.status()));
   const double load_ms = ms_since(t_start);
 
   infill::ActivationStoreOptions store_options;
@@ -105,9 +119,9 @@ int main(int argc, char** argv) {
   infill::EditPipeline pipeline(*model, std::move(*store));
 
   auto tmpl = infill::load_template(**model, opts["--template"]);
-  if (!tmpl.ok()) return fail(tmpl.status().message(), 2);
+  if (!tmpl.ok()) return fail(tmpl.status().message(), exit_code(tmpl.status()));
   auto mask = infill::load_mask(opts["--mask"], (*tmpl)->width, (*tmpl)->height);
-  if (!mask.ok()) return fail(mask.status().message(), 2);
+  if (!mask.ok()) return fail(mask.status().message(), exit_code(mask.status()));
 
   infill::EditParams params;
   params.mask = *mask;
@@ -123,12 +137,12 @@ int main(int argc, char** argv) {
   if (params.cache == infill::CacheMode::kUse) {
     const auto t0 = std::chrono::steady_clock::now();
     auto prepared = pipeline.prepare(**tmpl, params.schedule);
-    if (!prepared.ok()) return fail(prepared.status().message(), 5);
+    if (!prepared.ok()) return fail(prepared.status().message(), exit_code(prepared.status()));
     prepare_ms = ms_since(t0);
   }
   const auto t_edit = std::chrono::steady_clock::now();
   auto result = pipeline.edit(*tmpl, params);
-  if (!result.ok()) return fail(result.status().message(), 2);
+  if (!result.ok()) return fail(result.status().message(), exit_code(result.status()));
   const double edit_ms = ms_since(t_edit);
 
   const std::filesystem::path out_dir(opts["--out-dir"]);
