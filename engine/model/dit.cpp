@@ -60,6 +60,9 @@ struct Dit::Weights {
   };
   std::vector<Block> blocks;
   Linear final_ada, final_linear;
+  // adaLN weights of all blocks side by side, [H, depth * 6H] (each block's ada.wt is a view
+  // into it): one GEMV per segment and forward instead of one per block.
+  at::Tensor ada_all_wt, ada_all_b;
 
   // Position embeddings per grid size, computed once: they are on every forward's path.
   mutable std::mutex pos_mutex;
@@ -111,6 +114,19 @@ struct Dit::Weights {
     }
     for (Block& b : blocks) {
       for (Linear* l : {&b.qkv, &b.proj, &b.fc1, &b.fc2, &b.ada}) l->finish();
+    }
+    std::vector<at::Tensor> wts, bs;
+    for (Block& b : blocks) {
+      wts.push_back(b.ada.wt);
+      bs.push_back(b.ada.b);
+    }
+    ada_all_wt = at::cat(wts, 1).contiguous();
+    ada_all_b = at::cat(bs, 0).contiguous();
+    const int64_t width = 6 * static_cast<int64_t>(cfg.hidden_size);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      blocks[i].ada.wt = ada_all_wt.narrow(1, static_cast<int64_t>(i) * width, width);
+      blocks[i].ada.w = blocks[i].ada.wt.t();
+      blocks[i].ada.b = ada_all_b.narrow(0, static_cast<int64_t>(i) * width, width);
     }
   }
 
@@ -247,7 +263,18 @@ struct SegmentState {
   at::Tensor prompted;  // bool [R] or undefined
   bool full = false;    // rows are the whole grid and K/V are fresh
   at::Tensor k_buf, v_buf;
+  at::Tensor ada_prompt, ada_null;  // [depth * 6H] modulation of every block
 };
+
+// adaLN parameters of one segment for block `b`: [1, 6H] when every row shares the prompt,
+// [R, 6H] when rows differ (prompt only on masked tokens in a full forward).
+at::Tensor block_modulation(const SegmentState& s, int b, int64_t hidden) {
+  const int64_t width = 6 * hidden;
+  at::Tensor with_prompt = s.ada_prompt.narrow(0, b * width, width).unsqueeze(0);
+  if (!s.prompted.defined()) return with_prompt;
+  at::Tensor without = s.ada_null.narrow(0, b * width, width).unsqueeze(0);
+  return at::where(s.prompted.unsqueeze(1), with_prompt, without);
+}
 
 // adaLN parameters of one segment for one layer: [1, n*H] when every row shares the prompt,
 // [R, n*H] when rows differ (prompt only on masked tokens in a full forward).
@@ -289,6 +316,8 @@ at::Tensor Dit::forward(std::span<DitSegment> segments) const {
     }
     s.ids = seg.token_ids;
     s.prompted = seg.prompted;
+    s.ada_prompt = at::addmv(w_->ada_all_b, w_->ada_all_wt.t(), at::silu(seg.cond));
+    if (s.prompted.defined()) s.ada_null = at::addmv(w_->ada_all_b, w_->ada_all_wt.t(), at::silu(seg.null_cond));
     s.x = at::linear(seg.tokens, w_->x_proj_flat, w_->x_proj_b);
     s.x.add_(w_->positions(seg.grid_h, seg.grid_w).index_select(0, seg.token_ids));
   }
@@ -328,7 +357,7 @@ at::Tensor Dit::forward(std::span<DitSegment> segments) const {
     }
     // shift/scale/gate of attention and MLP per segment: [1 or R, H] each.
     std::vector<std::vector<at::Tensor>> mod(states.size());
-    for (size_t i = 0; i < states.size(); ++i) mod[i] = segment_modulation(blk.ada, states[i]).chunk(6, 1);
+    for (size_t i = 0; i < states.size(); ++i) mod[i] = block_modulation(states[i], b, H).chunk(6, 1);
 
     // Attention half.
     at::Tensor h = at::layer_norm(x, {H}, {}, {}, 1e-6);
