@@ -160,12 +160,15 @@ TEST_CASE("an oracle epsilon model lands every DDIM schedule on x0", "[sampler]"
     }
     {
       // float32: at t = 999 x0 carries weight sqrt(abar) = 0.0064 in x, so one float32
-      // rounding of x (6e-8) already moves the implied x0 by ~1e-5; 1e-4 bounds a few of them.
-      const at::Tensor x0 = at::randn({2, 16});
-      const at::Tensor noise = at::randn({2, 16});
+      // rounding of x (6e-8 relative, |x| up to ~4) moves the implied x0 by up to ~4e-5; the
+      // first steps each add such a rounding, so 5e-4 bounds about a dozen of them. Seeded:
+      // the bound is about these inputs, not about luck.
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(steps));
+      const at::Tensor x0 = at::randn({2, 16}, gen);
+      const at::Tensor noise = at::randn({2, 16}, gen);
       at::Tensor x = s.add_noise(x0, noise, 0);
       for (int i = 0; i < steps; ++i) x = s.step(x, noise, i);
-      CHECK(max_abs_diff(x, x0) < 1e-4);
+      CHECK(max_abs_diff(x, x0) < 5e-4);
     }
   }
 }
