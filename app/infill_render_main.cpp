@@ -13,6 +13,7 @@
 #include "cache/activation_store.h"
 #include "model/compute_threads.h"
 #include "model/model.h"
+#include "model/prompt_encoder.h"
 #include "pipeline/edit_pipeline.h"
 #include "pipeline/image_io.h"
 #include "pipeline/mask.h"
@@ -27,6 +28,8 @@ DIR/mask.png and DIR/after.png (after.<ext> with --format).
 Exit codes: 0 done, 2 bad input (options, files, sizes), 5 engine or system failure.
 
 options:
+  --prompt TEXT     words from the model's vocabulary (infill-tiny: colours and bright/dark)
+  --guidance G      classifier-free guidance scale in [1, 20] (default: the model's)
   --seed N          noise seed of the edit (default 1)
   --steps N         denoising steps (default: the model's)
   --strength S      (0, 1], 1 = regenerate from pure noise (default 1)
@@ -68,7 +71,8 @@ int main(int argc, char** argv) {
   const std::map<std::string, bool> known = {
       {"--model", true},  {"--template", true}, {"--mask", true},      {"--out-dir", true}, {"--seed", true},
       {"--steps", true},  {"--strength", true}, {"--sampler", true},   {"--halo", true},    {"--feather", true},
-      {"--no-cache", false}, {"--cache-dir", true}, {"--threads", true}, {"--format", true}, {"--help", false}};
+      {"--no-cache", false}, {"--cache-dir", true}, {"--threads", true}, {"--format", true}, {"--help", false},
+      {"--prompt", true}, {"--guidance", true}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto it = known.find(arg);
@@ -96,7 +100,8 @@ int main(int argc, char** argv) {
     out = std::strtod(opts[key].c_str(), &end);
     return end != opts[key].c_str() && *end == '\0';
   };
-  double seed, steps, strength, halo, feather, threads;
+  double seed, steps, strength, halo, feather, threads, guidance;
+  if (!number("--guidance", 0, guidance)) return fail("--guidance takes a number", 2);
   if (!number("--seed", 1, seed) || !number("--steps", 0, steps) || !number("--strength", 1, strength) ||
       !number("--halo", 1, halo) || !number("--feather", 4, feather) || !number("--threads", 0, threads)) {
     return fail("--seed, --steps, --strength, --halo, --feather and --threads take numbers", 2);
@@ -125,6 +130,10 @@ int main(int argc, char** argv) {
 
   infill::EditParams params;
   params.mask = *mask;
+  auto prompt = infill::encode_prompt((*model)->manifest, opts.count("--prompt") ? opts["--prompt"] : "");
+  if (!prompt.ok()) return fail(prompt.status().message(), 2);
+  params.prompt = *prompt;
+  params.guidance_scale = opts.count("--guidance") ? guidance : (*model)->manifest.default_guidance;
   params.seed = static_cast<uint64_t>(seed);
   params.strength = strength;
   params.schedule.steps = static_cast<int>(steps);
@@ -165,6 +174,8 @@ int main(int argc, char** argv) {
       {"total_tokens", result->total_tokens},
       {"mask_ratio", result->total_tokens ? double(result->masked_tokens) / result->total_tokens : 0.0},
       {"steps_run", result->steps_run},
+      {"prompt", opts.count("--prompt") ? opts["--prompt"] : ""},
+      {"guidance", params.guidance_scale},
       {"used_cache", result->used_cache},
       {"load_ms", load_ms},
       {"prepare_ms", prepare_ms},

@@ -23,6 +23,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/status.h"
+#include "model/latent_codec.h"
 
 namespace infill {
 
@@ -54,7 +55,7 @@ struct AutoencoderLayer {
 
 }  // namespace detail
 
-class Autoencoder {
+class Autoencoder final : public LatentCodec {
  public:
   /// Pixels per latent pixel along each axis.
   static constexpr int kFactor = 8;
@@ -72,13 +73,15 @@ class Autoencoder {
   Status save(const std::string& encoder_path, const std::string& decoder_path) const;
 
   const AutoencoderConfig& config() const { return config_; }
+  int factor() const override { return kFactor; }
+  int latent_channels() const override { return config_.latent_channels; }
 
   /// rgb [B, 3, H, W] float32 in [0, 1], H and W multiples of 8 -> latent [B, C, H/8, W/8].
   /// Shape or dtype errors throw (programming errors). Returns a normal (non-inference) tensor.
-  at::Tensor encode(const at::Tensor& rgb) const;
+  at::Tensor encode(const at::Tensor& rgb) const override;
 
   /// latent [B, C, h, w] float32 -> rgb [B, 3, 8h, 8w] clamped to [0, 1].
-  at::Tensor decode(const at::Tensor& latent) const;
+  at::Tensor decode(const at::Tensor& latent) const override;
 
   /// Decodes only the latent box (x0, y0, w, h) (latent pixels), with `margin` latent pixels of
   /// context on each side (clamped to the latent bounds), and returns that box's pixels
@@ -86,7 +89,7 @@ class Autoencoder {
   /// global-context GroupNorms are) runs on the whole latent so its statistics are exact; only
   /// the upsampling stages are cropped. Differences from decode() come from zero padding at
   /// the context box's edges; the margin keeps them away from the returned pixels.
-  at::Tensor decode_crop(const at::Tensor& latent, int x0, int y0, int w, int h, int margin) const;
+  at::Tensor decode_crop(const at::Tensor& latent, int x0, int y0, int w, int h, int margin) const override;
 
  private:
   AutoencoderConfig config_;

@@ -1,5 +1,6 @@
 #include "model/manifest.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -134,21 +135,57 @@ Status parse_autoencoder(const json& object, const std::string& file, Autoencode
   INFILL_RETURN_IF_ERROR(r.read("scale", ae.scale, false));
   INFILL_RETURN_IF_ERROR(r.read("shift", ae.shift, false));
   INFILL_RETURN_IF_ERROR(r.check_unknown());
-  if (ae.type != "taesd") return invalid_argument(r.where("type") + " is \"" + ae.type + "\", expected taesd");
-  if (ae.factor != 8) return invalid_argument(r.where("factor") + " is " + std::to_string(ae.factor) + ", expected 8");
+  if (ae.type == "taesd") {
+    if (ae.factor != 8) return invalid_argument(r.where("factor") + " is " + std::to_string(ae.factor) + ", expected 8");
+  } else if (ae.type == "patch_pca") {
+    if (ae.factor != 2 && ae.factor != 4 && ae.factor != 8 && ae.factor != 16) {
+      return invalid_argument(r.where("factor") + " is " + std::to_string(ae.factor) + ", expected 2, 4, 8 or 16");
+    }
+  } else {
+    return invalid_argument(r.where("type") + " is \"" + ae.type + "\", expected taesd or patch_pca");
+  }
+  if (!(ae.scale > 0.0) || !std::isfinite(ae.scale) || !std::isfinite(ae.shift)) {
+    return invalid_argument(r.where("scale") + " must be finite and positive, and shift finite");
+  }
   if (ae.latent_channels <= 0) return invalid_argument(r.where("latent_channels") + " must be positive");
   return {};
 }
 
-Status parse_sampler(const json& object, const std::string& file, SamplerDefaults& s) {
+Status parse_prompt(const json& object, const std::string& file, PromptSpec& prompt) {
+  if (!object.is_object()) return invalid_argument(file + ": prompt must be an object");
+  FieldReader r(object, "prompt", file);
+  const json* vocabulary = r.child("vocabulary");
+  if (vocabulary == nullptr) return invalid_argument(r.where("vocabulary") + " is required but missing");
+  if (!vocabulary->is_array() || vocabulary->empty()) {
+    return invalid_argument(r.where("vocabulary") + " must be a non-empty array of words");
+  }
+  std::set<std::string> seen;
+  for (const auto& item : *vocabulary) {
+    if (!item.is_string()) return invalid_argument(r.where("vocabulary") + " holds " + item.dump() + ", expected a word");
+    const std::string word = item.get<std::string>();
+    if (word.empty() || word.find_first_of(" ,\t\n") != std::string::npos) {
+      return invalid_argument(r.where("vocabulary") + " word \"" + word + "\" must be non-empty without spaces or commas");
+    }
+    for (char c : word) {
+      if (c >= 'A' && c <= 'Z') return invalid_argument(r.where("vocabulary") + " word \"" + word + "\" must be lower case");
+    }
+    if (!seen.insert(word).second) return invalid_argument(r.where("vocabulary") + " lists \"" + word + "\" twice");
+    prompt.vocabulary.push_back(word);
+  }
+  return r.check_unknown();
+}
+
+Status parse_sampler(const json& object, const std::string& file, SamplerDefaults& s, double& guidance) {
   if (!object.is_object()) return invalid_argument(file + ": sampler must be an object");
   FieldReader r(object, "sampler", file);
   INFILL_RETURN_IF_ERROR(r.read("default", s.sampler, false));
   INFILL_RETURN_IF_ERROR(r.read("steps", s.steps, false));
   INFILL_RETURN_IF_ERROR(r.read("shift", s.shift, false));
+  INFILL_RETURN_IF_ERROR(r.read("guidance", guidance, false));
   INFILL_RETURN_IF_ERROR(r.check_unknown());
   if (s.steps < 1 || s.steps > 1000) return invalid_argument(r.where("steps") + " must be in [1, 1000]");
   if (s.shift <= 0) return invalid_argument(r.where("shift") + " must be positive");
+  if (!(guidance >= 1.0 && guidance <= 20.0)) return invalid_argument(r.where("guidance") + " must be in [1, 20]");
   return {};
 }
 
@@ -210,6 +247,7 @@ Result<ModelManifest> parse_manifest(const std::string& json_text, const std::st
     return invalid_argument(r.where("format") + " is \"" + format + "\", expected \"" + kFormat + "\"");
   }
   INFILL_RETURN_IF_ERROR(r.read("name", m.name, true));
+  INFILL_RETURN_IF_ERROR(r.read("description", m.description, false));
   INFILL_RETURN_IF_ERROR(r.read("max_image_pixels", m.max_image_pixels, false));
   const json* dit = r.child("dit");
   if (dit == nullptr) return invalid_argument(r.where("dit") + " is required but missing");
@@ -224,7 +262,16 @@ Result<ModelManifest> parse_manifest(const std::string& json_text, const std::st
     }
   }
   if (const json* sampler = r.child("sampler")) {
-    INFILL_RETURN_IF_ERROR(parse_sampler(*sampler, name_for_errors, m.sampler));
+    INFILL_RETURN_IF_ERROR(parse_sampler(*sampler, name_for_errors, m.sampler, m.default_guidance));
+  }
+  if (const json* prompt = r.child("prompt")) {
+    m.has_prompt = true;
+    INFILL_RETURN_IF_ERROR(parse_prompt(*prompt, name_for_errors, m.prompt));
+    if (m.dit.conditioning != ConditioningType::kVector ||
+        m.dit.conditioning_dim != static_cast<int>(m.prompt.vocabulary.size())) {
+      return invalid_argument(name_for_errors + ": prompt.vocabulary has " + std::to_string(m.prompt.vocabulary.size()) +
+                              " words; it needs dit.conditioning \"vector\" with conditioning_dim equal to that");
+    }
   }
   INFILL_RETURN_IF_ERROR(r.check_unknown());
   if (m.max_image_pixels <= 0) return invalid_argument(r.where("max_image_pixels") + " must be positive");
@@ -271,13 +318,16 @@ std::string manifest_to_json(const ModelManifest& m) {
   dit["prompt_scope"] = m.dit.prompt_scope == PromptScope::kGlobal ? "global" : "masked_tokens";
   dit["prediction"] = m.dit.prediction == PredictionType::kFlow ? "flow" : "epsilon";
   json root = {{"format", kFormat}, {"name", m.name}, {"max_image_pixels", m.max_image_pixels}, {"dit", dit}};
+  if (!m.description.empty()) root["description"] = m.description;
+  if (m.has_prompt) root["prompt"] = {{"vocabulary", m.prompt.vocabulary}};
   if (m.has_autoencoder) {
     root["autoencoder"] = {{"type", m.autoencoder.type},       {"encoder", m.autoencoder.encoder},
                            {"decoder", m.autoencoder.decoder}, {"latent_channels", m.autoencoder.latent_channels},
                            {"factor", m.autoencoder.factor},   {"scale", m.autoencoder.scale},
                            {"shift", m.autoencoder.shift}};
   }
-  root["sampler"] = {{"default", m.sampler.sampler}, {"steps", m.sampler.steps}, {"shift", m.sampler.shift}};
+  root["sampler"] = {{"default", m.sampler.sampler}, {"steps", m.sampler.steps}, {"shift", m.sampler.shift},
+                     {"guidance", m.default_guidance}};
   return root.dump(2) + "\n";
 }
 

@@ -57,9 +57,9 @@ struct DitConfig {
 };
 
 struct AutoencoderSpec {
-  std::string type;     ///< "taesd"
+  std::string type;     ///< "taesd" or "patch_pca"
   std::string encoder;  ///< safetensors, relative to the manifest's folder
-  std::string decoder;
+  std::string decoder;  ///< patch_pca: the same file as the encoder
   int latent_channels = 0;
   int factor = 8;       ///< pixels per latent pixel
   double scale = 1.0;   ///< latent fed to the DiT = (encoder output - shift) * scale
@@ -72,13 +72,23 @@ struct SamplerDefaults {
   double shift = 1.0;
 };
 
+/// Words a prompt may use, for models with vector conditioning: a prompt is the multi-hot
+/// vector of its words over this list (model/prompt_encoder.h).
+struct PromptSpec {
+  std::vector<std::string> vocabulary;
+};
+
 struct ModelManifest {
   std::string name;
+  std::string description;  ///< optional, shown by clients
   std::string folder;  ///< absolute folder of manifest.json; weight paths resolve against it
   DitConfig dit;
   bool has_autoencoder = false;
   AutoencoderSpec autoencoder;
   SamplerDefaults sampler;
+  bool has_prompt = false;
+  PromptSpec prompt;
+  double default_guidance = 1.0;  ///< classifier-free guidance scale clients start from
   int max_image_pixels = 2048 * 2048;
 
   std::string resolve(const std::string& relative) const;

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "common/hash.h"
+#include "model/patch_pca_codec.h"
 
 namespace infill {
 
@@ -36,12 +37,24 @@ Result<std::shared_ptr<const Model>> load_model(const std::string& path) {
   const std::string dit_path = manifest.resolve(manifest.dit.weights);
   INFILL_ASSIGN_OR_RETURN(Dit dit, Dit::load(manifest.dit, dit_path));
   INFILL_ASSIGN_OR_RETURN(uint64_t identity, file_identity(dit_path));
-  std::optional<Autoencoder> ae;
+  std::shared_ptr<const LatentCodec> ae;
   if (manifest.has_autoencoder) {
     const std::string enc = manifest.resolve(manifest.autoencoder.encoder);
     const std::string dec = manifest.resolve(manifest.autoencoder.decoder);
-    INFILL_ASSIGN_OR_RETURN(Autoencoder loaded, Autoencoder::load(enc, dec));
-    ae.emplace(std::move(loaded));
+    if (manifest.autoencoder.type == "patch_pca") {
+      if (enc != dec) return invalid_argument(manifest.name + ": a patch_pca codec is one file; encoder and decoder must name it both");
+      INFILL_ASSIGN_OR_RETURN(PatchPcaCodec loaded, PatchPcaCodec::load(enc));
+      ae = std::make_shared<PatchPcaCodec>(std::move(loaded));
+    } else {
+      INFILL_ASSIGN_OR_RETURN(Autoencoder loaded, Autoencoder::load(enc, dec));
+      ae = std::make_shared<Autoencoder>(std::move(loaded));
+    }
+    if (ae->factor() != manifest.autoencoder.factor || ae->latent_channels() != manifest.autoencoder.latent_channels) {
+      return invalid_argument(enc + ": codec has factor " + std::to_string(ae->factor()) + " and " +
+                              std::to_string(ae->latent_channels()) + " channels, the manifest says factor " +
+                              std::to_string(manifest.autoencoder.factor) + " and " +
+                              std::to_string(manifest.autoencoder.latent_channels));
+    }
     INFILL_ASSIGN_OR_RETURN(uint64_t enc_id, file_identity(enc));
     INFILL_ASSIGN_OR_RETURN(uint64_t dec_id, file_identity(dec));
     identity = identity * 31 + enc_id * 7 + dec_id;

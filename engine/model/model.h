@@ -8,6 +8,7 @@
 
 #include "common/status.h"
 #include "model/autoencoder.h"
+#include "model/latent_codec.h"
 #include "model/dit.h"
 #include "model/manifest.h"
 
@@ -16,7 +17,8 @@ namespace infill {
 struct Model {
   ModelManifest manifest;
   Dit dit;
-  std::optional<Autoencoder> autoencoder;
+  /// The pixel <-> latent codec (TAESD autoencoder or patch PCA); null for a DiT alone.
+  std::shared_ptr<const LatentCodec> autoencoder;
   /// Name plus a digest of the weight files' headers and sizes: part of every cache key, so
   /// activations of one set of weights are never served to another.
   std::string id;

@@ -26,4 +26,17 @@ void EntryKvSink::store(int block, const at::Tensor& k, const at::Tensor& v) {
   float_to_fp16_slab(v, entry_.v(step_, block));
 }
 
+void RepeatingKvSource::fetch(int block, at::Tensor& k, at::Tensor& v) {
+  if (block != block_) {
+    if (!k_.defined() || !k_.sizes().equals(k.sizes())) {
+      k_ = at::empty_like(k);
+      v_ = at::empty_like(v);
+    }
+    inner_->fetch(block, k_, v_);
+    block_ = block;
+  }
+  k.copy_(k_);
+  v.copy_(v_);
+}
+
 }  // namespace infill

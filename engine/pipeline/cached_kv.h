@@ -34,6 +34,22 @@ class EntryKvSink final : public KvSink {
   int step_;
 };
 
+/// Lets two segments of one forward (the prompted and null-prompt halves of a guided step)
+/// read the same K/V: the first fetch of a block reads `inner`, a repeated fetch of the same
+/// block copies what was read. Sources such as the streamed one may be read once per block.
+class RepeatingKvSource final : public KvSource {
+ public:
+  explicit RepeatingKvSource(KvSource* inner) : inner_(inner) {}
+  /// Forgets the held block (call at every step: the same block ids come again).
+  void reset() { block_ = -1; }
+  void fetch(int block, at::Tensor& k, at::Tensor& v) override;
+
+ private:
+  KvSource* inner_;  // not owned
+  int block_ = -1;
+  at::Tensor k_, v_;  // [L, H] float32 of block_
+};
+
 /// [tokens, hidden] fp16 slab -> float32 `out` (same shape, contiguous).
 void fp16_slab_to_float(const uint16_t* slab, at::Tensor& out);
 /// float32 [tokens, hidden] (any strides) -> fp16 slab.

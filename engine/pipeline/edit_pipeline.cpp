@@ -113,8 +113,7 @@ Result<EditOutput> EditPipeline::edit(std::shared_ptr<const TemplateImage> tmpl,
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<EditSession> session,
                           EditSession::create(model_, std::move(tmpl), params, std::move(source)));
   while (!session->done()) {
-    DitSegment segs[] = {session->segment()};
-    INFILL_RETURN_IF_ERROR(session->apply(model_->dit.forward(segs)));
+    INFILL_RETURN_IF_ERROR(session->apply(model_->dit.forward(session->segments())));
   }
   return session->finish();
 }

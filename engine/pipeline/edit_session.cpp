@@ -113,6 +113,10 @@ Result<std::unique_ptr<EditSession>> EditSession::create(std::shared_ptr<const M
     return invalid_argument("feather_px must be in [0, 256]");
   }
   INFILL_RETURN_IF_ERROR(validate_prompt(*model, params.prompt));
+  if (!(params.guidance_scale >= 1.0 && params.guidance_scale <= 20.0)) {
+    return invalid_argument("guidance_scale is " + std::to_string(params.guidance_scale) +
+                            ", expected a value in [1, 20]");
+  }
   INFILL_ASSIGN_OR_RETURN(Sampler sampler, make_model_sampler(*model, params.schedule));
 
   std::unique_ptr<EditSession> s(new EditSession());
@@ -154,56 +158,97 @@ Result<std::unique_ptr<EditSession>> EditSession::create(std::shared_ptr<const M
     s->cache_ = std::move(cache);
     if (s->cache_.entry) s->kv_ = std::make_unique<EntryKvSource>(s->cache_.entry, s->step_);
   }
+  s->guided_ = params.prompt.defined() && params.guidance_scale != 1.0;
+  if (s->guided_) {
+    KvSource* inner = s->cache_.streamed ? static_cast<KvSource*>(s->cache_.streamed.get()) : s->kv_.get();
+    if (inner != nullptr) s->shared_kv_ = std::make_unique<RepeatingKvSource>(inner);
+  }
   return s;
 }
 
-DitSegment& EditSession::segment() {
+std::span<DitSegment> EditSession::segments() {
   c10::InferenceMode guard;
   const Dit& dit = model_->dit;
   const DitConfig& cfg = model_->manifest.dit;
   const double t = sampler_->model_timestep(step_);
   const at::Tensor all_rows = dit.patchify(model_input(*model_, x_, known_, latent_mask_));
-  segment_ = DitSegment{};
-  segment_.grid_h = tokens_.grid_h;
-  segment_.grid_w = tokens_.grid_w;
-  segment_.cond = dit.conditioning(t, params_.prompt);
-  segment_.null_cond = cfg.prompt_scope == PromptScope::kMaskedTokens ? dit.conditioning(t, at::Tensor()) : segment_.cond;
+  DitSegment& seg = segments_[0];
+  seg = DitSegment{};
+  seg.grid_h = tokens_.grid_h;
+  seg.grid_w = tokens_.grid_w;
+  seg.cond = dit.conditioning(t, params_.prompt);
+  const bool split_prompt = cfg.prompt_scope == PromptScope::kMaskedTokens || guided_;
+  const at::Tensor null_cond = split_prompt ? dit.conditioning(t, at::Tensor()) : seg.cond;
+  seg.null_cond = cfg.prompt_scope == PromptScope::kMaskedTokens ? null_cond : seg.cond;
   const int recompute = cache_.streamed ? cache_.recompute_blocks : 0;
   // With every token masked nothing is read from the cache (all K/V rows are fresh).
   const bool reads_cache = uses_cache() && recompute < cfg.depth && tokens_.count() < all_rows.size(0);
   if (reads_cache) {
     if (cache_.streamed) {
       cache_.streamed->start_step(step_, recompute);
-      segment_.kv = cache_.streamed.get();
+      seg.kv = cache_.streamed.get();
     } else {
       kv_->set_step(step_);
-      segment_.kv = kv_.get();
+      seg.kv = kv_.get();
+    }
+    if (shared_kv_) {
+      shared_kv_->reset();
+      seg.kv = shared_kv_.get();
     }
   }
   if (uses_cache() && recompute == 0) {
-    segment_.tokens = all_rows.index_select(0, tokens_.indices);
-    segment_.token_ids = tokens_.indices;
+    seg.tokens = all_rows.index_select(0, tokens_.indices);
+    seg.token_ids = tokens_.indices;
   } else {
     // All tokens for the first blocks (all of them without a cache), then the masked rows.
-    segment_.tokens = all_rows;
-    segment_.token_ids = at::arange(all_rows.size(0), at::kLong);
-    segment_.full_blocks = uses_cache() ? recompute : cfg.depth;
-    segment_.carry_rows = tokens_.indices;
-    if (cfg.prompt_scope == PromptScope::kMaskedTokens) segment_.prompted = tokens_.token_mask();
+    seg.tokens = all_rows;
+    seg.token_ids = at::arange(all_rows.size(0), at::kLong);
+    seg.full_blocks = uses_cache() ? recompute : cfg.depth;
+    seg.carry_rows = tokens_.indices;
+    if (cfg.prompt_scope == PromptScope::kMaskedTokens) seg.prompted = tokens_.token_mask();
   }
-  return segment_;
+  if (!guided_) return {segments_, 1};
+  // The null-prompt half: the same rows and K/V, every row conditioned on the null prompt.
+  // Its fresh K/V rows go into its own buffers inside Dit::forward, never into the cache.
+  DitSegment& null_seg = segments_[1];
+  null_seg = seg;
+  null_seg.cond = null_cond;
+  null_seg.null_cond = null_cond;
+  null_seg.prompted = at::Tensor();
+  null_seg.sink = nullptr;
+  return {segments_, 2};
 }
 
-Status EditSession::apply(const at::Tensor& prediction) {
+int64_t EditSession::prediction_rows() const { return (guided_ ? 2 : 1) * tokens_.count(); }
+
+Status EditSession::apply(const at::Tensor& prediction) { return apply(prediction, step_ + 1); }
+
+Status EditSession::apply(const at::Tensor& prediction, int next_step) {
   c10::InferenceMode guard;
+  if (next_step <= step_ || next_step > sampler_->steps()) {
+    return invalid_argument("next step " + std::to_string(next_step) + " is outside (" + std::to_string(step_) + ", " +
+                            std::to_string(sampler_->steps()) + "]");
+  }
   if (cache_.streamed) INFILL_RETURN_IF_ERROR(cache_.streamed->status());
+  if (prediction.dim() != 2 || prediction.size(0) != prediction_rows()) {
+    return invalid_argument("prediction has " + std::to_string(prediction.dim() == 2 ? prediction.size(0) : -1) +
+                            " rows, the step expects " + std::to_string(prediction_rows()));
+  }
+  at::Tensor rows = prediction;
+  if (guided_) {
+    const int64_t m = tokens_.count();
+    const at::Tensor with_prompt = prediction.narrow(0, 0, m);
+    const at::Tensor without = prediction.narrow(0, m, m);
+    rows = without + (with_prompt - without) * params_.guidance_scale;
+  }
   at::Tensor pred = at::zeros_like(x_);
-  model_->dit.unpatchify_into(pred, prediction, tokens_.indices);
-  at::Tensor next = sampler_->step(x_, pred, step_);
-  at::Tensor reset = sampler_->add_noise(tmpl_->latent, template_noise_, step_ + 1);
+  model_->dit.unpatchify_into(pred, rows, tokens_.indices);
+  at::Tensor next = sampler_->step_to(x_, pred, step_, next_step);
+  at::Tensor reset = sampler_->add_noise(tmpl_->latent, template_noise_, next_step);
   last_prediction_ = sampler_->predict_x0(x_, pred, step_);
   x_ = at::where(keep_mask_, reset, next).contiguous();
-  ++step_;
+  steps_dropped_ += next_step - step_ - 1;
+  step_ = next_step;
   return {};
 }
 
@@ -216,7 +261,8 @@ at::Tensor EditSession::predicted_latent() const {
 Result<EditOutput> EditSession::finish() const {
   c10::InferenceMode guard;
   EditOutput out;
-  out.steps_run = step_ - first_step_;
+  out.steps_run = step_ - first_step_ - steps_dropped_;
+  out.steps_dropped = steps_dropped_;
   out.masked_tokens = tokens_.count();
   out.total_tokens = static_cast<int64_t>(tokens_.grid_w) * tokens_.grid_h;
   out.used_cache = uses_cache() && tokens_.count() > 0;

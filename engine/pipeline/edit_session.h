@@ -2,9 +2,10 @@
 /// The denoising state of one edit, advanced one step at a time.
 ///
 /// A session turns (template, mask, prompt, seed, steps, strength) into a sequence of model
-/// calls: `segment()` gives the packed rows of the next step, the caller runs them through
-/// Dit::forward (alone, or batched with other sessions' segments), and `apply()` takes the
-/// prediction back. This split lets a serving worker batch many sessions per step.
+/// calls: `segments()` gives the packed rows of the next step (two segments under
+/// classifier-free guidance: with the prompt and with the null prompt), the caller runs them
+/// through Dit::forward (alone, or batched with other sessions' segments), and `apply()` takes
+/// the prediction rows back. This split lets a serving worker batch many sessions per step.
 ///
 /// Per step, masked tokens carry the sampler state; every latent pixel outside the mask is
 /// reset to the template latent noised to the next level with the template's own fixed noise,
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -45,6 +47,10 @@ enum class CacheMode {
 struct EditParams {
   at::Tensor mask;          ///< [H, W] float in [0, 1] at the template's pixel size
   at::Tensor prompt;        ///< undefined = null prompt; class id or conditioning vector
+  /// Classifier-free guidance: prediction = null + scale * (prompt - null). 1 = no guidance
+  /// (one segment per step); above 1 each step runs two segments. Range [1, 20]; ignored
+  /// without a prompt.
+  double guidance_scale = 1.0;
   uint64_t seed = 0;        ///< noise of the masked region
   double strength = 1.0;    ///< (0, 1]: 1 regenerates from pure noise
   ScheduleSpec schedule;
@@ -57,6 +63,7 @@ struct EditParams {
 struct EditOutput {
   PixelImage image;           ///< same size and format as the template
   int steps_run = 0;
+  int steps_dropped = 0;      ///< steps of the schedule skipped under overload
   int64_t masked_tokens = 0;
   int64_t total_tokens = 0;
   bool used_cache = false;
@@ -100,11 +107,24 @@ class EditSession {
   const TokenSet& tokens() const { return tokens_; }
   bool uses_cache() const { return params_.cache == CacheMode::kUse; }
 
-  /// The rows of the next step. Valid until apply(). Precondition: !done().
-  DitSegment& segment();
-  /// Takes the prediction rows for segment()'s carried rows and advances one step. Fails
-  /// (and the edit with it) when streamed cache slabs could not be read.
+  /// The segments of the next step: one, or two under guidance (prompted, then null
+  /// prompt). Valid until apply(). Precondition: !done().
+  std::span<DitSegment> segments();
+  /// Prediction rows of one step for these segments, concatenated in segment order (what
+  /// Dit::forward returns for them): [segments * carried rows, p * p * C_out].
+  int64_t prediction_rows() const;
+  /// Takes the prediction rows of segments() and advances one step. Fails (and the edit
+  /// with it) when streamed cache slabs could not be read.
   Status apply(const at::Tensor& prediction);
+  /// As apply(), but the step lands on step index `next_step` in (step(), steps]: the steps
+  /// in between are dropped (a quality-for-latency trade an overloaded scheduler makes,
+  /// reported through steps_run). Unmasked latents are reset to the template at that level,
+  /// whose cached K/V the next step reads. next_step == step() + 1 is apply().
+  Status apply(const at::Tensor& prediction, int next_step);
+  /// Steps skipped so far by apply(prediction, next_step).
+  int steps_dropped() const { return steps_dropped_; }
+  /// Whether each step runs a second, null-prompt segment.
+  bool guided() const { return guided_; }
   /// Current estimate of the clean latent, known region filled in (for previews). [C, h, w]
   at::Tensor predicted_latent() const;
   /// Decodes the masked region and composites it onto the template's pixels.
@@ -128,8 +148,11 @@ class EditSession {
   at::Tensor cond_, null_cond_;
   int step_ = 0;
   int first_step_ = 0;
-  DitSegment segment_;
+  int steps_dropped_ = 0;
+  bool guided_ = false;
+  DitSegment segments_[2];
   std::unique_ptr<EntryKvSource> kv_;
+  std::unique_ptr<RepeatingKvSource> shared_kv_;  // both guidance segments read one fetch
 };
 
 }  // namespace infill

@@ -126,14 +126,22 @@ at::Tensor Sampler::add_noise(const at::Tensor& x0, const at::Tensor& noise, int
 }
 
 at::Tensor Sampler::step(const at::Tensor& x, const at::Tensor& prediction, int i) const {
+  return step_to(x, prediction, i, i + 1);
+}
+
+at::Tensor Sampler::step_to(const at::Tensor& x, const at::Tensor& prediction, int i, int level) const {
   check_step(i);
-  if (kind_ == SamplerKind::kEulerRF) {
-    return x + prediction * (levels_[i + 1] - levels_[i]);
+  check_level(level);
+  if (level <= i) {
+    throw std::out_of_range("sampler step " + std::to_string(i) + " cannot land on level " + std::to_string(level));
   }
-  // DDIM, eta = 0: x_{i+1} = sqrt(a') x0_hat + sqrt(1 - a') eps, written as one affine
+  if (kind_ == SamplerKind::kEulerRF) {
+    return x + prediction * (levels_[level] - levels_[i]);
+  }
+  // DDIM, eta = 0: x_next = sqrt(a') x0_hat + sqrt(1 - a') eps, written as one affine
   // combination of x and eps so no intermediate tensor is needed.
   const double a = levels_[i];
-  const double a_next = levels_[i + 1];
+  const double a_next = levels_[level];
   const double c_x = std::sqrt(a_next / a);
   const double c_eps = std::sqrt(1.0 - a_next) - c_x * std::sqrt(1.0 - a);
   return x * c_x + prediction * c_eps;

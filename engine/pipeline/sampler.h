@@ -76,6 +76,10 @@ class Sampler {
 
   /// One update: x at level i -> x at level i + 1, given the network's `prediction` at step i.
   at::Tensor step(const at::Tensor& x, const at::Tensor& prediction, int i) const;
+  /// As step(), but lands on `level` in (i, steps] instead of i + 1: the same update over a
+  /// longer interval (Euler along the predicted velocity; DDIM through the predicted clean
+  /// sample). Lets an overloaded scheduler drop steps of a request without restarting it.
+  at::Tensor step_to(const at::Tensor& x, const at::Tensor& prediction, int i, int level) const;
 
   /// The clean sample implied by `prediction` at step i (for previews).
   at::Tensor predict_x0(const at::Tensor& x, const at::Tensor& prediction, int i) const;

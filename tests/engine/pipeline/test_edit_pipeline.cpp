@@ -12,24 +12,13 @@
 #include "pipeline/edit_pipeline.h"
 #include "pipeline/image_io.h"
 #include "support/temp_dir.h"
+#include "support/tiny_dit.h"
 
 using namespace infill;
 
 namespace {
 
-DitConfig tiny_dit() {
-  DitConfig cfg;
-  cfg.hidden_size = 64;
-  cfg.depth = 2;
-  cfg.num_heads = 4;
-  cfg.patch_size = 2;
-  cfg.latent_channels = 4;
-  cfg.inputs = {DitInput::kNoisyLatent, DitInput::kMaskedLatent, DitInput::kMask};
-  cfg.conditioning = ConditioningType::kVector;
-  cfg.conditioning_dim = 8;
-  cfg.prompt_scope = PromptScope::kMaskedTokens;
-  return cfg;
-}
+DitConfig tiny_dit() { return test::tiny_inpainting_dit(); }
 
 // A 72x40 RGB picture: not a multiple of the 16-pixel model grid, so padding is exercised.
 PixelImage test_picture() {
@@ -214,8 +203,7 @@ Result<EditOutput> run_session(const Fixture& f, const EditParams& params, Cache
   auto session = EditSession::create(f.model, f.tmpl, params, std::move(source));
   if (!session.ok()) return session.status();
   while (!(*session)->done()) {
-    DitSegment segs[] = {(*session)->segment()};
-    INFILL_RETURN_IF_ERROR((*session)->apply(f.model->dit.forward(segs)));
+    INFILL_RETURN_IF_ERROR((*session)->apply(f.model->dit.forward((*session)->segments())));
   }
   return (*session)->finish();
 }
@@ -279,4 +267,84 @@ TEST_CASE("K/V streamed from the disk tier give the same edit as the RAM entry",
         f, params, CacheSource{nullptr, std::make_shared<StreamedKvSource>(disk_store, key, (*entry)->layout()), 0});
     REQUIRE_FALSE(broken.ok());
   }
+}
+
+TEST_CASE("classifier-free guidance: two segments sharing the cached K/V, combined as null + g (prompt - null)",
+          "[pipeline][edit][guidance]") {
+  c10::InferenceMode guard;
+  Fixture f;
+  at::Tensor mask = at::zeros({f.tmpl->height, f.tmpl->width});
+  mask.narrow(0, 8, 20).narrow(1, 20, 30).fill_(1.0);
+  EditParams p = f.params(mask, CacheMode::kUse);
+  auto entry = f.pipeline->prepare(*f.tmpl, p.schedule);
+  REQUIRE(entry.ok());
+  auto make = [&](const at::Tensor& prompt, double guidance) {
+    EditParams q = p;
+    q.prompt = prompt;
+    q.guidance_scale = guidance;
+    CacheSource source;
+    source.entry = *entry;
+    auto s = EditSession::create(f.model, f.tmpl, q, source);
+    REQUIRE(s.ok());
+    return std::move(*s);
+  };
+  const at::Tensor prompt = at::zeros({8});
+  prompt[2] = 1.0f;
+  auto guided = make(prompt, 3.0);
+  auto prompted = make(prompt, 1.0);
+  auto unprompted = make(at::Tensor(), 1.0);
+  REQUIRE(guided->guided());
+  REQUIRE_FALSE(prompted->guided());
+
+  for (int step = 0; step < 2; ++step) {
+    auto segs = guided->segments();
+    REQUIRE(segs.size() == 2);
+    const at::Tensor rows = f.model->dit.forward(segs);
+    REQUIRE(rows.size(0) == guided->prediction_rows());
+    const int64_t m = guided->tokens().count();
+    // Each half equals the same request run alone with that prompt.
+    const at::Tensor with_prompt = f.model->dit.forward(prompted->segments());
+    const at::Tensor without = f.model->dit.forward(unprompted->segments());
+    CHECK((rows.narrow(0, 0, m) - with_prompt).abs().max().item<double>() < 1e-5);
+    CHECK((rows.narrow(0, m, m) - without).abs().max().item<double>() < 1e-5);
+    REQUIRE(guided->apply(rows).ok());
+    // The unguided session given the combined prediction lands on the same latent.
+    REQUIRE(prompted->apply(without + (with_prompt - without) * 3.0).ok());
+    REQUIRE(unprompted->apply(without).ok());
+    CHECK((guided->predicted_latent() - prompted->predicted_latent()).abs().max().item<double>() < 1e-5);
+  }
+  auto bad = make(prompt, 1.0);
+  CHECK_FALSE(bad->apply(at::zeros({1, 4})).ok());
+  EditParams q = p;
+  q.guidance_scale = 0.5;
+  CHECK_FALSE(EditSession::create(f.model, f.tmpl, q, CacheSource{*entry, nullptr, 0}).ok());
+}
+
+TEST_CASE("dropping steps: the session jumps levels, reports them, and keeps unmasked pixels", "[pipeline][edit]") {
+  c10::InferenceMode guard;
+  Fixture f;
+  at::Tensor mask = at::zeros({f.tmpl->height, f.tmpl->width});
+  mask.narrow(0, 4, 24).narrow(1, 8, 40).fill_(1.0);
+  EditParams p = f.params(mask, CacheMode::kUse);
+  p.schedule.steps = 6;
+  auto entry = f.pipeline->prepare(*f.tmpl, p.schedule);
+  REQUIRE(entry.ok());
+  auto session = EditSession::create(f.model, f.tmpl, p, CacheSource{*entry, nullptr, 0});
+  REQUIRE(session.ok());
+  auto& s = **session;
+  CHECK_FALSE(s.apply(f.model->dit.forward(s.segments()), 0).ok());  // must move forward
+  REQUIRE(s.apply(f.model->dit.forward(s.segments()), 2).ok());      // 0 -> 2: one dropped
+  CHECK(s.step() == 2);
+  CHECK_FALSE(s.apply(f.model->dit.forward(s.segments()), 7).ok());  // past the end
+  REQUIRE(s.apply(f.model->dit.forward(s.segments()), 5).ok());      // 2 -> 5: two dropped
+  REQUIRE(s.apply(f.model->dit.forward(s.segments())).ok());
+  REQUIRE(s.done());
+  CHECK(s.steps_dropped() == 3);
+  auto out = s.finish();
+  REQUIRE(out.ok());
+  CHECK(out->steps_run == 3);
+  CHECK(out->steps_dropped == 3);
+  const at::Tensor before = to_rgb_tensor(f.tmpl->pixels), after = to_rgb_tensor(out->image);
+  const at::Tensor keep = (mask == 0).unsqueeze(0).expand_as(before);
+  CHECK(at::equal(before.masked_select(keep), after.masked_select(keep)));
 }

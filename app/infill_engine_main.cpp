@@ -1,0 +1,225 @@
+// infill-engine: the daemon. Loads the model, serves the HTTP API on a Unix socket (and on
+// TCP with --listen), and on SIGTERM / SIGINT stops accepting, lets live edits finish within
+// drain_timeout_ms, cancels the rest and exits 0.
+// Exit codes: 0 clean exit (or --check passed), 2 bad configuration or model, 5 failure.
+#include <c10/core/InferenceMode.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cache/disk_tier.h"
+#include "model/compute_threads.h"
+#include "model/model.h"
+#include "server/engine_service.h"
+#include "server/http_server.h"
+#include "server/server_config.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: infill-engine [options]
+
+Serves the Infill API (docs/api.md) on a Unix socket and, with --listen, on TCP.
+
+options:
+  --socket PATH       Unix socket (default: $XDG_RUNTIME_DIR/infill/engine.sock)
+  --listen HOST:PORT  also listen on TCP (bearer token required; use 127.0.0.1 unless you mean it)
+  --token-file PATH   TCP bearer token, created on first use (default: $XDG_CONFIG_HOME/infill/token)
+  --config PATH       JSON config (default: $XDG_CONFIG_HOME/infill/engine.json when present)
+  --model PATH        model folder (default: the bundled infill-tiny, else the build's random model)
+  --workers N         step-loop workers (default 1)
+  --threads N         compute threads per worker (default: cores / workers)
+  --no-calibrate      skip the start-up timing of the cost model
+  --check             validate the config and the model, print a summary, exit 0 (ok) or 2
+  --help
+)";
+
+int fail(const std::string& message, int code) {
+  std::cerr << "infill-engine: error: " << message << "\n";
+  return code;
+}
+
+bool has_manifest(const std::filesystem::path& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(dir / "manifest.json", ec);
+}
+
+// The bundled model next to an installed binary or in the source tree; else the random model
+// the build generates.
+std::string default_model(const char* argv0) {
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) exe = std::filesystem::absolute(argv0, ec);
+  const std::filesystem::path dir = exe.parent_path();
+  for (const auto& candidate : {dir / "../share/infill/models/infill-tiny", dir / "../resources/models/infill-tiny",
+                                std::filesystem::path(INFILL_SOURCE_DIR) / "resources/models/infill-tiny"}) {
+    if (has_manifest(candidate)) return std::filesystem::weakly_canonical(candidate, ec).string();
+  }
+  for (const auto& candidate : {dir / "../models/infill-random", std::filesystem::path(INFILL_RANDOM_MODEL_DIR)}) {
+    if (has_manifest(candidate)) return std::filesystem::weakly_canonical(candidate, ec).string();
+  }
+  return "";
+}
+
+bool parse_int(const std::string& text, int lo, int hi, int& out) {
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || v < lo || v > hi) return false;
+  out = static_cast<int>(v);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> opts;
+  const std::map<std::string, bool> known = {{"--socket", true},  {"--listen", true},  {"--token-file", true},
+                                             {"--config", true},  {"--model", true},   {"--workers", true},
+                                             {"--threads", true}, {"--check", false},  {"--help", false},
+                                             {"--no-calibrate", false}};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto it = known.find(arg);
+    if (it == known.end()) return fail("unknown option " + arg + "\n" + kUsage, 2);
+    if (it->second) {
+      if (i + 1 >= argc) return fail(arg + " needs a value", 2);
+      opts[arg] = argv[++i];
+    } else {
+      // emplace, not operator= with a literal: g++ 12 raises a false -Wrestrict on the latter.
+      opts.emplace(arg, std::string());
+    }
+  }
+  if (opts.count("--help")) {
+    std::cout << kUsage;
+    return 0;
+  }
+
+  // Config file, then flags over it.
+  infill::EngineConfig config;
+  const std::string config_path =
+      opts.count("--config") ? opts["--config"] : infill::default_config_dir() + "/engine.json";
+  {
+    std::error_code ec;
+    if (opts.count("--config") || std::filesystem::exists(config_path, ec)) {
+      auto loaded = infill::load_engine_config(config_path);
+      if (!loaded.ok()) return fail(loaded.status().message(), 2);
+      config = std::move(*loaded);
+    }
+  }
+  if (opts.count("--socket")) config.socket_path = opts["--socket"];
+  if (opts.count("--listen")) config.listen = opts["--listen"];
+  if (opts.count("--token-file")) config.token_file = opts["--token-file"];
+  if (opts.count("--model")) config.model = opts["--model"];
+  if (opts.count("--no-calibrate")) config.calibrate = false;
+  if (opts.count("--workers") && !parse_int(opts["--workers"], 1, 64, config.workers))
+    return fail("--workers is " + opts["--workers"] + ", expected 1..64", 2);
+  if (opts.count("--threads") && !parse_int(opts["--threads"], 1, 1024, config.threads))
+    return fail("--threads is " + opts["--threads"] + ", expected 1..1024", 2);
+  if (config.socket_path.empty()) config.socket_path = infill::default_runtime_dir() + "/engine.sock";
+  if (config.token_file.empty()) config.token_file = infill::default_config_dir() + "/token";
+  if (config.model.empty()) config.model = default_model(argv[0]);
+  if (config.model.empty()) return fail("no model: pass --model PATH (no bundled or generated model was found)", 2);
+  if (config.threads <= 0)
+    config.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / config.workers);
+  std::pair<std::string, uint16_t> tcp;
+  if (!config.listen.empty()) {
+    auto addr = infill::parse_listen_address(config.listen);
+    if (!addr.ok()) return fail("--listen: " + addr.status().message(), 2);
+    tcp = *addr;
+  }
+
+  infill::set_compute_threads(config.threads);
+  c10::InferenceMode guard;
+  if (opts.count("--check")) {
+    auto model = infill::load_model(config.model);
+    if (!model.ok()) return fail("model " + config.model + ": " + model.status().message(), 2);
+    nlohmann::json summary = {{"config", config_path},
+                              {"model", config.model},
+                              {"model_id", (*model)->id},
+                              {"socket", config.socket_path},
+                              {"listen", config.listen},
+                              {"workers", config.workers},
+                              {"threads", config.threads},
+                              {"ok", true}};
+    std::cout << summary.dump(2) << std::endl;
+    return 0;
+  }
+
+  // Signals are taken by sigwait on this thread only: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  infill::ServiceOptions so;
+  so.model_path = config.model;
+  so.workers = config.workers;
+  so.threads_per_worker = config.threads;
+  so.pool_threads = 1;
+  so.cache_dir = config.cache_dir.empty() ? infill::default_cache_dir() : config.cache_dir;
+  so.ram_cache_bytes = config.ram_cache_bytes;
+  so.calibrate = config.calibrate;
+  so.calibration_path = so.cache_dir + "/step_cost.json";
+  so.limits = config.limits;
+  infill::EngineService service(so);
+
+  infill::HttpServerOptions ho;
+  ho.socket_path = config.socket_path;
+  ho.tcp_host = tcp.first;
+  ho.tcp_port = tcp.second;
+  ho.allowed_origins = config.allowed_origins;
+  ho.limits = config.limits;
+  if (!config.listen.empty()) {
+    auto token = infill::load_or_create_token(config.token_file);
+    if (!token.ok()) return fail(token.status().message(), 2);
+    ho.token = *token;
+  }
+  auto server = infill::HttpServer::start(service, ho);
+  if (!server.ok()) return fail(server.status().message(), 5);
+  std::cerr << "infill-engine: listening on unix:" << config.socket_path;
+  if (!config.listen.empty()) std::cerr << " and tcp:" << tcp.first << ":" << (*server)->tcp_port();
+  std::cerr << "; loading " << config.model << std::endl;
+
+  // /health answers 503 while the model loads.
+  std::atomic<int> load_failed{0};
+  std::thread loader([&] {
+    c10::InferenceMode loader_guard;
+    infill::Status st = service.load();
+    if (!st.ok()) {
+      std::cerr << "infill-engine: error: " << st.message() << std::endl;
+      load_failed = 1;
+      ::kill(::getpid(), SIGTERM);
+      return;
+    }
+    std::cerr << "infill-engine: ready" << std::endl;
+  });
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::cerr << "infill-engine: " << (load_failed ? "model failed to load" : (sig == SIGINT ? "SIGINT" : "SIGTERM"))
+            << ", stopping" << std::endl;
+  if (!service.ready() && !load_failed) {
+    // Still loading (calibration can take a minute): nothing is in flight, so do not wait
+    // for the loader; close the listeners (removing the socket file) and leave at once.
+    (*server)->stop();
+    std::cerr << "infill-engine: stopped while loading" << std::endl;
+    std::_Exit(0);
+  }
+  loader.join();
+  (*server)->stop_accepting();
+  const bool drained = service.drain(config.drain_timeout_ms, 2000);
+  if (!drained) std::cerr << "infill-engine: some edits did not stop in time" << std::endl;
+  (*server)->stop();
+  return load_failed ? 5 : 0;
+}

@@ -1,0 +1,415 @@
+// bench_serving: the serving runtime on one Poisson arrival trace per load, replayed under
+// every batching policy (static, FCFS continuous, deadline-aware) and every routing policy,
+// plus the cost model's held-out fit and the simulator's error against the measured runtime.
+// Prints one JSON document on stdout; progress goes to stderr.
+//
+//   bench_serving [--quick] [--requests N]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <nlohmann/json.hpp>
+
+#include "machine_info.h"
+#include "model/compute_threads.h"
+#include "model/model.h"
+#include "pipeline/edit_pipeline.h"
+#include "pipeline/mask.h"
+#include "serving/cost_calibration.h"
+#include "serving/serving_runtime.h"
+#include "serving/simulator.h"
+
+using namespace infill;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int kImage = 384;  // 48x48 latent, 24x24 = 576 tokens
+constexpr int kSteps = 10;
+constexpr int kTemplates = 3;
+
+void die(const Status& s, const char* what) {
+  std::cerr << "bench_serving: " << what << ": " << s.to_string() << "\n";
+  std::exit(1);
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const double idx = p * double(v.size() - 1);
+  const size_t lo = static_cast<size_t>(idx);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (idx - double(lo));
+}
+
+struct TraceItem {
+  double arrival_ms;
+  int tmpl;
+  at::Tensor mask;
+  int64_t tokens;
+  uint64_t seed;
+  double deadline_ms = 0;
+};
+
+// A rectangle covering about `ratio` of the image, random aspect and place.
+at::Tensor rect_mask(std::mt19937_64& rng, double ratio) {
+  std::uniform_real_distribution<double> u(0, 1);
+  const double area = ratio * kImage * kImage;
+  const double aspect = std::exp(std::log(0.5) + u(rng) * std::log(4.0));
+  const int w = std::clamp(static_cast<int>(std::sqrt(area * aspect)), 8, kImage);
+  const int h = std::clamp(static_cast<int>(area / w), 8, kImage);
+  const int x = static_cast<int>(u(rng) * (kImage - w + 1)), y = static_cast<int>(u(rng) * (kImage - h + 1));
+  at::Tensor m = at::zeros({kImage, kImage});
+  m.narrow(0, y, h).narrow(1, x, w).fill_(1.0);
+  return m;
+}
+
+std::vector<TraceItem> make_trace(uint64_t seed, int n, double rate_rps, double mask_mean, const Model& model) {
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> gap(rate_rps / 1000.0);
+  // Gamma with shape 2 has mean = 2 * scale; clipped to [0.01, 0.6] (mean stays close).
+  std::gamma_distribution<double> ratio(2.0, mask_mean / 2.0);
+  std::vector<TraceItem> trace;
+  double t = 0;
+  for (int i = 0; i < n; ++i) {
+    t += rate_rps > 0 ? gap(rng) : 0.0;
+    TraceItem it;
+    it.arrival_ms = t;
+    it.tmpl = static_cast<int>(rng() % kTemplates);
+    it.mask = rect_mask(rng, std::clamp(ratio(rng), 0.01, 0.6));
+    it.tokens = masked_tokens(latent_mask(it.mask, 8), model.manifest.dit.patch_size, 0).count();
+    it.seed = rng();
+    trace.push_back(std::move(it));
+  }
+  return trace;
+}
+
+struct RunResult {
+  std::vector<double> latency_ms;
+  std::vector<bool> met;
+  double makespan_ms = 0;
+  double pre_ms = 0, post_ms = 0;  // means
+  double sched_pack_ms = 0, busy_step_ms = 0;
+  int steps_dropped = 0;
+  uint64_t steps = 0;
+  double mean_batch = 0;
+};
+
+struct Setup {
+  std::shared_ptr<const Model> model;
+  std::shared_ptr<ActivationStore> store;
+  std::shared_ptr<const StepCostModel> cost;
+  std::vector<std::shared_ptr<const TemplateImage>> templates;
+  int64_t token_budget = 256;
+};
+
+RunResult run(const Setup& s, const std::vector<TraceItem>& trace, BatchingPolicy policy, RoutingPolicy routing,
+              int workers) {
+  RuntimeOptions o;
+  o.workers = workers;
+  o.threads_per_worker = 1;
+  o.pool_threads = 1;
+  o.routing = routing;
+  o.worker.policy = policy;
+  o.worker.token_budget = s.token_budget;
+  auto rt = ServingRuntime::create(s.model, s.store, s.cost, o);
+  if (!rt.ok()) die(rt.status(), "runtime");
+  std::mutex mu;
+  std::vector<RequestResult> results;
+  const auto t0 = std::chrono::steady_clock::now();
+  const double t0_runtime_ms = (*rt)->now_ms();
+  for (size_t i = 0; i < trace.size(); ++i) {
+    std::this_thread::sleep_until(t0 + std::chrono::microseconds(static_cast<int64_t>(trace[i].arrival_ms * 1000)));
+    ServingRequest r;
+    r.id = i + 1;
+    r.tmpl = s.templates[static_cast<size_t>(trace[i].tmpl)];
+    r.params.mask = trace[i].mask;
+    r.params.seed = trace[i].seed;
+    r.params.schedule.steps = kSteps;
+    r.params.halo_tokens = 0;
+    r.cls = RequestClass::kInteractive;
+    r.deadline_ms = trace[i].deadline_ms > 0 ? trace[i].deadline_ms : 1e9;
+    r.on_complete = [&](const RequestResult& res) {
+      std::lock_guard lock(mu);
+      results.push_back(res);
+    };
+    if (Status st = (*rt)->submit(std::move(r)); !st.ok()) die(st, "submit");
+  }
+  if (!(*rt)->drain(600000)) die(Status(ErrorCode::kInternal, "timeout"), "drain");
+  RunResult out;
+  out.latency_ms.resize(trace.size());
+  out.met.resize(trace.size());
+  double last = 0;
+  for (const RequestResult& r : results) {
+    if (r.state != RequestState::kDone) die(r.status, "request failed");
+    const size_t i = r.id - 1;
+    out.latency_ms[i] = r.metrics.total_ms;
+    out.met[i] = r.metrics.deadline_met;
+    out.pre_ms += r.metrics.prepare_ms / double(trace.size());
+    out.post_ms += r.metrics.post_ms / double(trace.size());
+    out.steps_dropped += r.metrics.steps_dropped;
+    last = std::max(last, r.history.back().time_ms);
+  }
+  out.makespan_ms = last - (t0_runtime_ms + trace.front().arrival_ms);
+  double adv = 0;
+  for (const WorkerMetrics& m : (*rt)->worker_metrics()) {
+    out.sched_pack_ms += m.sched_ms_total + m.pack_ms_total;
+    out.busy_step_ms += m.step_ms_total + m.sched_ms_total + m.pack_ms_total;
+    out.steps += m.steps;
+    adv += double(m.requests_advanced);
+  }
+  out.mean_batch = out.steps ? adv / double(out.steps) : 0;
+  return out;
+}
+
+json summarize(const RunResult& r) {
+  double mean = 0;
+  for (double l : r.latency_ms) mean += l / double(r.latency_ms.size());
+  const double met = double(std::count(r.met.begin(), r.met.end(), true)) / double(r.met.size());
+  return {{"mean_ms", mean},
+          {"p50_ms", percentile(r.latency_ms, 0.5)},
+          {"p95_ms", percentile(r.latency_ms, 0.95)},
+          {"p99_ms", percentile(r.latency_ms, 0.99)},
+          {"throughput_rps", double(r.latency_ms.size()) / (r.makespan_ms / 1000.0)},
+          {"slo_attainment", met},
+          {"mean_batch", r.mean_batch},
+          {"steps_dropped", r.steps_dropped}};
+}
+
+// Throughput of a burst (every request at t = 0) under continuous batching.
+double capacity_rps(const Setup& s, const Model& model, int workers, int n) {
+  auto burst = make_trace(99, n, 0.0, 0.11, model);
+  const RunResult r = run(s, burst, BatchingPolicy::kContinuous, RoutingPolicy::kMaskAware, workers);
+  return double(n) / (r.makespan_ms / 1000.0);
+}
+
+std::vector<SimRequest> to_sim(const std::vector<TraceItem>& trace) {
+  std::vector<SimRequest> out;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    out.push_back({i + 1, trace[i].arrival_ms, trace[i].tokens, 576, kSteps,
+                   trace[i].deadline_ms > 0 ? trace[i].deadline_ms : 1e9, RequestClass::kInteractive});
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int requests = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--requests") && i + 1 < argc) requests = std::atoi(argv[++i]);
+    else {
+      std::cerr << "usage: bench_serving [--quick] [--requests N]\n";
+      return 2;
+    }
+  }
+  set_compute_threads(1);
+  c10::InferenceMode guard;
+  char dir_template[] = "/tmp/infill-bench-serving-XXXXXX";
+  const std::string dir = ::mkdtemp(dir_template);
+
+  DitConfig cfg;
+  cfg.hidden_size = 192;
+  cfg.depth = 6;
+  cfg.num_heads = 6;
+  cfg.patch_size = 2;
+  cfg.latent_channels = 4;
+  cfg.inputs = {DitInput::kNoisyLatent, DitInput::kMaskedLatent, DitInput::kMask};
+  cfg.conditioning = ConditioningType::kVector;
+  cfg.conditioning_dim = 16;
+  cfg.prompt_scope = PromptScope::kMaskedTokens;
+  if (Status st = write_random_model(dir + "/model", cfg, 16, 5); !st.ok()) die(st, "model");
+  auto model = load_model(dir + "/model");
+  if (!model.ok()) die(model.status(), "load model");
+
+  Setup s;
+  s.model = *model;
+  ActivationStoreOptions so;
+  so.ram_budget_bytes = size_t{1} << 30;
+  auto store = ActivationStore::open(so);
+  if (!store.ok()) die(store.status(), "store");
+  s.store = std::shared_ptr<ActivationStore>(std::move(*store));
+
+  std::cerr << "calibrating\n";
+  CalibrationOptions co;
+  co.points = quick ? 24 : 48;
+  co.repeats = 3;
+  co.threads = 1;
+  co.cache_path = dir + "/step_cost.json";
+  co.disk_dir = dir + "/disk";
+  auto cal = load_or_calibrate(*s.model, co);
+  if (!cal.ok()) die(cal.status(), "calibration");
+  s.cost = std::make_shared<const StepCostModel>(cal->model);
+
+  std::cerr << "preparing templates\n";
+  std::mt19937_64 img_rng(3);
+  EditPipeline pipeline(s.model, s.store);
+  for (int t = 0; t < kTemplates; ++t) {
+    PixelImage img = PixelImage::allocate(kImage, kImage, 3, PixelFormat::kU8);
+    for (auto& b : img.data) b = static_cast<std::byte>(img_rng() & 0xff);
+    auto png = encode_png(img);
+    auto tmpl = make_template(*s.model, *png, "template" + std::to_string(t));
+    if (!tmpl.ok()) die(tmpl.status(), "template");
+    ScheduleSpec spec;
+    spec.steps = kSteps;
+    if (auto e = pipeline.prepare(**tmpl, spec); !e.ok()) die(e.status(), "prepare");
+    s.templates.push_back(*tmpl);
+  }
+  const double mean_tokens = 0.11 * 576;
+  s.token_budget = static_cast<int64_t>(4 * mean_tokens);
+
+  // Isolated latency: requests one at a time; deadline = 1.5x the isolated latency of the
+  // request's own size, predicted as fixed pre/post time + steps x single-request step.
+  std::cerr << "isolated latency\n";
+  auto iso_trace = make_trace(5, quick ? 4 : 8, 0.0, 0.11, *s.model);
+  double iso_fixed = 0;
+  {
+    for (size_t i = 0; i < iso_trace.size(); ++i) {
+      std::vector<TraceItem> one = {iso_trace[i]};
+      one[0].arrival_ms = 0;
+      const RunResult r = run(s, one, BatchingPolicy::kContinuous, RoutingPolicy::kRoundRobin, 1);
+      const double steps_ms = kSteps * s.cost->predict_ms(double(one[0].tokens), 1, double(one[0].tokens) * 576);
+      iso_fixed += (r.latency_ms[0] - steps_ms) / double(iso_trace.size());
+    }
+  }
+  auto isolated_ms = [&](int64_t tokens) {
+    return std::max(1.0, iso_fixed) + kSteps * s.cost->predict_ms(double(tokens), 1, double(tokens) * 576);
+  };
+
+  std::cerr << "capacity\n";
+  const int burst = quick ? 16 : 40;
+  const double cap1 = capacity_rps(s, *s.model, 1, burst);
+  const double cap2 = capacity_rps(s, *s.model, 2, burst);
+  const int n = requests > 0 ? requests : quick ? 30 : std::clamp(static_cast<int>(cap1 * 12), 60, 200);
+
+  json out;
+  out["benchmark"] = "bench_serving";
+  out["machine"] = bench::machine_info();
+  out["config"] = {{"dit", {{"hidden", cfg.hidden_size}, {"depth", cfg.depth}, {"heads", cfg.num_heads}}},
+                   {"image", kImage}, {"tokens", 576}, {"steps", kSteps}, {"templates", kTemplates},
+                   {"token_budget", s.token_budget}, {"requests_per_run", n}, {"threads_per_worker", 1},
+                   {"pool_threads", 1}, {"deadline", "1.5x isolated latency of the request's size"},
+                   {"isolated_fixed_ms", iso_fixed}, {"isolated_ms_at_mean_mask", isolated_ms(int64_t(mean_tokens))},
+                   {"capacity_rps_1_worker", cap1}, {"capacity_rps_2_workers", cap2},
+                   {"step_reduction", "off (EditSession cannot skip a level yet)"}};
+  json runs = json::array();
+  double sched_pack = 0, busy = 0;
+  RunResult for_sim;
+  std::vector<TraceItem> sim_trace;
+  for (double mask_mean : {0.11, 0.19}) {
+    for (double load : {0.5, 0.8, 1.0}) {
+      auto trace = make_trace(1000 + static_cast<uint64_t>(load * 10 + mask_mean * 100), n, load * cap1, mask_mean, *s.model);
+      for (auto& it : trace) it.deadline_ms = 1.5 * isolated_ms(it.tokens);
+      for (BatchingPolicy p : {BatchingPolicy::kStatic, BatchingPolicy::kContinuous, BatchingPolicy::kDeadline}) {
+        std::cerr << "run " << batching_policy_name(p) << " load " << load << " mask " << mask_mean << "\n";
+        const RunResult r = run(s, trace, p, RoutingPolicy::kMaskAware, 1);
+        json j = summarize(r);
+        j["policy"] = batching_policy_name(p);
+        j["load"] = load;
+        j["mask_mean"] = mask_mean;
+        runs.push_back(j);
+        sched_pack += r.sched_pack_ms;
+        busy += r.busy_step_ms;
+        if (p == BatchingPolicy::kDeadline && load == 0.8 && mask_mean == 0.11) {
+          for_sim = r;
+          sim_trace = trace;
+        }
+      }
+    }
+  }
+  out["runs"] = runs;
+
+  json routing = json::array();
+  {
+    auto trace = make_trace(77, n, 0.8 * cap2, 0.11, *s.model);
+    for (auto& it : trace) it.deadline_ms = 1.5 * isolated_ms(it.tokens);
+    for (RoutingPolicy p : {RoutingPolicy::kRoundRobin, RoutingPolicy::kLeastRequests, RoutingPolicy::kMaskAware}) {
+      std::cerr << "routing " << routing_policy_name(p) << "\n";
+      const RunResult r = run(s, trace, BatchingPolicy::kContinuous, p, 2);
+      json j = summarize(r);
+      j["policy"] = routing_policy_name(p);
+      j["workers"] = 2;
+      j["load"] = 0.8;
+      routing.push_back(j);
+    }
+  }
+  out["routing"] = routing;
+  out["sched_overhead_fraction"] = busy > 0 ? sched_pack / busy : 0.0;
+  out["cost_model"] = {{"r2", cal->held_out.r2},
+                       {"mape", cal->held_out.mape},
+                       {"train", cal->held_out.train},
+                       {"test", cal->held_out.test},
+                       {"coefficients", cal->model.coefficients()},
+                       {"full_step_ms", cal->full_step_ms},
+                       {"tiers", {{"ram_ms_per_block", cal->tiers.ram_ms_per_block},
+                                  {"disk_ms_per_block", cal->tiers.disk_ms_per_block}}}};
+
+  // Simulator against the measured deadline run at 80% load (same trace): pre/post delays and
+  // per-step scheduling overhead are the run's measured means; step times come from the model.
+  {
+    SimOptions so2;
+    so2.workers = 1;
+    so2.policy = BatchingPolicy::kDeadline;
+    so2.routing = RoutingPolicy::kMaskAware;
+    so2.token_budget = s.token_budget;
+    so2.scheduler.allow_step_reduction = false;
+    so2.pre_ms = for_sim.pre_ms;
+    so2.post_ms = for_sim.post_ms;
+    so2.step_overhead_ms = for_sim.steps ? for_sim.sched_pack_ms / double(for_sim.steps) : 0.0;
+    const SimReport rep = simulate(to_sim(sim_trace), *s.cost, so2);
+    std::vector<double> sim_lat;
+    for (const auto& x : rep.requests) sim_lat.push_back(x.latency_ms);
+    const double mp50 = percentile(for_sim.latency_ms, 0.5), mp95 = percentile(for_sim.latency_ms, 0.95);
+    const double sp50 = percentile(sim_lat, 0.5), sp95 = percentile(sim_lat, 0.95);
+    out["simulator_error"] = {{"p50", std::abs(sp50 - mp50) / mp50},
+                              {"p95", std::abs(sp95 - mp95) / mp95},
+                              {"measured_p50_ms", mp50}, {"measured_p95_ms", mp95},
+                              {"simulated_p50_ms", sp50}, {"simulated_p95_ms", sp95},
+                              {"policy", "deadline"}, {"load", 0.8}};
+    // Planning: the same cost model at 80% of N x single-worker capacity.
+    json plan = json::array();
+    for (int devices : {8, 64, 512}) {
+      SimOptions po = so2;
+      po.workers = devices;
+      po.scheduler.allow_step_reduction = true;
+      const int pn = devices * 40;
+      std::vector<SimRequest> pt;
+      std::mt19937_64 rng(devices);
+      std::exponential_distribution<double> gap(0.8 * cap1 * devices / 1000.0);
+      std::gamma_distribution<double> ratio(2.0, 0.055);
+      double t = 0;
+      for (int i = 0; i < pn; ++i) {
+        t += gap(rng);
+        const int64_t tok = std::clamp<int64_t>(static_cast<int64_t>(std::clamp(ratio(rng), 0.01, 0.6) * 576), 1, 576);
+        pt.push_back({static_cast<uint64_t>(i + 1), t, tok, 576, kSteps, 1.5 * isolated_ms(tok), RequestClass::kInteractive});
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const SimReport pr = simulate(pt, *s.cost, po);
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::vector<double> lat;
+      int met = 0;
+      for (const auto& x : pr.requests) {
+        lat.push_back(x.latency_ms);
+        met += x.deadline_met;
+      }
+      plan.push_back({{"devices", devices}, {"requests", pn}, {"p95_ms", percentile(lat, 0.95)},
+                      {"slo_attainment", double(met) / pn}, {"sim_wall_s", wall}});
+    }
+    out["planning"] = plan;
+  }
+  std::cout << out.dump(2) << std::endl;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return 0;
+}

@@ -1,0 +1,715 @@
+#include "server/engine_service.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "cache/activation_store.h"
+#include "model/model.h"
+#include "model/prompt_encoder.h"
+#include "pipeline/edit_session.h"
+#include "pipeline/image_io.h"
+#include "pipeline/template_image.h"
+#include "serving/cost_calibration.h"
+#include "serving/serving_runtime.h"
+#include "serving/task_pool.h"
+#include "server/multipart.h"
+
+namespace infill {
+namespace {
+
+using nlohmann::json;
+
+// Plausible coefficients for when the cost model is not calibrated (tests, --check): the
+// router and scheduler need one, and only their ordering decisions depend on it.
+Result<StepCostModel> fixed_cost_model() {
+  std::vector<StepSample> s;
+  for (double t : {4.0, 16.0, 64.0})
+    for (double b : {1.0, 2.0, 4.0})
+      for (double a : {50.0, 500.0, 4000.0}) s.push_back({t, b, a, 0.5 + 0.01 * t + 0.05 * b + 0.0001 * a});
+  return StepCostModel::fit(s);
+}
+
+std::string bytes_to_string(const std::vector<std::byte>& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+std::span<const std::byte> as_bytes(const std::string& s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+// Edit ids in paths are decimal numbers.
+std::optional<uint64_t> parse_id(std::string_view text) {
+  if (text.empty() || text.size() > 19) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return v == 0 ? std::nullopt : std::optional<uint64_t>(v);
+}
+
+json request_metrics_json(const RequestMetrics& m) {
+  return {{"worker", m.worker},       {"queue_ms", m.queue_ms},
+          {"prepare_ms", m.prepare_ms}, {"run_ms", m.run_ms},
+          {"post_ms", m.post_ms},     {"total_ms", m.total_ms},
+          {"steps_requested", m.steps_requested}, {"steps_run", m.steps_run},
+          {"steps_dropped", m.steps_dropped}, {"masked_tokens", m.masked_tokens},
+          {"total_tokens", m.total_tokens}, {"deadline_ms", m.deadline_ms},
+          {"deadline_met", m.deadline_met}, {"shared_prepare", m.shared_prepare}};
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(std::min<double>(double(v.size() - 1), std::floor(q * double(v.size() - 1) + 0.5)));
+  return v[i];
+}
+
+struct TemplateRecord {
+  std::shared_ptr<const TemplateImage> tmpl;
+  std::string name;
+  double last_used_ms = 0;
+  int waiting = 0;       // edits on it that have not run a step yet
+  bool prepared = false; // an edit on it ran a step (its prepare job finished)
+};
+
+struct EditRecord {
+  uint64_t id = 0;
+  std::string client;
+  std::string template_id;
+  RequestState state = RequestState::kQueued;
+  bool started = false;
+  int steps_done = 0;
+  int steps_total = 0;
+  std::string png;
+  Status status;
+  double submitted_ms = 0;
+  double finished_ms = -1;
+  json metrics;
+};
+
+}  // namespace
+
+struct EngineService::Impl {
+  ServiceOptions options;
+  std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
+  std::unique_ptr<TaskPool> pool;
+
+  std::atomic<bool> ready{false};
+  std::atomic<bool> loading{false};
+  // Written once by load() before `ready` is set; read-only afterwards.
+  std::shared_ptr<const Model> model;
+  std::shared_ptr<ActivationStore> store;
+  std::unique_ptr<ServingRuntime> runtime;
+
+  mutable std::mutex mu;  // guards everything below; never held while computing
+  std::string load_error;
+  std::map<std::string, TemplateRecord> templates;
+  std::map<uint64_t, EditRecord> edits;
+  std::map<std::string, uint64_t> client_ids;
+  std::map<std::string, int> live_per_client;
+  int live_total = 0;
+  uint64_t next_id = 1;
+  uint64_t templates_created = 0, edits_submitted = 0, edits_rejected = 0;
+
+  std::mutex sink_mu;  // held while the sink runs, so detaching waits for calls in progress
+  std::function<void(const ServiceEvent&)> sink;
+
+  double now_ms() const {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - epoch).count();
+  }
+
+  void emit(const std::string& client, const std::string& type, json data) {
+    data["type"] = type;
+    ServiceEvent e{client, type, data.dump(-1, ' ', false, json::error_handler_t::replace)};
+    std::lock_guard lock(sink_mu);
+    if (sink) sink(e);
+  }
+
+  ApiReply not_ready() const {
+    std::string why;
+    {
+      std::lock_guard lock(mu);
+      why = load_error.empty() ? "the engine is loading its model" : "the model failed to load: " + load_error;
+    }
+    ApiReply r = error_reply(503, "not_ready", why);
+    r.retry_after_s = 1;
+    return r;
+  }
+
+  // Drops finished edits past their TTL, then the oldest finished ones beyond max_results.
+  void expire_results_locked(double now) {
+    size_t finished = 0;
+    for (auto it = edits.begin(); it != edits.end();) {
+      if (it->second.finished_ms >= 0 && now - it->second.finished_ms > options.limits.result_ttl_ms) {
+        it = edits.erase(it);
+      } else {
+        finished += it->second.finished_ms >= 0 ? 1 : 0;
+        ++it;
+      }
+    }
+    for (auto it = edits.begin(); it != edits.end() && finished > static_cast<size_t>(options.limits.max_results);) {
+      if (it->second.finished_ms >= 0) {
+        it = edits.erase(it);
+        --finished;
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  json template_json_locked(const TemplateRecord& t) const {
+    std::string state = "ready";
+    if (t.prepared || store->contains(make_cache_key(*model, *t.tmpl, resolve_schedule(*model, {})))) state = "prepared";
+    else if (t.waiting > 0) state = "preparing";
+    return {{"id", t.tmpl->id},
+            {"name", t.name},
+            {"width", t.tmpl->width},
+            {"height", t.tmpl->height},
+            {"model_width", t.tmpl->model_width},
+            {"model_height", t.tmpl->model_height},
+            {"format", pixel_format_name(t.tmpl->pixels.format)},
+            {"channels", t.tmpl->pixels.channels},
+            {"state", state},
+            {"edits_waiting", t.waiting}};
+  }
+
+  json edit_json_locked(const EditRecord& e) const {
+    json j = {{"id", e.id},
+              {"client", e.client},
+              {"template", e.template_id},
+              {"state", request_state_name(e.state)},
+              {"steps_done", e.steps_done},
+              {"steps_total", e.steps_total}};
+    if (e.state == RequestState::kDone) j["result"] = "/v1/edits/" + std::to_string(e.id) + "/result";
+    if (!e.status.ok()) j["error"] = {{"code", error_code_name(e.status.code())}, {"message", e.status.message()}};
+    if (!e.metrics.is_null()) j["metrics"] = e.metrics;
+    return j;
+  }
+
+  ApiReply make_template_now(const std::string& bytes, const std::string& name);
+  ApiReply submit_now(EditSubmission s);
+  Result<at::Tensor> decode_mask(const EditSubmission& s, const json& rect, const TemplateImage& tmpl) const;
+  void on_progress(uint64_t id, const RequestProgress& p);
+  void on_preview(uint64_t id, int steps_done, const at::Tensor& rgb);
+  void on_complete(const RequestResult& r);
+};
+
+EngineService::EngineService(ServiceOptions options) : impl_(std::make_shared<Impl>()) {
+  impl_->options = std::move(options);
+  impl_->pool = std::make_unique<TaskPool>(std::max(1, impl_->options.pool_threads), 1);
+}
+
+EngineService::~EngineService() {
+  // The runtime first: its callbacks reach into the records below.
+  impl_->runtime.reset();
+  impl_->pool.reset();
+  set_event_sink({});
+}
+
+Status EngineService::load() {
+  Impl& s = *impl_;
+  if (s.loading.exchange(true)) return invalid_argument("EngineService::load called twice");
+  auto fail = [&](const Status& st) {
+    std::lock_guard lock(s.mu);
+    s.load_error = st.message();
+    return st;
+  };
+  auto model = load_model(s.options.model_path);
+  if (!model.ok()) return fail(model.status());
+  ActivationStoreOptions store_options;
+  store_options.ram_budget_bytes = s.options.ram_cache_bytes;
+  store_options.disk_dir = s.options.cache_dir;
+  auto store = ActivationStore::open(store_options);
+  if (!store.ok()) return fail(store.status());
+  std::shared_ptr<const StepCostModel> cost;
+  if (s.options.calibrate) {
+    CalibrationOptions co;
+    co.threads = s.options.threads_per_worker;
+    co.cache_path = s.options.calibration_path;
+    auto cal = load_or_calibrate(**model, co);
+    if (!cal.ok()) return fail(cal.status());
+    cost = std::make_shared<const StepCostModel>(cal->model);
+  } else {
+    auto fixed = fixed_cost_model();
+    if (!fixed.ok()) return fail(fixed.status());
+    cost = std::make_shared<const StepCostModel>(*fixed);
+  }
+  RuntimeOptions ro;
+  ro.workers = s.options.workers;
+  ro.threads_per_worker = s.options.threads_per_worker;
+  ro.pool_threads = std::max(1, s.options.pool_threads);
+  std::shared_ptr<ActivationStore> shared_store(std::move(*store));
+  auto runtime = ServingRuntime::create(*model, shared_store, cost, ro);
+  if (!runtime.ok()) return fail(runtime.status());
+  s.model = *model;
+  s.store = shared_store;
+  s.runtime = std::move(*runtime);
+  s.ready.store(true, std::memory_order_release);
+  return {};
+}
+
+bool EngineService::ready() const { return impl_->ready.load(std::memory_order_acquire); }
+
+void EngineService::set_event_sink(std::function<void(const ServiceEvent&)> sink) {
+  std::lock_guard lock(impl_->sink_mu);
+  impl_->sink = std::move(sink);
+}
+
+ApiReply EngineService::health() const {
+  if (!ready()) return impl_->not_ready();
+  return json_reply(200, {{"status", "ok"}, {"model", impl_->model->id}, {"live_edits", live_edits()}});
+}
+
+ApiReply EngineService::models() const {
+  if (!ready()) return impl_->not_ready();
+  const ModelManifest& m = impl_->model->manifest;
+  json model = {{"id", impl_->model->id},
+                {"name", m.name},
+                {"description", m.description},
+                {"max_image_pixels", std::min<int64_t>(m.max_image_pixels, impl_->options.limits.max_image_pixels)},
+                {"default_steps", m.sampler.steps},
+                {"default_sampler", m.sampler.sampler},
+                {"default_guidance", m.default_guidance},
+                {"vocabulary", m.has_prompt ? json(m.prompt.vocabulary) : json::array()},
+                {"grid_pixels", m.autoencoder.factor * m.dit.patch_size}};
+  return json_reply(200, {{"models", json::array({model})}});
+}
+
+ApiReply EngineService::metrics() const {
+  if (!ready()) return impl_->not_ready();
+  Impl& s = *impl_;
+  json workers = json::array();
+  for (const WorkerMetrics& w : s.runtime->worker_metrics()) {
+    workers.push_back({{"index", w.index},
+                       {"steps", w.steps},
+                       {"failed_steps", w.failed_steps},
+                       {"prepare_steps", w.prepare_steps},
+                       {"requests_advanced", w.requests_advanced},
+                       {"max_batch", w.max_batch},
+                       {"mean_batch", w.mean_batch()},
+                       {"mean_step_ms", w.mean_step_ms()},
+                       {"step_ms_total", w.step_ms_total},
+                       {"prepare_ms_total", w.prepare_ms_total},
+                       {"sched_ms_total", w.sched_ms_total},
+                       {"pack_ms_total", w.pack_ms_total},
+                       {"uptime_ms", w.uptime_ms},
+                       {"utilisation", w.utilisation()}});
+  }
+  json loads = json::array();
+  for (const WorkerLoad& l : s.runtime->loads()) loads.push_back({{"requests", l.requests}, {"backlog_ms", l.backlog_ms}});
+  const auto recent = s.runtime->request_metrics();
+  std::vector<double> total, queue;
+  size_t met = 0;
+  for (const RequestMetrics& m : recent) {
+    total.push_back(m.total_ms);
+    queue.push_back(m.queue_ms);
+    met += m.deadline_met ? 1 : 0;
+  }
+  const ActivationStoreStats st = s.store->stats();
+  json j = {{"workers", workers},
+            {"loads", loads},
+            {"requests",
+             {{"count", recent.size()},
+              {"total_ms_p50", percentile(total, 0.5)},
+              {"total_ms_p99", percentile(total, 0.99)},
+              {"queue_ms_p50", percentile(queue, 0.5)},
+              {"deadline_met_fraction", recent.empty() ? 0.0 : double(met) / double(recent.size())}}},
+            {"cache",
+             {{"ram_bytes", st.ram_bytes}, {"ram_entries", st.ram_entries}, {"disk_bytes", st.disk_bytes},
+              {"disk_entries", st.disk_entries}, {"hits_ram", st.hits_ram}, {"hits_disk", st.hits_disk},
+              {"misses", st.misses}}}};
+  {
+    std::lock_guard lock(s.mu);
+    j["service"] = {{"live_edits", s.live_total},
+                    {"templates", s.templates.size()},
+                    {"templates_created", s.templates_created},
+                    {"edits_submitted", s.edits_submitted},
+                    {"edits_rejected", s.edits_rejected},
+                    {"results_kept", s.edits.size()}};
+  }
+  return json_reply(200, j);
+}
+
+void EngineService::create_template(std::string bytes, std::string name, std::function<void(ApiReply)> done) {
+  if (!ready()) return done(impl_->not_ready());
+  std::shared_ptr<Impl> s = impl_;
+  s->pool->post([s, bytes = std::move(bytes), name = std::move(name), done = std::move(done)]() {
+    ApiReply reply;
+    try {
+      reply = s->make_template_now(bytes, name);
+    } catch (const std::exception& e) {  // never across the pool thread
+      reply = error_reply(500, "internal", std::string("template decoding failed: ") + e.what());
+    }
+    done(std::move(reply));
+  });
+}
+
+ApiReply EngineService::Impl::make_template_now(const std::string& bytes, const std::string& name) {
+  if (bytes.empty()) return error_reply(400, "empty_body", "template upload " + name + " is empty; send the image file as the body");
+  // The server's pixel limit is checked from the header before the full decode (make_template
+  // applies only the model's own limit).
+  if (options.limits.max_image_pixels < model->manifest.max_image_pixels) {
+    auto probe = decode_image(as_bytes(bytes), name, options.limits.max_image_pixels);
+    if (!probe.ok()) return status_reply(probe.status(), true);
+  }
+  auto t = make_template(*model, as_bytes(bytes), name);
+  if (!t.ok()) return status_reply(t.status(), true);
+  std::lock_guard lock(mu);
+  const double now = now_ms();
+  auto [it, inserted] = templates.try_emplace((*t)->id);
+  if (inserted) {
+    it->second.tmpl = *t;
+    it->second.name = name;
+    ++templates_created;
+  }
+  it->second.last_used_ms = now;
+  // LRU beyond the limit; live edits keep their own reference to the pixels.
+  while (templates.size() > static_cast<size_t>(options.limits.max_templates)) {
+    auto victim = templates.begin();
+    for (auto i = templates.begin(); i != templates.end(); ++i)
+      if (i->second.last_used_ms < victim->second.last_used_ms) victim = i;
+    templates.erase(victim);
+  }
+  return json_reply(inserted ? 201 : 200, template_json_locked(it->second));
+}
+
+ApiReply EngineService::template_status(std::string_view id) const {
+  if (!ready()) return impl_->not_ready();
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->templates.find(std::string(id));
+  if (it == impl_->templates.end())
+    return error_reply(404, "template_not_found", "template " + std::string(id) + " is not known (upload it with POST /v1/templates)");
+  return json_reply(200, impl_->template_json_locked(it->second));
+}
+
+void EngineService::submit_edit(EditSubmission submission, std::function<void(ApiReply)> done) {
+  if (!ready()) return done(impl_->not_ready());
+  std::shared_ptr<Impl> s = impl_;
+  s->pool->post([s, sub = std::move(submission), done = std::move(done)]() mutable {
+    ApiReply reply;
+    try {
+      reply = s->submit_now(std::move(sub));
+    } catch (const std::exception& e) {
+      reply = error_reply(500, "internal", std::string("edit submission failed: ") + e.what());
+    }
+    done(std::move(reply));
+  });
+}
+
+Result<at::Tensor> EngineService::Impl::decode_mask(const EditSubmission& s, const json& rect,
+                                                    const TemplateImage& tmpl) const {
+  if (!rect.is_null()) {
+    if (!rect.is_array() || rect.size() != 4 || !std::all_of(rect.begin(), rect.end(), [](const json& v) { return v.is_number_integer(); }))
+      return invalid_argument("mask_rect must be [x, y, width, height] in integer pixels");
+    const int64_t x = rect[0].get<int64_t>(), y = rect[1].get<int64_t>(), w = rect[2].get<int64_t>(), h = rect[3].get<int64_t>();
+    if (x < 0 || y < 0 || w <= 0 || h <= 0 || x + w > tmpl.width || y + h > tmpl.height)
+      return invalid_argument("mask_rect [" + std::to_string(x) + ", " + std::to_string(y) + ", " + std::to_string(w) + ", " +
+                              std::to_string(h) + "] is not inside the " + std::to_string(tmpl.width) + "x" +
+                              std::to_string(tmpl.height) + " template");
+    at::Tensor m = at::zeros({tmpl.height, tmpl.width});
+    m.narrow(0, y, h).narrow(1, x, w).fill_(1.0);
+    return m;
+  }
+  auto image = decode_image(as_bytes(s.mask_bytes), "mask", options.limits.max_image_pixels);
+  if (!image.ok()) return image.status();
+  if (image->width != tmpl.width || image->height != tmpl.height)
+    return invalid_argument("mask is " + std::to_string(image->width) + "x" + std::to_string(image->height) +
+                            ", template is " + std::to_string(tmpl.width) + "x" + std::to_string(tmpl.height));
+  // Grey is replicated to RGB, alpha dropped: the mean is the grey value, or RGB's mean.
+  return to_rgb_tensor(*image).mean(0).contiguous();
+}
+
+ApiReply EngineService::Impl::submit_now(EditSubmission sub) {
+  c10::InferenceMode guard;
+  const json& p = sub.params;
+  if (!p.is_object()) return error_reply(400, "invalid_params", "edit parameters must be a JSON object");
+  static const std::vector<std::string> kKeys = {
+      "template", "prompt", "seed", "steps", "strength", "guidance", "class", "deadline_ms", "preview_every_steps",
+      "supersedes", "mask_png_base64", "mask_rect", "sampler", "halo_tokens", "feather_px"};
+  for (const auto& [key, value] : p.items()) {
+    if (std::find(kKeys.begin(), kKeys.end(), key) == kKeys.end()) {
+      std::string known;
+      for (const auto& k : kKeys) known += (known.empty() ? "" : ", ") + k;
+      return error_reply(400, "unknown_parameter", "edit parameter '" + key + "' is not known (known: " + known + ")");
+    }
+  }
+  auto str = [&](const char* key, std::string& out) -> std::optional<ApiReply> {
+    if (!p.contains(key)) return std::nullopt;
+    if (!p[key].is_string()) return error_reply(400, "invalid_parameter", std::string(key) + " must be a string");
+    out = p[key].get<std::string>();
+    return std::nullopt;
+  };
+  auto num = [&](const char* key, double lo, double hi, std::optional<double>& out, bool integer) -> std::optional<ApiReply> {
+    if (!p.contains(key)) return std::nullopt;
+    const json& v = p[key];
+    if (!v.is_number() || (integer && !v.is_number_integer()))
+      return error_reply(400, "invalid_parameter", std::string(key) + " must be " + (integer ? "an integer" : "a number"));
+    const double x = v.get<double>();
+    if (!(x >= lo && x <= hi))
+      return error_reply(400, "invalid_parameter", std::string(key) + " is " + v.dump() + ", expected " +
+                                                       json(lo).dump() + ".." + json(hi).dump());
+    out = x;
+    return std::nullopt;
+  };
+  std::string template_id, prompt, cls_name, mask_b64, sampler;
+  std::optional<double> seed, steps, strength, guidance, deadline, preview, supersedes, halo, feather;
+  for (auto r : {str("template", template_id), str("prompt", prompt), str("class", cls_name),
+                 str("mask_png_base64", mask_b64), str("sampler", sampler),
+                 num("seed", 0, 9007199254740991.0, seed, true), num("steps", 1, 1000, steps, true),
+                 num("strength", 0, 1, strength, false), num("guidance", 1, 20, guidance, false),
+                 num("deadline_ms", 1, 7 * 24 * 3600e3, deadline, false), num("preview_every_steps", 0, 1000, preview, true),
+                 num("supersedes", 0, 9007199254740991.0, supersedes, true), num("halo_tokens", 0, 64, halo, true),
+                 num("feather_px", 0, 256, feather, false)}) {
+    if (r) return *r;
+  }
+  if (template_id.empty()) return error_reply(400, "missing_parameter", "template is required (the id POST /v1/templates returned)");
+  if (strength && *strength <= 0) return error_reply(400, "invalid_parameter", "strength must be in (0, 1]");
+  RequestClass cls = RequestClass::kInteractive;
+  if (!cls_name.empty()) {
+    auto c = parse_request_class(cls_name);
+    if (!c.ok()) return error_reply(400, "invalid_parameter", "class: " + c.status().message());
+    cls = *c;
+  }
+  const int mask_sources = (sub.mask_bytes.empty() ? 0 : 1) + (mask_b64.empty() ? 0 : 1) + (p.contains("mask_rect") ? 1 : 0);
+  if (mask_sources != 1)
+    return error_reply(400, "invalid_mask", mask_sources == 0 ? "a mask is required: a 'mask' file part, mask_png_base64 or mask_rect"
+                                                              : "give exactly one of: a 'mask' file part, mask_png_base64, mask_rect");
+  if (!mask_b64.empty()) {
+    auto decoded = base64_decode(mask_b64);
+    if (!decoded.ok()) return error_reply(400, "invalid_mask", "mask_png_base64: " + decoded.status().message());
+    sub.mask_bytes = std::move(*decoded);
+  }
+
+  std::shared_ptr<const TemplateImage> tmpl;
+  {
+    std::lock_guard lock(mu);
+    auto it = templates.find(template_id);
+    if (it == templates.end())
+      return error_reply(404, "template_not_found", "template " + template_id + " is not known (upload it with POST /v1/templates)");
+    tmpl = it->second.tmpl;
+    it->second.last_used_ms = now_ms();
+  }
+  auto mask = decode_mask(sub, p.contains("mask_rect") ? p["mask_rect"] : json(), *tmpl);
+  if (!mask.ok()) return status_reply(mask.status(), true);
+  auto prompt_tensor = encode_prompt(model->manifest, prompt);
+  if (!prompt_tensor.ok()) return error_reply(400, "invalid_prompt", "prompt: " + prompt_tensor.status().message());
+
+  ServingRequest req;
+  req.tmpl = tmpl;
+  req.params.mask = *mask;
+  req.params.prompt = *prompt_tensor;
+  req.params.guidance_scale = guidance ? *guidance : model->manifest.default_guidance;
+  req.params.seed = seed ? static_cast<uint64_t>(*seed) : 0;
+  if (strength) req.params.strength = *strength;
+  if (steps) req.params.schedule.steps = static_cast<int>(*steps);
+  if (!sampler.empty()) req.params.schedule.sampler = sampler;
+  if (halo) req.params.halo_tokens = static_cast<int>(*halo);
+  if (feather) req.params.feather_px = static_cast<float>(*feather);
+  req.cls = cls;
+  if (deadline) req.deadline_ms = *deadline;
+  req.preview_every_steps = preview ? static_cast<int>(*preview) : 0;
+  req.supersedes = supersedes ? static_cast<uint64_t>(*supersedes) : 0;
+  req.encode_png = true;
+  {
+    auto check = make_model_sampler(*model, resolve_schedule(*model, req.params.schedule));
+    if (!check.ok()) return error_reply(400, "invalid_parameter", check.status().message());
+  }
+
+  uint64_t id = 0;
+  {
+    std::lock_guard lock(mu);
+    expire_results_locked(now_ms());
+    if (live_per_client[sub.client] >= options.limits.max_queued_per_client) {
+      ++edits_rejected;
+      ApiReply r = error_reply(429, "too_many_edits",
+                               "client " + sub.client + " has " + std::to_string(live_per_client[sub.client]) +
+                                   " edits in flight, the limit is " + std::to_string(options.limits.max_queued_per_client));
+      r.retry_after_s = 1;
+      return r;
+    }
+    if (live_total >= options.limits.max_live_edits) {
+      ++edits_rejected;
+      ApiReply r = error_reply(429, "engine_busy", "the engine has " + std::to_string(live_total) +
+                                                       " edits in flight, the limit is " + std::to_string(options.limits.max_live_edits));
+      r.retry_after_s = 1;
+      return r;
+    }
+    id = next_id++;
+    auto [cit, fresh] = client_ids.try_emplace(sub.client, client_ids.size() + 1);
+    (void)fresh;
+    req.client_id = cit->second;
+    EditRecord& e = edits[id];
+    e.id = id;
+    e.client = sub.client;
+    e.template_id = template_id;
+    e.submitted_ms = now_ms();
+    ++live_per_client[sub.client];
+    ++live_total;
+    ++edits_submitted;
+    // The template may have been evicted meanwhile; the request holds its own reference.
+    if (auto t = templates.find(template_id); t != templates.end()) ++t->second.waiting;
+  }
+  req.id = id;
+  const std::string client = sub.client;
+  req.on_progress = [this, id](const RequestProgress& pr) { on_progress(id, pr); };
+  if (req.preview_every_steps > 0)
+    req.on_preview = [this](uint64_t rid, int steps_done, const at::Tensor& rgb) { on_preview(rid, steps_done, rgb); };
+  req.on_complete = [this](const RequestResult& r) { on_complete(r); };
+  // Queued goes out before the runtime can report progress.
+  emit(client, "queued", {{"id", id}, {"template", template_id}, {"class", request_class_name(cls)}});
+  Status st = runtime->submit(std::move(req));
+  if (!st.ok()) {
+    {
+      std::lock_guard lock(mu);
+      edits.erase(id);
+      --live_per_client[client];
+      --live_total;
+      if (auto t = templates.find(template_id); t != templates.end()) --t->second.waiting;
+    }
+    emit(client, "failed", {{"id", id}, {"state", "failed"}, {"error", {{"code", error_code_name(st.code())}, {"message", st.message()}}}});
+    return status_reply(st);
+  }
+  return json_reply(202, {{"id", id}, {"state", "queued"}, {"template", template_id}, {"client", client},
+                          {"class", request_class_name(cls)}, {"status_url", "/v1/edits/" + std::to_string(id)}});
+}
+
+void EngineService::Impl::on_progress(uint64_t id, const RequestProgress& p) {
+  std::string client;
+  bool first = false;
+  {
+    std::lock_guard lock(mu);
+    auto it = edits.find(id);
+    if (it == edits.end()) return;
+    EditRecord& e = it->second;
+    if (e.finished_ms >= 0) return;  // the worker orders callbacks; this guards the record anyway
+    e.steps_done = p.steps_done;
+    e.steps_total = p.steps_total;
+    if (!e.started) {
+      e.started = true;
+      first = true;
+      e.state = RequestState::kRunning;
+      if (auto t = templates.find(e.template_id); t != templates.end()) {
+        t->second.waiting = std::max(0, t->second.waiting - 1);
+        t->second.prepared = true;
+      }
+    }
+    client = e.client;
+  }
+  if (first) emit(client, "started", {{"id", id}, {"steps_total", p.steps_total}});
+  emit(client, "progress", {{"id", id}, {"steps_done", p.steps_done}, {"steps_total", p.steps_total}});
+}
+
+void EngineService::Impl::on_preview(uint64_t id, int steps_done, const at::Tensor& rgb) {
+  std::string client;
+  {
+    std::lock_guard lock(mu);
+    auto it = edits.find(id);
+    if (it == edits.end()) return;
+    client = it->second.client;
+  }
+  c10::InferenceMode guard;
+  // [3, h, w] float in [0, 1] -> interleaved u8.
+  at::Tensor u8 = (rgb.detach().to(at::kFloat).clamp(0, 1) * 255).round().to(at::kByte).permute({1, 2, 0}).contiguous();
+  PixelImage img = PixelImage::allocate(static_cast<int>(u8.size(1)), static_cast<int>(u8.size(0)), 3, PixelFormat::kU8);
+  std::memcpy(img.data.data(), u8.data_ptr<uint8_t>(), img.data.size());
+  auto png = encode_png(img);
+  if (!png.ok()) return;  // a preview is best effort; the result still comes
+  emit(client, "preview", {{"id", id}, {"steps_done", steps_done}, {"width", img.width}, {"height", img.height},
+                           {"png_base64", base64_encode(bytes_to_string(*png))}});
+}
+
+void EngineService::Impl::on_complete(const RequestResult& r) {
+  std::string client;
+  json data = {{"id", r.id}, {"state", request_state_name(r.state)}};
+  {
+    std::lock_guard lock(mu);
+    auto it = edits.find(r.id);
+    if (it == edits.end()) return;
+    EditRecord& e = it->second;
+    if (!e.started) {
+      if (auto t = templates.find(e.template_id); t != templates.end()) t->second.waiting = std::max(0, t->second.waiting - 1);
+    }
+    e.state = r.state;
+    e.status = r.status;
+    if (r.state == RequestState::kDone && !r.status.ok()) e.status = Status();
+    e.png = bytes_to_string(r.png);
+    e.finished_ms = now_ms();
+    e.metrics = request_metrics_json(r.metrics);
+    e.steps_done = r.metrics.steps_run;
+    client = e.client;
+    if (--live_per_client[client] <= 0) live_per_client.erase(client);
+    --live_total;
+    if (r.state == RequestState::kDone) {
+      data["result"] = "/v1/edits/" + std::to_string(r.id) + "/result";
+      data["steps_run"] = r.metrics.steps_run;
+      data["total_ms"] = r.metrics.total_ms;
+    } else {
+      data["error"] = {{"code", error_code_name(r.status.code())}, {"message", r.status.message()}};
+    }
+  }
+  emit(client, r.state == RequestState::kDone ? "done" : "failed", std::move(data));
+}
+
+ApiReply EngineService::edit_status(std::string_view id_text, bool want_png) {
+  if (!ready()) return impl_->not_ready();
+  auto id = parse_id(id_text);
+  if (!id) return error_reply(400, "invalid_edit_id", "edit id '" + std::string(id_text) + "' is not a positive integer");
+  std::lock_guard lock(impl_->mu);
+  impl_->expire_results_locked(impl_->now_ms());
+  auto it = impl_->edits.find(*id);
+  if (it == impl_->edits.end())
+    return error_reply(404, "edit_not_found", "edit " + std::to_string(*id) + " is not known (never submitted, or its result expired)");
+  const EditRecord& e = it->second;
+  if (!want_png) return json_reply(200, impl_->edit_json_locked(e));
+  if (e.state != RequestState::kDone)
+    return error_reply(409, "edit_not_done", "edit " + std::to_string(*id) + " is " + request_state_name(e.state) + ", not done");
+  ApiReply r;
+  r.content_type = "image/png";
+  r.body = e.png;
+  return r;
+}
+
+ApiReply EngineService::cancel_edit(std::string_view id_text) {
+  if (!ready()) return impl_->not_ready();
+  auto id = parse_id(id_text);
+  if (!id) return error_reply(400, "invalid_edit_id", "edit id '" + std::string(id_text) + "' is not a positive integer");
+  {
+    std::lock_guard lock(impl_->mu);
+    auto it = impl_->edits.find(*id);
+    if (it == impl_->edits.end()) return error_reply(404, "edit_not_found", "edit " + std::to_string(*id) + " is not known");
+    if (it->second.finished_ms >= 0)
+      return error_reply(409, "edit_finished", "edit " + std::to_string(*id) + " already ended as " + request_state_name(it->second.state));
+  }
+  const bool live = impl_->runtime->cancel(*id);
+  return json_reply(202, {{"id", *id}, {"cancelling", live}});
+}
+
+size_t EngineService::live_edits() const {
+  std::lock_guard lock(impl_->mu);
+  return static_cast<size_t>(std::max(0, impl_->live_total));
+}
+
+bool EngineService::drain(double timeout_ms, double cancel_timeout_ms) {
+  if (!ready()) return true;
+  if (impl_->runtime->drain(timeout_ms)) return true;
+  std::vector<uint64_t> live;
+  {
+    std::lock_guard lock(impl_->mu);
+    for (const auto& [id, e] : impl_->edits)
+      if (e.finished_ms < 0) live.push_back(id);
+  }
+  for (uint64_t id : live) impl_->runtime->cancel(id);
+  return impl_->runtime->drain(cancel_timeout_ms);
+}
+
+}  // namespace infill

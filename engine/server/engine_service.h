@@ -1,0 +1,96 @@
+#pragma once
+/// The engine behind the API: templates, edits, events, models, metrics and health, in terms
+/// of bytes and JSON. It owns the model, the activation store and the serving runtime; the
+/// HTTP server (http_server.h) only parses requests and frames these replies.
+///
+/// This header is torch-free on purpose (the transport must not compile libtorch headers).
+///
+/// Threading: every public method is safe from any thread and returns quickly; decoding
+/// uploads and masks runs on the service's own task pool and ends in the `done` callback,
+/// called once, on a pool thread. Events go to the sink set with set_event_sink, on pool
+/// threads; the sink must not block.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "server/api_reply.h"
+#include "server/server_config.h"
+
+namespace infill {
+
+struct ServiceOptions {
+  std::string model_path;     ///< a model folder (manifest.json + weights)
+  int workers = 1;
+  int threads_per_worker = 1;
+  int pool_threads = 1;       ///< upload / mask decoding and post-processing
+  std::string cache_dir;      ///< disk tier; "" = RAM only
+  uint64_t ram_cache_bytes = uint64_t{1} << 30;
+  /// Time the step cost model at load (cached in calibration_path when set); false = a fixed
+  /// plausible model (tests, --check).
+  bool calibrate = false;
+  std::string calibration_path;
+  ServerLimits limits;
+};
+
+/// One event of one edit, for the clients of `client`.
+struct ServiceEvent {
+  std::string client;
+  std::string type;  ///< queued, started, progress, preview, done, failed
+  std::string json;  ///< the event's data: {"id":..,"type":..,...}
+};
+
+/// An edit as submitted: JSON parameters (see docs/api.md) and, optionally, the mask as an
+/// encoded image (a multipart part); the JSON may instead carry mask_png_base64 or mask_rect.
+struct EditSubmission {
+  std::string client = "default";
+  nlohmann::json params;
+  std::string mask_bytes;
+};
+
+class EngineService {
+ public:
+  explicit EngineService(ServiceOptions options);
+  /// Cancels live edits and stops the runtime.
+  ~EngineService();
+  EngineService(const EngineService&) = delete;
+  EngineService& operator=(const EngineService&) = delete;
+
+  /// Loads the model, opens the store, builds the cost model and starts the workers; the
+  /// service answers 503 until this returned ok. Call once, from any thread.
+  Status load();
+  bool ready() const;
+
+  /// Receives every event; replaces the previous sink. Pass {} to detach (waits for calls
+  /// in progress to return).
+  void set_event_sink(std::function<void(const ServiceEvent&)> sink);
+
+  ApiReply health() const;
+  ApiReply models() const;
+  ApiReply metrics() const;
+  /// Decodes and encodes an uploaded image (on the pool); replies 201 with the template.
+  void create_template(std::string bytes, std::string name, std::function<void(ApiReply)> done);
+  ApiReply template_status(std::string_view id) const;
+  /// Validates, decodes the mask (on the pool) and queues the edit; replies 202 with its id.
+  void submit_edit(EditSubmission submission, std::function<void(ApiReply)> done);
+  /// {"id","state",...}; the result as PNG with `want_png` when done (409 before).
+  ApiReply edit_status(std::string_view id, bool want_png);
+  ApiReply cancel_edit(std::string_view id);
+
+  /// Edits not yet finished.
+  size_t live_edits() const;
+  /// Waits up to `timeout_ms` for live edits to finish; then cancels the rest and waits up
+  /// to `cancel_timeout_ms` more. True when nothing is live in the end.
+  bool drain(double timeout_ms, double cancel_timeout_ms);
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace infill

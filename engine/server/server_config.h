@@ -1,0 +1,74 @@
+#pragma once
+/// Configuration of the engine daemon (JSON file plus flags), its limits, and the bearer token
+/// of the TCP listener.
+///
+/// Pure functions and value types; thread-safe.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace infill {
+
+/// Limits that keep one client from exhausting the engine.
+struct ServerLimits {
+  uint64_t max_body_bytes = uint64_t{64} << 20;  ///< request body; larger -> 413
+  uint32_t max_header_bytes = 16 << 10;           ///< request line + headers; larger -> 431
+  int64_t max_image_pixels = 4096 * 4096;         ///< uploads (the model's own limit also applies)
+  int max_queued_per_client = 16;                 ///< live edits per client id; more -> 429
+  int max_live_edits = 256;                       ///< live edits over all clients; more -> 429
+  int max_templates = 64;                         ///< decoded templates kept (LRU)
+  int max_results = 1024;                         ///< finished edits kept until fetched or expired
+  double result_ttl_ms = 10 * 60 * 1000.0;        ///< finished edits expire after this
+  double header_timeout_ms = 10000;               ///< from connection / previous response to a full header
+  double body_timeout_ms = 60000;                 ///< reading one body, writing one response
+  double event_heartbeat_ms = 15000;              ///< SSE comment line when no event was sent
+  int max_connections = 256;                      ///< concurrent connections; more are closed at once
+};
+
+struct EngineConfig {
+  std::string socket_path;  ///< "" = $XDG_RUNTIME_DIR/infill/engine.sock
+  std::string listen;       ///< "HOST:PORT" for TCP; "" = no TCP listener
+  std::string token_file;   ///< "" = $XDG_CONFIG_HOME/infill/token
+  std::string model;        ///< "" = the bundled model, else the build's random model
+  int workers = 1;
+  int threads = 0;          ///< compute threads per worker; 0 = cores / workers
+  std::string cache_dir;    ///< disk tier of the activation cache; "" = default_cache_dir()
+  uint64_t ram_cache_bytes = uint64_t{2} << 30;
+  bool calibrate = true;    ///< time the cost model at start-up (cached per model and threads)
+  double drain_timeout_ms = 10000;  ///< on SIGTERM: let live edits finish this long, then cancel
+  /// Origins allowed to call the API from a browser (exact "scheme://host[:port]").
+  std::vector<std::string> allowed_origins;
+  ServerLimits limits;
+};
+
+/// Parses a config document. Unknown keys, wrong types and out-of-range values are errors
+/// naming the key ("engine.json: limits.max_body_byte is not a known key").
+Result<EngineConfig> parse_engine_config(std::string_view json_text, const std::string& name_for_errors);
+/// Reads and parses `path`; a missing file is not_found.
+Result<EngineConfig> load_engine_config(const std::string& path);
+
+/// $XDG_RUNTIME_DIR/infill (or /tmp/infill-<uid> without it).
+std::string default_runtime_dir();
+/// $XDG_CONFIG_HOME/infill (or ~/.config/infill).
+std::string default_config_dir();
+
+/// Splits "HOST:PORT" ("[::1]:8080" for IPv6). Errors name the text.
+Result<std::pair<std::string, uint16_t>> parse_listen_address(std::string_view text);
+
+/// Reads the token at `path`, or creates it (32 random bytes from the kernel's CSPRNG, hex)
+/// with mode 0600 (parent directory created 0700). A token file readable by group or others
+/// is an error.
+Result<std::string> load_or_create_token(const std::string& path);
+
+/// Compares in time independent of where the inputs differ (length differences still leak
+/// the length, which is public: tokens have a fixed size).
+bool constant_time_equal(std::string_view a, std::string_view b);
+
+/// Creates `dir` (and parents) and sets its mode to 0700; error if it is not owned by us.
+Status make_private_dir(const std::string& dir);
+
+}  // namespace infill

@@ -1,0 +1,57 @@
+#pragma once
+/// Metrics of the serving runtime, as plain structs (the server will expose the same fields).
+///
+/// Value types; the worker and runtime hand out copies.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace infill {
+
+/// One request's account, filled when it reaches a terminal state.
+struct RequestMetrics {
+  uint64_t id = 0;
+  int worker = -1;               ///< index of the worker it was routed to
+  double queue_ms = 0.0;         ///< submit -> first step, less prepare_ms
+  double prepare_ms = 0.0;       ///< pre-processing plus waiting for the template's prepare job
+  double run_ms = 0.0;           ///< first step -> last step
+  double post_ms = 0.0;          ///< decode, composite, PNG encode
+  double total_ms = 0.0;         ///< submit -> terminal state
+  int steps_requested = 0;       ///< denoising steps the request asked for (after strength)
+  int steps_run = 0;             ///< steps actually run
+  int steps_dropped = 0;         ///< steps cut by the scheduler under overload
+  int64_t masked_tokens = 0;
+  int64_t total_tokens = 0;
+  double deadline_ms = 0.0;      ///< relative to submission
+  bool deadline_met = false;     ///< done within deadline_ms of submission
+  bool shared_prepare = false;   ///< joined a prepare job another request started
+};
+
+/// One worker's account since it started.
+struct WorkerMetrics {
+  int index = 0;
+  uint64_t steps = 0;            ///< batched denoising steps run
+  uint64_t failed_steps = 0;     ///< steps whose forward threw (their requests failed)
+  uint64_t prepare_steps = 0;    ///< prepare-job slices run (one full denoising step each)
+  uint64_t requests_advanced = 0;  ///< sum of batch sizes
+  int max_batch = 0;
+  double step_ms_total = 0.0;    ///< forward + sampler updates of batched steps
+  double prepare_ms_total = 0.0; ///< prepare slices
+  double sched_ms_total = 0.0;   ///< batch selection
+  double pack_ms_total = 0.0;    ///< building and splitting the packed segments
+  double uptime_ms = 0.0;
+  /// Recent step latencies (ms) and batch sizes, oldest first, at most kRecent each.
+  std::vector<double> recent_step_ms;
+  std::vector<int> recent_batch;
+  static constexpr size_t kRecent = 4096;
+
+  double mean_batch() const { return steps ? double(requests_advanced) / double(steps) : 0.0; }
+  double mean_step_ms() const { return steps ? step_ms_total / double(steps) : 0.0; }
+  /// Busy fraction of the uptime (steps, prepare slices, scheduling).
+  double utilisation() const {
+    return uptime_ms > 0 ? (step_ms_total + prepare_ms_total + sched_ms_total + pack_ms_total) / uptime_ms : 0.0;
+  }
+};
+
+}  // namespace infill

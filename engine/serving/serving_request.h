@@ -1,0 +1,68 @@
+#pragma once
+/// A request to the serving runtime and the result it ends with.
+///
+/// A ServingRequest is moved into the runtime on submit; its callbacks are invoked on the
+/// runtime's task pool, never on a step loop, and must not block for long.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "common/status.h"
+#include "pipeline/edit_session.h"
+#include "serving/request_state.h"
+#include "serving/serving_metrics.h"
+
+namespace infill {
+
+/// Reported after every step a request runs.
+struct RequestProgress {
+  uint64_t id = 0;
+  int steps_done = 0;   ///< steps run so far
+  int steps_total = 0;  ///< steps it will run (lower than requested after a reduction)
+};
+
+/// How a request ended: exactly one per request, delivered through on_complete.
+struct RequestResult {
+  uint64_t id = 0;
+  RequestState state = RequestState::kFailed;  ///< done, failed, cancelled or expired
+  Status status;                 ///< ok for done; otherwise why (names the stage / input)
+  EditOutput output;             ///< done only
+  std::vector<std::byte> png;    ///< done only, when ServingRequest::encode_png
+  RequestMetrics metrics;
+  std::vector<RequestLifecycle::Entry> history;  ///< every transition, ms since runtime start
+};
+
+struct ServingRequest {
+  uint64_t id = 0;          ///< unique among live requests, non-zero
+  uint64_t client_id = 0;   ///< who sent it; supersede only works within one client
+  /// Non-zero: this request replaces that older request of the same client, which is
+  /// cancelled at its next step boundary.
+  uint64_t supersedes = 0;
+  /// The template, decoded; or leave null and give the encoded file in template_bytes
+  /// (decoded on the task pool).
+  std::shared_ptr<const TemplateImage> tmpl;
+  std::vector<std::byte> template_bytes;
+  /// Mask, prompt, guidance, seed, strength, steps (params.schedule.steps), cache mode.
+  EditParams params;
+  RequestClass cls = RequestClass::kInteractive;
+  /// Relative to submission; default_deadline_ms(cls) when absent.
+  std::optional<double> deadline_ms;
+  /// End as expired instead of finishing late once the deadline has passed.
+  bool expire_at_deadline = false;
+  bool encode_png = true;
+  /// 0 = no previews; k = a preview every k steps.
+  int preview_every_steps = 0;
+  std::function<void(const RequestProgress&)> on_progress;
+  /// Decoded predicted image of the masked region's box: [3, h, w] float in [0, 1].
+  std::function<void(uint64_t id, int steps_done, const at::Tensor& rgb)> on_preview;
+  /// Called exactly once with the terminal result.
+  std::function<void(const RequestResult&)> on_complete;
+};
+
+}  // namespace infill

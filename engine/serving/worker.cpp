@@ -1,0 +1,771 @@
+#include "serving/worker.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <optional>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include "pipeline/cached_kv.h"
+#include "pipeline/composite.h"
+#include "pipeline/mask.h"
+#include "pipeline/template_image.h"
+
+namespace infill {
+namespace {
+
+std::atomic<int64_t> g_live_records{0};
+
+std::string exception_text(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    // c10::Error messages carry a multi-line backtrace; the first line is the reason.
+    std::string what = ex.what();
+    const size_t nl = what.find('\n');
+    return nl == std::string::npos ? what : what.substr(0, nl);
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+// One request. Stage fields are touched by one thread at a time, handed over by messages:
+// the pool during pre-processing, the loop while active, the pool again while finishing.
+// The lifecycle is the exception: any thread may end a request, under `mu`.
+struct Worker::Record {
+  explicit Record(ServingRequest request, double submitted_ms)
+      : req(std::move(request)), life(submitted_ms), submitted_ms(submitted_ms) {
+    g_live_records.fetch_add(1);
+  }
+  ~Record() { g_live_records.fetch_sub(1); }
+
+  ServingRequest req;
+  std::mutex mu;
+  RequestLifecycle life;  // guarded by mu
+  std::atomic<bool> cancel_requested{false};
+  std::atomic<bool> ended{false};  // set with the terminal transition
+  Status cancel_reason;  // guarded by mu
+
+  double submitted_ms = 0;
+  double deadline_rel_ms = 0;
+  double deadline_abs_ms = 0;
+  double preprocess_ms = -1, ready_ms = -1, first_step_ms = -1, last_step_ms = -1, finish_ms = -1;
+  bool shared_prepare = false;
+
+  std::shared_ptr<const TemplateImage> tmpl;
+  std::shared_ptr<EditSession> session;
+  int steps_total = 0;      // sampler steps of the schedule
+  int steps_requested = 0;  // steps this edit runs (after strength)
+  int steps_run = 0;
+  int64_t tokens = 0;
+  int64_t total_tokens = 0;
+  double step_work_ms = 0;  // marginal cost of one of its steps
+  std::atomic<double> remaining_work_ms{0.0};
+  uint64_t ready_seq = 0;
+  double last_advance_ms = 0;
+  bool finishing = false;  // handed to the pool for post-processing
+
+  // Callbacks to the client (progress, preview, completion) run on the pool but strictly in
+  // the order they were posted, so no progress or preview can arrive after the completion.
+  std::mutex callbacks_mu;
+  std::deque<std::function<void()>> callbacks;  // guarded by callbacks_mu
+  bool callbacks_draining = false;              // guarded by callbacks_mu
+};
+
+struct Worker::PrepareJob {
+  ActivationKey key;
+  std::shared_ptr<const TemplateImage> tmpl;
+  std::optional<Sampler> sampler;
+  std::shared_ptr<ActivationEntry> entry;
+  std::unique_ptr<EntryKvSink> sink;
+  at::Tensor noise, no_mask, ids;
+  int grid_h = 0, grid_w = 0, step = 0;
+  double step_work_ms = 0;
+  double deadline_abs_ms = 0;
+  std::vector<std::shared_ptr<Record>> waiting;
+};
+
+struct Worker::Message {
+  enum Kind { kReady, kNeedsPrepare, kCancel, kStored } kind;
+  std::shared_ptr<Record> record;
+  std::shared_ptr<const TemplateImage> tmpl;
+  std::string canonical;
+};
+
+int64_t Worker::live_records() { return g_live_records.load(); }
+
+Worker::Worker(std::shared_ptr<const Model> model, std::shared_ptr<ActivationStore> store,
+               std::shared_ptr<const StepCostModel> cost, TaskPool& pool, WorkerOptions options)
+    : model_(std::move(model)),
+      store_(std::move(store)),
+      cost_(std::move(cost)),
+      pool_(pool),
+      options_(std::move(options)),
+      selector_(options_.policy, options_.token_budget, [&] {
+        SchedulerOptions s = options_.scheduler;
+        s.allow_step_reduction = false;
+        return s;
+      }()) {
+  metrics_.index = options_.index;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Worker::~Worker() {
+  {
+    std::lock_guard lock(inbox_mu_);
+    stop_ = true;
+  }
+  inbox_cv_.notify_all();
+  thread_.join();
+  // Pool tasks may still reference this worker (pre/post-processing of its requests).
+  pool_.wait_idle();
+  std::vector<std::shared_ptr<Record>> left;
+  {
+    std::lock_guard lock(records_mu_);
+    for (auto& [id, r] : records_) left.push_back(r);
+  }
+  for (auto& r : left) complete(r, RequestState::kCancelled, Status(ErrorCode::kCancelled, "worker stopped"));
+  pool_.wait_idle();  // the on_complete callbacks just posted
+}
+
+double Worker::now_ms() const {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - options_.epoch).count();
+}
+
+void Worker::post(Message message) {
+  {
+    std::lock_guard lock(inbox_mu_);
+    inbox_.push_back(std::move(message));
+  }
+  inbox_cv_.notify_one();
+}
+
+void Worker::submit(ServingRequest request, double submitted_ms) {
+  auto r = std::make_shared<Record>(std::move(request), submitted_ms);
+  r->deadline_rel_ms = r->req.deadline_ms.value_or(default_deadline_ms(r->req.cls));
+  r->deadline_abs_ms = submitted_ms + r->deadline_rel_ms;
+  // Until pre-processing knows the token count, charge the request by the mask's area.
+  if (r->req.params.mask.defined() && r->req.tmpl) {
+    const ScheduleSpec s = resolve_schedule(*model_, r->req.params.schedule);
+    const int p = model_->manifest.dit.patch_size * model_->manifest.autoencoder.factor;
+    const int64_t total = int64_t{(r->req.tmpl->model_width / p)} * (r->req.tmpl->model_height / p);
+    const double ratio = r->req.params.mask.numel() > 0 ? (r->req.params.mask > 0).to(at::kFloat).mean().item<double>() : 0.0;
+    r->tokens = static_cast<int64_t>(std::ceil(ratio * static_cast<double>(total)));
+    r->total_tokens = total;
+    r->remaining_work_ms = request_work_ms(*cost_, r->tokens, total, s.steps);
+    work_ms_.fetch_add(r->remaining_work_ms.load());
+    int cur = max_steps_left_.load();
+    while (s.steps > cur && !max_steps_left_.compare_exchange_weak(cur, s.steps)) {
+    }
+  }
+  requests_.fetch_add(1);
+  {
+    std::lock_guard lock(records_mu_);
+    records_[r->req.id] = r;
+  }
+  pool_.post([this, r] { preprocess(r); });
+}
+
+bool Worker::cancel(uint64_t id, Status reason) {
+  std::shared_ptr<Record> r;
+  {
+    std::lock_guard lock(records_mu_);
+    auto it = records_.find(id);
+    if (it == records_.end()) return false;
+    r = it->second;
+  }
+  {
+    std::lock_guard lock(r->mu);
+    if (r->life.terminal()) return false;
+    r->cancel_reason = reason.ok() ? Status(ErrorCode::kCancelled, "request " + std::to_string(id) + " cancelled")
+                                   : std::move(reason);
+  }
+  r->cancel_requested = true;
+  post({Message::kCancel, r, nullptr, {}});
+  return true;
+}
+
+WorkerLoad Worker::load() const {
+  WorkerLoad l;
+  l.requests = requests_.load();
+  l.backlog_ms = drain_ms(*cost_, work_ms_.load(), max_steps_left_.load());
+  return l;
+}
+
+WorkerMetrics Worker::metrics() const {
+  std::lock_guard lock(metrics_mu_);
+  WorkerMetrics m = metrics_;
+  m.uptime_ms = now_ms();
+  return m;
+}
+
+std::vector<RequestMetrics> Worker::recent_requests() const {
+  std::lock_guard lock(metrics_mu_);
+  return {recent_requests_.begin(), recent_requests_.end()};
+}
+
+bool Worker::wait_idle(double timeout_ms) const {
+  std::unique_lock lock(records_mu_);
+  return idle_cv_.wait_for(lock, std::chrono::duration<double, std::milli>(timeout_ms), [&] { return records_.empty(); });
+}
+
+void Worker::take_work(Record& r, double ms) {
+  double cur = r.remaining_work_ms.load();
+  double d = 0;
+  do {
+    d = std::min(ms, cur);
+    if (d <= 0) return;
+  } while (!r.remaining_work_ms.compare_exchange_weak(cur, cur - d));
+  work_ms_.fetch_sub(d);
+}
+
+void Worker::complete(const std::shared_ptr<Record>& r, RequestState state, Status status, EditOutput output,
+                      std::vector<std::byte> png) {
+  auto result = std::make_shared<RequestResult>();
+  const double now = now_ms();
+  {
+    std::lock_guard lock(r->mu);
+    if (!r->life.transition(state, now).ok()) return;  // someone else ended it first
+    r->ended = true;
+    result->history = r->life.history();
+  }
+  work_ms_.fetch_sub(r->remaining_work_ms.exchange(0.0));
+  RequestMetrics& m = result->metrics;
+  m.id = r->req.id;
+  m.worker = options_.index;
+  const double pre_start = r->preprocess_ms >= 0 ? r->preprocess_ms : r->submitted_ms;
+  m.prepare_ms = r->ready_ms >= 0 ? r->ready_ms - pre_start : 0.0;
+  m.queue_ms = r->first_step_ms >= 0 ? std::max(0.0, r->first_step_ms - r->submitted_ms - m.prepare_ms) : 0.0;
+  m.run_ms = r->first_step_ms >= 0 ? r->last_step_ms - r->first_step_ms : 0.0;
+  m.post_ms = r->finish_ms >= 0 ? now - r->finish_ms : 0.0;
+  m.total_ms = now - r->submitted_ms;
+  m.steps_requested = r->steps_requested;
+  m.steps_run = r->steps_run;
+  m.steps_dropped = state == RequestState::kDone ? std::max(0, r->steps_requested - r->steps_run) : 0;
+  m.masked_tokens = r->tokens;
+  m.total_tokens = r->total_tokens;
+  m.deadline_ms = r->deadline_rel_ms;
+  m.deadline_met = state == RequestState::kDone && m.total_ms <= r->deadline_rel_ms;
+  m.shared_prepare = r->shared_prepare;
+  result->id = r->req.id;
+  result->state = state;
+  result->status = std::move(status);
+  result->output = std::move(output);
+  result->png = std::move(png);
+  {
+    std::lock_guard lock(metrics_mu_);
+    recent_requests_.push_back(m);
+    if (recent_requests_.size() > kRecentRequests) recent_requests_.pop_front();
+  }
+  auto on_complete = std::move(r->req.on_complete);
+  r->session.reset();
+  r->tmpl.reset();
+  requests_.fetch_sub(1);
+  {
+    std::lock_guard lock(records_mu_);
+    records_.erase(r->req.id);
+    if (records_.empty()) idle_cv_.notify_all();
+  }
+  if (on_complete) notify(r, [cb = std::move(on_complete), result] { cb(*result); });
+}
+
+void Worker::notify(const std::shared_ptr<Record>& r, std::function<void()> callback) {
+  {
+    std::lock_guard lock(r->callbacks_mu);
+    r->callbacks.push_back(std::move(callback));
+    if (r->callbacks_draining) return;  // the running drainer will get to it, in order
+    r->callbacks_draining = true;
+  }
+  pool_.post([r] {
+    for (;;) {
+      std::function<void()> next;
+      {
+        std::lock_guard lock(r->callbacks_mu);
+        if (r->callbacks.empty()) {
+          r->callbacks_draining = false;
+          return;
+        }
+        next = std::move(r->callbacks.front());
+        r->callbacks.pop_front();
+      }
+      try {
+        next();
+      } catch (...) {
+        // A client callback that throws must not stop the ones after it (the completion).
+      }
+    }
+  });
+}
+
+// ---- pre-processing (pool) ----
+
+void Worker::preprocess(const std::shared_ptr<Record>& r) {
+  if (r->cancel_requested) {
+    std::unique_lock lock(r->mu);
+    Status why = r->cancel_reason;
+    lock.unlock();
+    complete(r, RequestState::kCancelled, std::move(why));
+    return;
+  }
+  {
+    std::lock_guard lock(r->mu);
+    r->preprocess_ms = now_ms();
+    if (!r->life.transition(RequestState::kPreparing, r->preprocess_ms).ok()) return;  // ended meanwhile
+  }
+  const uint64_t id = r->req.id;
+  auto fail = [&](const std::string& what) {
+    complete(r, RequestState::kFailed, invalid_argument("request " + std::to_string(id) + ": " + what));
+  };
+  try {
+    std::shared_ptr<const TemplateImage> tmpl = r->req.tmpl;
+    if (!tmpl) {
+      if (r->req.template_bytes.empty()) return fail("has neither a template nor template bytes");
+      auto made = make_template(*model_, r->req.template_bytes, "template of request " + std::to_string(id));
+      if (!made.ok()) {
+        complete(r, RequestState::kFailed, made.status());
+        return;
+      }
+      tmpl = *made;
+      r->req.template_bytes.clear();
+      r->req.template_bytes.shrink_to_fit();
+    }
+    r->tmpl = tmpl;
+    const at::Tensor& mask = r->req.params.mask;
+    if (!mask.defined() || mask.dim() != 2) return fail("mask must be a 2-D [height, width] array");
+    if (mask.size(0) != tmpl->height || mask.size(1) != tmpl->width) {
+      return fail("mask is " + std::to_string(mask.size(1)) + "x" + std::to_string(mask.size(0)) + ", template is " +
+                  std::to_string(tmpl->width) + "x" + std::to_string(tmpl->height));
+    }
+    const bool any_masked = (mask > 0).any().item<bool>();
+    if (r->req.params.cache == CacheMode::kUse && any_masked) {
+      const ActivationKey key = make_cache_key(*model_, *tmpl, r->req.params.schedule);
+      auto entry = store_->get(key);
+      if (entry.ok()) {
+        create_session(r, *entry);
+      } else {
+        // The loop starts (or joins) the template's prepare job.
+        post({Message::kNeedsPrepare, r, tmpl, key.canonical()});
+      }
+      return;
+    }
+    create_session(r, nullptr);
+  } catch (...) {
+    fail("pre-processing threw: " + exception_text(std::current_exception()));
+  }
+}
+
+void Worker::create_session(const std::shared_ptr<Record>& r, std::shared_ptr<const ActivationEntry> entry) {
+  try {
+    CacheSource source;
+    source.entry = std::move(entry);
+    auto session = EditSession::create(model_, r->tmpl, r->req.params, std::move(source));
+    if (!session.ok()) {
+      complete(r, RequestState::kFailed, session.status());
+      return;
+    }
+    r->session = std::move(*session);
+    const ScheduleSpec s = resolve_schedule(*model_, r->req.params.schedule);
+    r->steps_total = s.steps;
+    r->steps_requested = r->session->done() ? 0 : s.steps - r->session->first_step();
+    r->tokens = r->session->tokens().count();
+    r->total_tokens = int64_t{r->session->tokens().grid_w} * r->session->tokens().grid_h;
+    const int segments = r->session->guided() ? 2 : 1;
+    r->step_work_ms = request_work_ms(*cost_, r->tokens * segments, r->total_tokens, 1);
+    // Replace the submit-time estimate by the exact one.
+    const double exact = r->step_work_ms * r->steps_requested;
+    const double before = r->remaining_work_ms.exchange(exact);
+    work_ms_.fetch_add(exact - before);
+    r->ready_ms = now_ms();
+    post({Message::kReady, r, nullptr, {}});
+  } catch (...) {
+    complete(r, RequestState::kFailed,
+             invalid_argument("request " + std::to_string(r->req.id) +
+                              ": session set-up threw: " + exception_text(std::current_exception())));
+  }
+}
+
+// ---- post-processing (pool) ----
+
+void Worker::finish(const std::shared_ptr<Record>& r) {
+  const uint64_t id = r->req.id;
+  try {
+    if (options_.before_finish) {
+      Status s = options_.before_finish(id);
+      if (!s.ok()) {
+        complete(r, RequestState::kFailed, std::move(s));
+        return;
+      }
+    }
+    auto out = r->session->finish();
+    if (!out.ok()) {
+      complete(r, RequestState::kFailed, out.status());
+      return;
+    }
+    std::vector<std::byte> png;
+    if (r->req.encode_png) {
+      auto encoded = encode_png(out->image);
+      if (!encoded.ok()) {
+        complete(r, RequestState::kFailed, encoded.status());
+        return;
+      }
+      png = std::move(*encoded);
+    }
+    complete(r, RequestState::kDone, {}, std::move(*out), std::move(png));
+  } catch (...) {
+    complete(r, RequestState::kFailed,
+             Status(ErrorCode::kInternal, "request " + std::to_string(id) +
+                                              ": post-processing threw: " + exception_text(std::current_exception())));
+  }
+}
+
+// ---- step loop ----
+
+void Worker::loop() {
+  at::set_num_threads(std::max(1, options_.compute_threads));
+  c10::InferenceMode guard;
+  for (;;) {
+    std::vector<Message> messages;
+    {
+      std::unique_lock lock(inbox_mu_);
+      inbox_cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !active_.empty() || !prepares_.empty(); });
+      if (stop_) break;
+      messages.swap(inbox_);
+    }
+    for (Message& m : messages) handle(m);
+    retire_inactive();
+    const bool have_steps = std::any_of(active_.begin(), active_.end(), [](const auto& r) { return !r->finishing; });
+    if (!prepares_.empty() && (prepare_turn_ || !have_steps)) {
+      run_prepare_slice();
+      prepare_turn_ = false;
+    } else if (have_steps) {
+      run_step();
+      prepare_turn_ = true;
+    }
+    std::erase_if(active_, [](const auto& r) { return r->finishing; });
+    publish_load();
+  }
+}
+
+void Worker::handle(Message& m) {
+  auto& r = m.record;
+  switch (m.kind) {
+    case Message::kReady:
+      r->ready_seq = ++ready_seq_;
+      r->last_advance_ms = now_ms();
+      active_.push_back(r);
+      break;
+    case Message::kNeedsPrepare: {
+      auto recent = recent_.find(m.canonical);
+      if (recent != recent_.end()) {
+        pool_.post([this, r, entry = recent->second] { create_session(r, entry); });
+        break;
+      }
+      auto job = prepares_.find(m.canonical);
+      if (job != prepares_.end()) {
+        r->shared_prepare = true;
+        job->second->waiting.push_back(r);
+        job->second->deadline_abs_ms = std::min(job->second->deadline_abs_ms, r->deadline_abs_ms);
+        break;
+      }
+      if (store_->contains(make_cache_key(*model_, *m.tmpl, r->req.params.schedule))) {
+        // Stored after the pool looked: look again there (get() may read disk).
+        pool_.post([this, r] {
+          auto entry = store_->get(make_cache_key(*model_, *r->tmpl, r->req.params.schedule));
+          if (entry.ok()) {
+            create_session(r, *entry);
+          } else {
+            complete(r, RequestState::kFailed, entry.status());
+          }
+        });
+        break;
+      }
+      start_prepare(r, m.tmpl);
+      break;
+    }
+    case Message::kCancel:
+      break;  // the flag is set; retire_inactive() acts on it at this boundary
+    case Message::kStored:
+      recent_.erase(m.canonical);
+      break;
+  }
+}
+
+void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<const TemplateImage> tmpl) {
+  auto job = std::make_unique<PrepareJob>();
+  job->key = make_cache_key(*model_, *tmpl, r->req.params.schedule);
+  auto sampler = make_model_sampler(*model_, r->req.params.schedule);
+  if (!sampler.ok()) {
+    complete(r, RequestState::kFailed, sampler.status());
+    return;
+  }
+  job->sampler.emplace(std::move(*sampler));
+  const DitConfig& cfg = model_->manifest.dit;
+  job->grid_h = static_cast<int>(tmpl->latent.size(1)) / cfg.patch_size;
+  job->grid_w = static_cast<int>(tmpl->latent.size(2)) / cfg.patch_size;
+  const int64_t tokens = int64_t{job->grid_h} * job->grid_w;
+  job->entry = std::make_shared<ActivationEntry>(
+      ActivationLayout{job->sampler->steps(), cfg.depth, static_cast<int>(tokens), cfg.hidden_size});
+  job->sink = std::make_unique<EntryKvSink>(*job->entry, 0);
+  job->noise = template_noise(*tmpl, resolve_schedule(*model_, r->req.params.schedule).template_seed);
+  job->no_mask = at::zeros({tmpl->latent.size(1), tmpl->latent.size(2)}, at::kFloat);
+  job->ids = at::arange(tokens, at::kLong);
+  job->tmpl = std::move(tmpl);
+  job->deadline_abs_ms = r->deadline_abs_ms;
+  job->step_work_ms = cost_->predict_ms(double(tokens), 1.0, double(tokens) * double(tokens));
+  job->waiting.push_back(r);
+  // The prepare's compute is part of this worker's backlog until it finishes.
+  r->remaining_work_ms.fetch_add(job->step_work_ms * job->sampler->steps());
+  work_ms_.fetch_add(job->step_work_ms * job->sampler->steps());
+  prepares_.emplace(job->key.canonical(), std::move(job));
+}
+
+void Worker::run_prepare_slice() {
+  // Earliest deadline first among jobs that still have someone waiting.
+  for (auto it = prepares_.begin(); it != prepares_.end();) {
+    auto& w = it->second->waiting;
+    std::erase_if(w, [](const auto& r) { return r->ended.load(); });
+    it = w.empty() ? prepares_.erase(it) : std::next(it);
+  }
+  if (prepares_.empty()) return;
+  auto best = prepares_.begin();
+  for (auto it = prepares_.begin(); it != prepares_.end(); ++it) {
+    if (it->second->deadline_abs_ms < best->second->deadline_abs_ms) best = it;
+  }
+  PrepareJob& job = *best->second;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool failed = false;
+  std::string error;
+  try {
+    const Dit& dit = model_->dit;
+    // As EditPipeline::prepare: with an empty mask the input of step i is the template
+    // noised to level i, so no sampler update is needed.
+    const at::Tensor noisy = job.sampler->add_noise(job.tmpl->latent, job.noise, job.step);
+    DitSegment seg;
+    seg.tokens = dit.patchify(model_input(*model_, noisy, job.tmpl->latent, job.no_mask));
+    seg.token_ids = job.ids;
+    seg.grid_h = job.grid_h;
+    seg.grid_w = job.grid_w;
+    seg.cond = dit.conditioning(job.sampler->model_timestep(job.step), at::Tensor());
+    seg.null_cond = seg.cond;
+    seg.full_blocks = model_->manifest.dit.depth;
+    seg.carry_rows = job.ids.narrow(0, 0, 1);  // the prediction is not needed
+    job.sink->set_step(job.step);
+    seg.sink = job.sink.get();
+    DitSegment segs[] = {seg};
+    (void)dit.forward(segs);
+  } catch (...) {
+    failed = true;
+    error = exception_text(std::current_exception());
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  {
+    std::lock_guard lock(metrics_mu_);
+    metrics_.prepare_steps += 1;
+    metrics_.prepare_ms_total += ms;
+  }
+  for (auto& r : job.waiting) take_work(*r, job.step_work_ms / double(job.waiting.size()));
+  const std::string canonical = best->first;
+  if (failed) {
+    for (auto& r : job.waiting) {
+      complete(r, RequestState::kFailed,
+               Status(ErrorCode::kInternal, "prepare of template " + job.tmpl->id + " failed: " + error));
+    }
+    prepares_.erase(best);
+    return;
+  }
+  if (++job.step < job.sampler->steps()) return;
+  std::shared_ptr<const ActivationEntry> entry = job.entry;
+  recent_[canonical] = entry;
+  // put() may spill to disk: never on the loop.
+  pool_.post([this, key = job.key, entry, canonical] {
+    (void)store_->put(key, entry);  // a full store only costs a later re-prepare
+    post({Message::kStored, nullptr, nullptr, canonical});
+  });
+  for (auto& r : job.waiting) {
+    pool_.post([this, r, entry] { create_session(r, entry); });
+  }
+  prepares_.erase(best);
+}
+
+bool Worker::retire(const std::shared_ptr<Record>& r, double now) {
+  if (r->ended) return true;
+  if (r->cancel_requested) {
+    std::unique_lock lock(r->mu);
+    Status why = r->cancel_reason;
+    lock.unlock();
+    complete(r, RequestState::kCancelled, std::move(why));
+    return true;
+  }
+  if (r->req.expire_at_deadline && now > r->deadline_abs_ms) {
+    complete(r, RequestState::kExpired,
+             out_of_range("request " + std::to_string(r->req.id) + " missed its deadline of " +
+                          std::to_string(r->deadline_rel_ms) + " ms"));
+    return true;
+  }
+  return false;
+}
+
+void Worker::retire_inactive() {
+  const double now = now_ms();
+  for (auto& [key, job] : prepares_) {
+    std::erase_if(job->waiting, [&](const std::shared_ptr<Record>& r) { return retire(r, now); });
+  }
+  std::erase_if(active_, [&](const std::shared_ptr<Record>& r) {
+    if (retire(r, now)) return true;
+    if (!r->finishing && r->session->done()) {
+      // Nothing to denoise (empty mask, or steps complete): straight to post-processing.
+      {
+        std::lock_guard lock(r->mu);
+        if (r->life.state() == RequestState::kPreparing) (void)r->life.transition(RequestState::kRunning, now);
+      }
+      r->finishing = true;
+      r->finish_ms = now;
+      pool_.post([this, r] { finish(r); });
+      return true;
+    }
+    return false;
+  });
+}
+
+void Worker::run_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double now = now_ms();
+  std::vector<SchedCandidate> candidates;
+  std::unordered_map<uint64_t, std::shared_ptr<Record>> by_id;
+  double total_sum = 0;
+  for (const auto& r : active_) {
+    if (r->finishing) continue;
+    SchedCandidate c;
+    c.id = r->req.id;
+    c.tokens = r->tokens * (r->session->guided() ? 2 : 1);
+    c.steps_left = r->steps_total - r->session->step();
+    c.min_steps_left = c.steps_left;  // no step reduction (see WorkerOptions::scheduler)
+    c.deadline_ms = r->deadline_abs_ms;
+    c.cls = r->req.cls;
+    c.waiting_ms = now - r->last_advance_ms;
+    candidates.push_back(c);
+    by_id[c.id] = r;
+    total_sum += double(r->total_tokens);
+  }
+  if (candidates.empty()) return;
+  const double mean_total = total_sum / double(candidates.size());
+  const auto step_ms = [&](int64_t tokens, int batch) {
+    return cost_->predict_ms(double(tokens), double(batch), double(tokens) * mean_total);
+  };
+  const SchedDecision decision = selector_.select(candidates, now, step_ms);
+  const auto t1 = std::chrono::steady_clock::now();
+  if (decision.advance.empty()) return;
+
+  std::vector<std::shared_ptr<Record>> batch;
+  std::vector<DitSegment> segments;
+  std::vector<uint64_t> ids;
+  bool failed = false;
+  std::string error;
+  at::Tensor rows;
+  std::chrono::steady_clock::time_point t2, t3;
+  try {
+    for (uint64_t id : decision.advance) {
+      auto& r = by_id.at(id);
+      batch.push_back(r);
+      ids.push_back(id);
+      for (const DitSegment& s : r->session->segments()) segments.push_back(s);
+    }
+    t2 = std::chrono::steady_clock::now();
+    if (options_.before_step) options_.before_step(ids);
+    rows = model_->dit.forward(segments);
+    t3 = std::chrono::steady_clock::now();
+  } catch (...) {
+    failed = true;
+    error = exception_text(std::current_exception());
+    t2 = t3 = std::chrono::steady_clock::now();
+  }
+  const double step_start_ms = now_ms();
+  int64_t offset = 0;
+  for (auto& r : batch) {
+    if (failed) {
+      complete(r, RequestState::kFailed,
+               Status(ErrorCode::kInternal, "step of request " + std::to_string(r->req.id) + " failed: " + error));
+      continue;
+    }
+    const int64_t n = r->session->prediction_rows();
+    Status applied;
+    try {
+      applied = r->session->apply(rows.narrow(0, offset, n));
+    } catch (...) {
+      applied = Status(ErrorCode::kInternal, "sampler update of request " + std::to_string(r->req.id) +
+                                                 " threw: " + exception_text(std::current_exception()));
+    }
+    offset += n;
+    if (!applied.ok()) {
+      complete(r, RequestState::kFailed, std::move(applied));
+      continue;
+    }
+    {
+      std::lock_guard lock(r->mu);
+      if (r->life.state() == RequestState::kPreparing) (void)r->life.transition(RequestState::kRunning, step_start_ms);
+    }
+    if (r->first_step_ms < 0) r->first_step_ms = step_start_ms;
+    r->last_step_ms = now_ms();
+    r->last_advance_ms = r->last_step_ms;
+    ++r->steps_run;
+    take_work(*r, r->step_work_ms);
+    if (r->req.on_progress) {
+      RequestProgress p{r->req.id, r->steps_run, r->steps_requested};
+      notify(r, [cb = r->req.on_progress, p] { cb(p); });
+    }
+    const int every = r->req.preview_every_steps;
+    if (every > 0 && r->req.on_preview && r->steps_run % every == 0 && !r->session->done()) {
+      at::Tensor latent = r->session->predicted_latent();
+      notify(r, [this, r, latent, done = r->steps_run] {
+        try {
+          const int f = model_->manifest.autoencoder.factor;
+          const PixelRect box = bounding_box(r->req.params.mask, 0, f);
+          if (box.empty() || !model_->autoencoder) return;
+          at::Tensor z = to_autoencoder_scale(*model_, latent).unsqueeze(0);
+          at::Tensor rgb = model_->autoencoder->decode_crop(z, box.x / f, box.y / f, (box.width + f - 1) / f,
+                                                           (box.height + f - 1) / f, 2)[0];
+          r->req.on_preview(r->req.id, done, rgb);
+        } catch (...) {
+          // A failed preview does not fail the edit; the final result still comes.
+        }
+      });
+    }
+  }
+  const auto t4 = std::chrono::steady_clock::now();
+  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  std::lock_guard lock(metrics_mu_);
+  WorkerMetrics& m = metrics_;
+  if (failed) {
+    m.failed_steps += 1;
+    return;
+  }
+  m.steps += 1;
+  m.requests_advanced += batch.size();
+  m.max_batch = std::max<int>(m.max_batch, static_cast<int>(batch.size()));
+  m.sched_ms_total += ms(t0, t1);
+  m.pack_ms_total += ms(t1, t2);
+  m.step_ms_total += ms(t2, t4);
+  m.recent_step_ms.push_back(ms(t1, t4));
+  m.recent_batch.push_back(static_cast<int>(batch.size()));
+  if (m.recent_step_ms.size() > WorkerMetrics::kRecent) {
+    m.recent_step_ms.erase(m.recent_step_ms.begin());
+    m.recent_batch.erase(m.recent_batch.begin());
+  }
+}
+
+void Worker::publish_load() {
+  int max_left = 0;
+  for (const auto& r : active_) {
+    if (!r->finishing && r->session) max_left = std::max(max_left, r->steps_total - r->session->step());
+  }
+  max_steps_left_.store(max_left);
+}
+
+}  // namespace infill

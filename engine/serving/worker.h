@@ -1,0 +1,160 @@
+#pragma once
+/// One worker: a step loop on its own thread that owns a device's compute (here: a share of
+/// the CPU cores) and advances all its requests with continuous batching at step granularity.
+///
+/// Per step boundary the loop drains its inbox (new sessions, cancels), retires cancelled and
+/// expired requests, lets its BatchSelector choose the batch within the token budget, packs
+/// the segments of every chosen session into one Dit::forward, splits the rows back and
+/// applies them. Requests join at any boundary and leave as soon as they finish.
+/// Pre-processing (template decode, mask to tokens, cache look-up, session set-up) and
+/// post-processing (decode, composite, PNG) run on the shared TaskPool, never on the loop.
+///
+/// Prepare jobs (a template without a cache entry) run on the loop, sliced one denoising step
+/// per slice and interleaved with batched steps, earliest deadline first: a prepare is a full
+/// forward that would compete for the same cores on any other thread, and slicing keeps the
+/// running requests moving. Requests on the same template share one job.
+///
+/// Threading: submit(), cancel(), load(), metrics() are safe from any thread. Callbacks run on
+/// the TaskPool. Every error is reported in the request's result; no exception leaves the loop.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/activation_store.h"
+#include "model/model.h"
+#include "serving/batch_policy.h"
+#include "serving/cost_model.h"
+#include "serving/router.h"
+#include "serving/serving_metrics.h"
+#include "serving/serving_request.h"
+#include "serving/task_pool.h"
+
+namespace infill {
+
+struct WorkerOptions {
+  int index = 0;
+  /// libtorch intra-op threads of this worker's step loop.
+  int compute_threads = 1;
+  BatchingPolicy policy = BatchingPolicy::kDeadline;
+  /// Packed masked tokens per step (a single larger request still runs, alone).
+  int64_t token_budget = 2048;
+  /// allow_step_reduction is ignored (treated as false): EditSession cannot yet skip a
+  /// denoising level, so the worker never cuts steps and every result reports steps_dropped 0.
+  SchedulerOptions scheduler;
+  /// Time zero of every timestamp (ms since this instant).
+  std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
+  /// Fault injection for tests: called on the loop with the ids of a step's batch just before
+  /// its forward; an exception thrown here fails those requests like a failed forward would.
+  std::function<void(std::span<const uint64_t> ids)> before_step;
+  /// Fault injection for tests: called on the pool before a request's post-processing; an
+  /// error fails that request.
+  std::function<Status(uint64_t id)> before_finish;
+};
+
+class Worker {
+ public:
+  /// `store` holds prepared templates (required). `cost` predicts step latency for the
+  /// scheduler and the backlog reported to the router. `pool` must outlive the worker.
+  Worker(std::shared_ptr<const Model> model, std::shared_ptr<ActivationStore> store,
+         std::shared_ptr<const StepCostModel> cost, TaskPool& pool, WorkerOptions options);
+  /// Stops the loop: every request not yet terminal ends as cancelled ("worker stopped").
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  /// Queues a request (state queued at `submitted_ms`, ms since the epoch) and starts its
+  /// pre-processing. The caller (the runtime) checked that the id is non-zero and unique.
+  void submit(ServingRequest request, double submitted_ms);
+  /// Cancels a request at its next step boundary (or before it starts); `reason` is reported.
+  /// Unknown or finished ids are ignored. Returns whether the id was live here.
+  bool cancel(uint64_t id, Status reason);
+
+  /// Requests not yet terminal and the predicted time to drain them (see router.h).
+  WorkerLoad load() const;
+  WorkerMetrics metrics() const;
+  /// Metrics of the most recent terminal requests (at most kRecentRequests), oldest first.
+  std::vector<RequestMetrics> recent_requests() const;
+  static constexpr size_t kRecentRequests = 4096;
+  /// Blocks until no request is live here or `timeout_ms` passed; true when idle.
+  bool wait_idle(double timeout_ms) const;
+  int index() const { return options_.index; }
+  /// Request records alive in every worker of the process (for leak checks).
+  static int64_t live_records();
+
+  double now_ms() const;
+
+ private:
+  struct Record;
+  struct PrepareJob;
+  struct Message;
+
+  void loop();
+  void post(Message message);
+  void handle(Message& message);
+  void preprocess(const std::shared_ptr<Record>& r);
+  void create_session(const std::shared_ptr<Record>& r, std::shared_ptr<const ActivationEntry> entry);
+  void start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<const TemplateImage> tmpl);
+  void run_prepare_slice();
+  void run_step();
+  void retire_inactive();
+  /// Ends `r` if it was cancelled or expired (or already ended); true when it is gone.
+  bool retire(const std::shared_ptr<Record>& r, double now);
+  void finish(const std::shared_ptr<Record>& r);
+  /// Moves `r` to a terminal state (first caller wins), accounts for it and posts on_complete.
+  void complete(const std::shared_ptr<Record>& r, RequestState state, Status status, EditOutput output = {},
+                std::vector<std::byte> png = {});
+  /// Runs a client callback of `r` on the pool after every earlier one of `r` has run.
+  void notify(const std::shared_ptr<Record>& r, std::function<void()> callback);
+  void take_work(Record& r, double ms);
+  void publish_load();
+
+  std::shared_ptr<const Model> model_;
+  std::shared_ptr<ActivationStore> store_;
+  std::shared_ptr<const StepCostModel> cost_;
+  TaskPool& pool_;
+  WorkerOptions options_;
+
+  // Inbox: the only way other threads reach the loop's state.
+  mutable std::mutex inbox_mu_;
+  std::condition_variable inbox_cv_;
+  std::vector<Message> inbox_;
+  bool stop_ = false;
+
+  // Live records by id, for cancel() from any thread; erased when terminal.
+  mutable std::mutex records_mu_;
+  mutable std::condition_variable idle_cv_;
+  std::unordered_map<uint64_t, std::shared_ptr<Record>> records_;
+
+  // Owned by the loop thread.
+  BatchSelector selector_;
+  std::vector<std::shared_ptr<Record>> active_;  // sessions the loop steps, in arrival order
+  std::map<std::string, std::unique_ptr<PrepareJob>> prepares_;  // by cache key
+  std::map<std::string, std::shared_ptr<const ActivationEntry>> recent_;  // prepared, not yet stored
+  uint64_t ready_seq_ = 0;
+  bool prepare_turn_ = false;
+
+  // Load reported to the router.
+  std::atomic<int> requests_{0};
+  std::atomic<double> work_ms_{0.0};
+  std::atomic<int> max_steps_left_{0};
+
+  mutable std::mutex metrics_mu_;
+  WorkerMetrics metrics_;
+  std::deque<RequestMetrics> recent_requests_;
+
+  std::thread thread_;
+};
+
+}  // namespace infill

@@ -1,0 +1,110 @@
+// Config parsing, listen addresses, the token file, multipart and base64: pure functions.
+#include "support/catch.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "server/multipart.h"
+#include "server/server_config.h"
+#include "support/temp_dir.h"
+
+using namespace infill;
+
+TEST_CASE("engine config: known keys parse, unknown keys and bad values are errors naming the key", "[server][config]") {
+  auto c = parse_engine_config(R"({"listen": "127.0.0.1:9000", "workers": 2, "allowed_origins": ["http://localhost:3000"],
+                                   "limits": {"max_body_bytes": 2048, "header_timeout_ms": 500}})",
+                               "engine.json");
+  REQUIRE(c.ok());
+  CHECK(c->listen == "127.0.0.1:9000");
+  CHECK(c->workers == 2);
+  CHECK(c->allowed_origins.size() == 1);
+  CHECK(c->limits.max_body_bytes == 2048);
+  CHECK(c->limits.header_timeout_ms == 500);
+
+  auto unknown = parse_engine_config(R"({"limits": {"max_body_byte": 1}})", "engine.json");
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.status().message().find("engine.json: limits.max_body_byte is not a known key") == 0);
+  auto type = parse_engine_config(R"({"workers": "two"})", "e.json");
+  REQUIRE_FALSE(type.ok());
+  CHECK(type.status().message() == "e.json: workers must be an integer");
+  auto range = parse_engine_config(R"({"workers": 0})", "e.json");
+  REQUIRE_FALSE(range.ok());
+  CHECK(range.status().message().find("workers is 0") != std::string::npos);
+  CHECK_FALSE(parse_engine_config("{not json", "e.json").ok());
+  CHECK_FALSE(parse_engine_config("[]", "e.json").ok());
+  CHECK_FALSE(parse_engine_config(R"({"listen": "nowhere"})", "e.json").ok());
+  CHECK(load_engine_config("/nonexistent/engine.json").status().code() == ErrorCode::kNotFound);
+}
+
+TEST_CASE("listen addresses", "[server][config]") {
+  auto v4 = parse_listen_address("127.0.0.1:8080");
+  REQUIRE(v4.ok());
+  CHECK(v4->first == "127.0.0.1");
+  CHECK(v4->second == 8080);
+  auto v6 = parse_listen_address("[::1]:0");
+  REQUIRE(v6.ok());
+  CHECK(v6->first == "::1");
+  CHECK_FALSE(parse_listen_address("127.0.0.1").ok());
+  CHECK_FALSE(parse_listen_address("127.0.0.1:65536").ok());
+  CHECK_FALSE(parse_listen_address(":80").ok());
+  CHECK_FALSE(parse_listen_address("[::1]80").ok());
+}
+
+TEST_CASE("the token is created once with mode 0600 and refused when others can read it", "[server][config]") {
+  test::TempDir dir("infill-token");
+  const std::string path = dir.file("conf/token");
+  auto a = load_or_create_token(path);
+  REQUIRE(a.ok());
+  CHECK(a->size() == 64);
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  REQUIRE(::stat(dir.file("conf").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  auto b = load_or_create_token(path);
+  REQUIRE(b.ok());
+  CHECK(*a == *b);
+  auto other = load_or_create_token(dir.file("conf/token2"));
+  REQUIRE(other.ok());
+  CHECK(*other != *a);
+  ::chmod(path.c_str(), 0644);
+  CHECK_FALSE(load_or_create_token(path).ok());
+  CHECK(constant_time_equal("abc", "abc"));
+  CHECK_FALSE(constant_time_equal("abc", "abd"));
+  CHECK_FALSE(constant_time_equal("abc", "abcd"));
+  CHECK_FALSE(constant_time_equal("", "a"));
+}
+
+TEST_CASE("multipart bodies and base64", "[server][multipart]") {
+  auto b = multipart_boundary("multipart/form-data; boundary=\"abc;def\"");
+  REQUIRE(b.ok());
+  CHECK(*b == "abc;def");
+  CHECK_FALSE(multipart_boundary("application/json").ok());
+  CHECK_FALSE(multipart_boundary("multipart/form-data").ok());
+
+  const std::string body =
+      "--XX\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n1\r\n"
+      "--XX\r\nContent-Disposition: form-data; name=\"f\"; filename=\"m.png\"\r\nContent-Type: image/png\r\n\r\n\x89PNG\r\n--\r\n"
+      "--XX--\r\n";
+  auto parts = parse_multipart(body, "XX");
+  REQUIRE(parts.ok());
+  REQUIRE(parts->size() == 2);
+  CHECK((*parts)[0].name == "a");
+  CHECK((*parts)[0].data == "1");
+  CHECK((*parts)[1].filename == "m.png");
+  CHECK((*parts)[1].content_type == "image/png");
+  CHECK((*parts)[1].data == "\x89PNG\r\n--");
+  CHECK_FALSE(parse_multipart("no boundary here", "XX").ok());
+  CHECK_FALSE(parse_multipart(body.substr(0, 60), "XX").ok());
+  CHECK_FALSE(parse_multipart("--XX\r\nX-Other: 1\r\n\r\ndata\r\n--XX--", "XX").ok());
+
+  for (const std::string& s : std::vector<std::string>{"", "f", "fo", "foo", "foob", "fooba", "foobar", std::string("\0\xff\x10", 3)}) {
+    auto d = base64_decode(base64_encode(s));
+    REQUIRE(d.ok());
+    CHECK(*d == s);
+  }
+  CHECK(base64_encode("foobar") == "Zm9vYmFy");
+  CHECK_FALSE(base64_decode("Zm9v!").ok());
+  CHECK_FALSE(base64_decode("Zm=9v").ok());
+}
