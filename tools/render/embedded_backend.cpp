@@ -1,0 +1,193 @@
+#include "embedded_backend.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "cache/activation_store.h"
+#include "model/compute_threads.h"
+#include "model/model.h"
+#include "model/prompt_encoder.h"
+#include "pipeline/mask.h"
+#include "pipeline/template_image.h"
+#include "serving/cost_model.h"
+#include "serving/serving_runtime.h"
+
+namespace infill::render {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The runtime's router and scheduler need a step cost model, but with one worker and requests
+// of one class only their ordering depends on it: fixed plausible coefficients (as the
+// engine uses without calibration) spare a start-up timing run per farm task.
+Result<StepCostModel> fixed_cost_model() {
+  std::vector<StepSample> s;
+  for (double t : {4.0, 16.0, 64.0})
+    for (double b : {1.0, 2.0, 4.0})
+      for (double a : {50.0, 500.0, 4000.0}) s.push_back({t, b, a, 0.5 + 0.01 * t + 0.05 * b + 0.0001 * a});
+  return StepCostModel::fit(s);
+}
+
+RenderFailure failure_of(const Status& s) {
+  switch (s.code()) {
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kNotFound:
+    case ErrorCode::kCorruptData:
+    case ErrorCode::kOutOfRange: return RenderFailure::kBadInput;
+    case ErrorCode::kCancelled: return RenderFailure::kCancelled;
+    default: return RenderFailure::kInternal;
+  }
+}
+
+class EmbeddedBackend final : public RenderBackend {
+ public:
+  EmbeddedBackend(std::shared_ptr<const Model> model, std::unique_ptr<ServingRuntime> runtime, BackendInfo info)
+      : model_(std::move(model)), runtime_(std::move(runtime)), info_(std::move(info)) {}
+  ~EmbeddedBackend() override {
+    // Stop the workers before the templates and masks they may still reference go.
+    runtime_.reset();
+  }
+
+  const BackendInfo& info() const override { return info_; }
+
+  Status submit(const RenderEdit& edit, RenderEvents events, RenderFailure& failure) override {
+    c10::InferenceMode guard;
+    failure = RenderFailure::kBadInput;
+    auto tmpl = template_of(edit.template_path);
+    if (!tmpl.ok()) return tmpl.status();
+    auto mask = mask_of(edit.mask_path, **tmpl);
+    if (!mask.ok()) return mask.status();
+    auto prompt = encode_prompt(model_->manifest, edit.prompt);
+    if (!prompt.ok()) return prompt.status();
+
+    ServingRequest r;
+    r.id = edit.id;
+    r.client_id = 1;
+    r.tmpl = *tmpl;
+    r.params.mask = *mask;
+    r.params.prompt = *prompt;
+    r.params.guidance_scale = edit.guidance;
+    r.params.seed = edit.seed;
+    r.params.strength = edit.strength;
+    r.params.schedule.sampler = edit.sampler;
+    r.params.schedule.steps = edit.steps;
+    r.params.cache = edit.use_cache ? CacheMode::kUse : CacheMode::kOff;
+    r.params.halo_tokens = edit.halo;
+    r.params.feather_px = static_cast<float>(edit.feather);
+    r.cls = RequestClass::kBatch;
+    // The run's deadline is enforced by the runner; the runtime orders by submission.
+    r.deadline_ms = 24.0 * 3600 * 1000;
+    r.encode_png = true;
+    r.on_progress = [cb = events.on_progress](const RequestProgress& p) {
+      if (cb) cb(p.id, p.steps_done, p.steps_total);
+    };
+    r.on_complete = [cb = events.on_complete](const RequestResult& res) {
+      RenderOutcome o;
+      o.id = res.id;
+      o.steps_run = res.output.steps_run;
+      o.used_cache = res.output.used_cache;
+      switch (res.state) {
+        case RequestState::kDone: o.png = res.png; break;
+        case RequestState::kCancelled:
+          o.status = res.status.ok() ? Status(ErrorCode::kCancelled, "cancelled") : res.status;
+          o.failure = RenderFailure::kCancelled;
+          break;
+        case RequestState::kExpired:
+          o.status = res.status.ok() ? Status(ErrorCode::kOutOfRange, "expired at its deadline") : res.status;
+          o.failure = RenderFailure::kDeadline;
+          break;
+        default:
+          o.status = res.status.ok() ? Status(ErrorCode::kInternal, "failed") : res.status;
+          o.failure = failure_of(o.status);
+          break;
+      }
+      if (cb) cb(std::move(o));
+    };
+    failure = RenderFailure::kInternal;
+    return runtime_->submit(std::move(r));
+  }
+
+  void cancel(uint64_t id) override { runtime_->cancel(id); }
+
+ private:
+  // Decoded and encoded once per file: every edit on a template shares it (and its cache key).
+  Result<std::shared_ptr<const TemplateImage>> template_of(const std::string& path) {
+    auto it = templates_.find(path);
+    if (it != templates_.end()) return it->second;
+    auto t = load_template(*model_, path);
+    if (!t.ok()) return t.status();
+    templates_.emplace(path, *t);
+    return *t;
+  }
+  Result<at::Tensor> mask_of(const std::string& path, const TemplateImage& tmpl) {
+    const std::string key = path + "@" + std::to_string(tmpl.width) + "x" + std::to_string(tmpl.height);
+    auto it = masks_.find(key);
+    if (it != masks_.end()) return it->second;
+    auto m = load_mask(path, tmpl.width, tmpl.height);
+    if (!m.ok()) return m.status();
+    masks_.emplace(key, *m);
+    return *m;
+  }
+
+  std::shared_ptr<const Model> model_;
+  std::unique_ptr<ServingRuntime> runtime_;
+  BackendInfo info_;
+  // Owned by the runner's thread (submit()).
+  std::map<std::string, std::shared_ptr<const TemplateImage>> templates_;
+  std::map<std::string, at::Tensor> masks_;
+};
+
+}  // namespace
+
+std::string bundled_model_path() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  const fs::path dir = exe.parent_path();
+  for (const fs::path& candidate :
+       {dir / "../share/infill/models/infill-tiny", dir / "../resources/models/infill-tiny",
+        fs::path(INFILL_SOURCE_DIR) / "resources/models/infill-tiny"}) {
+    if (fs::exists(candidate / "manifest.json", ec)) return fs::weakly_canonical(candidate, ec).string();
+  }
+  return "";
+}
+
+Result<std::unique_ptr<RenderBackend>> open_embedded_backend(const EmbeddedOptions& options) {
+  const std::string path = options.model_path.empty() ? bundled_model_path() : options.model_path;
+  if (path.empty()) return not_found("no model: the bundled infill-tiny was not found; pass --model DIR");
+  const int threads = options.threads > 0 ? options.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  set_compute_threads(threads);
+  c10::InferenceMode guard;
+  auto model = load_model(path);
+  if (!model.ok()) return Status(model.status().code(), "model " + path + ": " + model.status().message());
+  ActivationStoreOptions so;
+  so.ram_budget_bytes = options.ram_cache_bytes;
+  so.disk_dir = options.cache_dir;
+  so.disk_budget_bytes = uint64_t{16} << 30;
+  auto store = ActivationStore::open(so);
+  if (!store.ok()) return store.status();
+  auto cost = fixed_cost_model();
+  if (!cost.ok()) return cost.status();
+  RuntimeOptions ro;
+  ro.workers = 1;
+  ro.threads_per_worker = threads;
+  ro.pool_threads = 1;
+  auto runtime = ServingRuntime::create(*model, std::shared_ptr<ActivationStore>(std::move(*store)),
+                                        std::make_shared<const StepCostModel>(*cost), ro);
+  if (!runtime.ok()) return runtime.status();
+
+  BackendInfo info;
+  info.model_id = (*model)->id;
+  info.where = "embedded";
+  const ModelManifest& m = (*model)->manifest;
+  info.default_steps = m.sampler.steps;
+  info.default_sampler = m.sampler.sampler;
+  info.default_guidance = m.default_guidance;
+  if (m.has_prompt) info.vocabulary = m.prompt.vocabulary;
+  return std::unique_ptr<RenderBackend>(new EmbeddedBackend(*model, std::move(*runtime), std::move(info)));
+}
+
+}  // namespace infill::render
