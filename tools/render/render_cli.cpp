@@ -57,82 +57,96 @@ bool parse_positive(const std::string& text, int max, int& out) {
   return out >= 1 && out <= max;
 }
 
-}  // namespace
-
-int render_main(int argc, char** argv, std::ostream& out, std::ostream& err, int& stop_signal) {
-  const auto t_start = std::chrono::steady_clock::now();
-  stop_signal = 0;
-  RenderProtocol protocol(out, err);
-  auto bad = [&](const std::string& message) {
-    protocol.error(message);
-    return static_cast<int>(kExitBadJob);
-  };
-
-  std::map<std::string, std::string> opts;
+// The command line, checked.
+struct CliOptions {
   std::string job_path;
+  std::optional<std::string> items;
+  bool force = false, no_cache = false, list = false, help = false;
+  std::optional<EngineAddress> engine;
+  std::string token_file;
+  std::optional<std::string> model, cache_dir;
+  int threads = 0;
+  int max_in_flight = 8;
+  std::optional<double> deadline_s;
+};
+
+// Returns an error message, or "" when `o` is complete.
+std::string parse_cli(int argc, char** argv, CliOptions& o) {
   const std::map<std::string, bool> known = {
-      {"--items", true},   {"--force", false},   {"--engine", true},        {"--token-file", true},
-      {"--model", true},   {"--cache-dir", true}, {"--no-cache", false},    {"--threads", true},
+      {"--items", true},   {"--force", false},    {"--engine", true},     {"--token-file", true},
+      {"--model", true},   {"--cache-dir", true}, {"--no-cache", false},  {"--threads", true},
       {"--max-in-flight", true}, {"--deadline", true}, {"--list", false}, {"--help", false}};
+  std::map<std::string, std::string> opts;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.size() > 1 && arg[0] == '-') {
       auto it = known.find(arg);
-      if (it == known.end()) return bad("unknown option " + arg + "; expected one of the options of infill-render --help");
+      if (it == known.end()) return "unknown option " + arg + "; expected one of the options of infill-render --help";
       if (it->second) {
-        if (i + 1 >= argc) return bad(arg + " needs a value");
+        if (i + 1 >= argc) return arg + " needs a value";
         opts[arg] = argv[++i];
       } else {
         opts.emplace(arg, std::string());
       }
-    } else if (job_path.empty()) {
-      job_path = arg;
+    } else if (o.job_path.empty()) {
+      o.job_path = arg;
     } else {
-      return bad("a second job file " + arg + "; expected one JOB.json (run the jobs one after another)");
+      return "a second job file " + arg + "; expected one JOB.json (run the jobs one after another)";
     }
   }
-  if (opts.count("--help")) {
-    out << kUsage;
-    return kExitOk;
-  }
-  if (job_path.empty()) return bad("no job file; expected: infill-render JOB.json [options] (see --help)");
-  int threads = 0, max_in_flight = 8;
-  if (opts.count("--threads") && !parse_positive(opts["--threads"], 1024, threads))
-    return bad("--threads is " + opts["--threads"] + "; expected an integer in 1..1024");
-  if (opts.count("--max-in-flight") && !parse_positive(opts["--max-in-flight"], 4096, max_in_flight))
-    return bad("--max-in-flight is " + opts["--max-in-flight"] + "; expected an integer in 1..4096");
-  std::optional<double> deadline_flag;
+  o.help = opts.count("--help") > 0;
+  if (o.help) return "";
+  if (o.job_path.empty()) return "no job file; expected: infill-render JOB.json [options] (see --help)";
+  o.force = opts.count("--force") > 0;
+  o.no_cache = opts.count("--no-cache") > 0;
+  o.list = opts.count("--list") > 0;
+  if (opts.count("--items")) o.items = opts["--items"];
+  if (opts.count("--model")) o.model = opts["--model"];
+  if (opts.count("--cache-dir")) o.cache_dir = opts["--cache-dir"];
+  if (opts.count("--token-file")) o.token_file = opts["--token-file"];
+  if (opts.count("--threads") && !parse_positive(opts["--threads"], 1024, o.threads))
+    return "--threads is " + opts["--threads"] + "; expected an integer in 1..1024";
+  if (opts.count("--max-in-flight") && !parse_positive(opts["--max-in-flight"], 4096, o.max_in_flight))
+    return "--max-in-flight is " + opts["--max-in-flight"] + "; expected an integer in 1..4096";
   if (opts.count("--deadline")) {
+    const std::string& text = opts["--deadline"];
     char* end = nullptr;
-    const double d = std::strtod(opts["--deadline"].c_str(), &end);
-    if (end == opts["--deadline"].c_str() || *end != '\0' || !(d > 0) || d > 1e7)
-      return bad("--deadline is " + opts["--deadline"] + "; expected seconds, a number in (0, 1e7]");
-    deadline_flag = d;
+    const double d = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || *end != '\0' || !(d > 0) || d > 1e7)
+      return "--deadline is " + text + "; expected seconds, a number in (0, 1e7]";
+    o.deadline_s = d;
   }
-  std::optional<EngineAddress> engine;
   if (opts.count("--engine")) {
     auto parsed = parse_engine_address(opts["--engine"]);
-    if (!parsed.ok()) return bad(parsed.status().message());
-    engine = *parsed;
-    if (opts.count("--model") || opts.count("--cache-dir") || opts.count("--threads"))
-      return bad("--model, --cache-dir and --threads configure the embedded engine; expected none of them with --engine");
+    if (!parsed.ok()) return parsed.status().message();
+    o.engine = *parsed;
+    if (o.model || o.cache_dir || opts.count("--threads"))
+      return "--model, --cache-dir and --threads configure the embedded engine; expected none of them with --engine";
+    if (!o.engine->host.empty() && o.token_file.empty())
+      return "--engine " + o.engine->text + " needs --token-file (TCP engines require a bearer token)";
   } else if (opts.count("--token-file")) {
-    return bad("--token-file without --engine; expected it only with --engine http://HOST:PORT");
+    return "--token-file without --engine; expected it only with --engine http://HOST:PORT";
   }
+  return "";
+}
 
-  // Before any thread exists (OIIO, libtorch and the runtime start theirs below).
-  SignalWatcher signals;
-
-  auto job = load_job(job_path);
+// Everything after the command line; `stop_signal` is set when a signal stopped the run.
+int run_job_file(const CliOptions& o, std::chrono::steady_clock::time_point t_start, SignalWatcher& signals,
+                 RenderProtocol& protocol, std::ostream& out, int& stop_signal) {
+  auto bad = [&](const std::string& message) {
+    protocol.error(message);
+    return static_cast<int>(kExitBadJob);
+  };
+  auto job = load_job(o.job_path);
   if (!job.ok()) return bad(job.status().message());
   const int item_count = static_cast<int>(job->items.size());
   ItemRange range{1, item_count};
-  if (opts.count("--items")) {
-    auto r = parse_item_range(opts["--items"], item_count);
+  if (o.items) {
+    auto r = parse_item_range(*o.items, item_count);
     if (!r.ok()) return bad(r.status().message());
     range = *r;
   }
-  if (opts.count("--list")) {
+  if (o.list) {
     for (const Job::Item& it : job->items)
       if (it.number >= range.first && it.number <= range.last) out << it.number << "\t" << it.output << "\n";
     out.flush();
@@ -140,10 +154,10 @@ int render_main(int argc, char** argv, std::ostream& out, std::ostream& err, int
   }
 
   std::unique_ptr<RenderBackend> backend;
-  if (engine) {
+  if (o.engine) {
     RemoteOptions ro;
-    ro.address = *engine;
-    if (opts.count("--token-file")) ro.token_file = opts["--token-file"];
+    ro.address = *o.engine;
+    ro.token_file = o.token_file;
     auto opened = open_remote_backend(ro);
     if (!opened.ok()) {
       protocol.error(opened.status().message());
@@ -152,10 +166,10 @@ int render_main(int argc, char** argv, std::ostream& out, std::ostream& err, int
     backend = std::move(*opened);
   } else {
     EmbeddedOptions eo;
-    eo.model_path = opts.count("--model") ? opts["--model"] : job->model;
-    eo.cache_dir = opts.count("--cache-dir") ? opts["--cache-dir"] : default_cache_dir();
+    eo.model_path = o.model ? *o.model : job->model;
+    eo.cache_dir = o.cache_dir ? *o.cache_dir : default_cache_dir();
     if (eo.cache_dir == "none") eo.cache_dir.clear();
-    eo.threads = threads;
+    eo.threads = o.threads;
     auto opened = open_embedded_backend(eo);
     if (!opened.ok()) {
       protocol.error("the embedded engine cannot start: " + opened.status().message());
@@ -169,10 +183,10 @@ int render_main(int argc, char** argv, std::ostream& out, std::ostream& err, int
 
   RunOptions ro;
   ro.range = range;
-  ro.force = opts.count("--force") > 0;
-  ro.max_in_flight = max_in_flight;
-  ro.use_cache = !opts.count("--no-cache");
-  ro.deadline_s = deadline_flag ? *deadline_flag : job->deadline_s;
+  ro.force = o.force;
+  ro.max_in_flight = o.max_in_flight;
+  ro.use_cache = !o.no_cache;
+  ro.deadline_s = o.deadline_s ? *o.deadline_s : job->deadline_s;
   if (ro.deadline_s > 0)
     ro.deadline = t_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                 std::chrono::duration<double>(ro.deadline_s));
@@ -181,11 +195,32 @@ int render_main(int argc, char** argv, std::ostream& out, std::ostream& err, int
   const RunReport report = runner.run(*items, ro);
   signals.on_signal({});
   backend.reset();  // cancels and joins the engine's threads
-  if (report.signal) {
-    stop_signal = report.signal;
-    return 128 + report.signal;
-  }
+  if (report.signal) stop_signal = report.signal;
   return report.exit_code;
+}
+
+}  // namespace
+
+int render_main(int argc, char** argv, std::ostream& out, std::ostream& err, int& stop_signal) {
+  const auto t_start = std::chrono::steady_clock::now();
+  stop_signal = 0;
+  RenderProtocol protocol(out, err);
+  CliOptions o;
+  if (std::string e = parse_cli(argc, argv, o); !e.empty()) {
+    protocol.error(e);
+    return kExitBadJob;
+  }
+  if (o.help) {
+    out << kUsage;
+    return kExitOk;
+  }
+  // Before any thread exists (OIIO, libtorch and the runtime start theirs).
+  SignalWatcher signals;
+  const int code = run_job_file(o, t_start, signals, protocol, out, stop_signal);
+  // A signal that came before the runner existed (say, while the model loaded) still ends
+  // the process by that signal.
+  if (!stop_signal && signals.received()) stop_signal = signals.received();
+  return stop_signal ? 128 + stop_signal : code;
 }
 
 }  // namespace infill::render
