@@ -1,0 +1,678 @@
+// The C API: argument checks, JSON in and out, and the one place where internal errors become
+// infill_error objects (to_c). No exception leaves this file: every entry point catches.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "client_core.h"
+#include "codec.h"
+#include "endpoint.h"
+#include "http.h"
+#include "infill/infill_client.h"
+#include "version.h"
+
+using infill::sdk::ClientCore;
+using infill::sdk::Error;
+using infill::sdk::Job;
+using infill::sdk::make_error;
+using infill::sdk::Result;
+using infill::sdk::Status;
+using nlohmann::json;
+
+struct infill_client {
+  ClientCore* core = nullptr;
+  std::string endpoint;
+  std::string name;
+};
+
+struct infill_job {
+  std::shared_ptr<Job> job;
+};
+
+struct infill_model_list {
+  struct Model {
+    std::string id, name, description, sampler;
+    std::vector<std::string> words;
+    std::vector<const char*> vocabulary;
+  };
+  std::vector<Model> models;
+  std::vector<infill_model_info> infos;
+};
+
+namespace {
+
+// The size of each caller-filled struct in API 1.0: the smallest struct_size accepted.
+constexpr size_t kOptionsSizeV1 = sizeof(infill_client_options);
+constexpr size_t kHealthSizeV1 = sizeof(infill_health);
+constexpr size_t kTemplateInfoSizeV1 = sizeof(infill_template_info);
+constexpr size_t kEditParamsSizeV1 = sizeof(infill_edit_params);
+
+infill_error* to_c(Error e) { return new infill_error{std::move(e)}; }
+
+
+infill_error* invalid(std::string message) { return to_c(make_error(INFILL_ERROR_INVALID_ARGUMENT, std::move(message))); }
+
+// Runs `f` and turns an escaping exception into an INTERNAL error.
+template <class F>
+infill_error* guarded(const char* function, F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return to_c(make_error(INFILL_ERROR_INTERNAL, std::string(function) + ": out of memory"));
+  } catch (const std::exception& e) {
+    return to_c(make_error(INFILL_ERROR_INTERNAL, std::string(function) + ": " + e.what()));
+  } catch (...) {
+    return to_c(make_error(INFILL_ERROR_INTERNAL, std::string(function) + ": unknown exception"));
+  }
+}
+
+std::string struct_size_message(const char* type, size_t got, size_t want, const char* init) {
+  return std::string(type) + ".struct_size is " + std::to_string(got) + ", expected at least " + std::to_string(want) +
+         " (prepare it with " + init + ")";
+}
+
+void copy_string(char* dst, size_t size, const std::string& src) {
+  const size_t n = std::min(size - 1, src.size());
+  std::memcpy(dst, src.data(), n);
+  dst[n] = '\0';
+}
+
+// Copies the fields of `full` that fit in the caller's struct (its struct_size), keeping it.
+template <class T>
+void fill_out(T* out, const T& full) {
+  const size_t size = std::min(out->struct_size, sizeof(T));
+  std::memcpy(static_cast<void*>(out), &full, size);
+  out->struct_size = size;
+}
+
+std::string url_encode(const std::string& s) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += {'%', hex[c >> 4], hex[c & 15]};
+    }
+  }
+  return out;
+}
+
+std::string str(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+}
+uint64_t u64(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_number_unsigned() ? j[key].get<uint64_t>() : 0;
+}
+
+Result<json> parse_json(const infill::sdk::HttpResponse& r, const std::string& what) {
+  json j = json::parse(r.body, nullptr, false);
+  if (!j.is_object()) return make_error(INFILL_ERROR_PROTOCOL, what + ": the engine's answer is not a JSON object: " + r.body.substr(0, 200));
+  return j;
+}
+
+Result<infill_template_info> template_from_json(const json& j, bool created) {
+  infill_template_info t{};
+  t.struct_size = sizeof t;
+  const std::string id = str(j, "id");
+  if (id.empty() || id.size() >= sizeof t.id) return make_error(INFILL_ERROR_PROTOCOL, "the engine's template answer has no valid id");
+  copy_string(t.id, sizeof t.id, id);
+  t.width = static_cast<uint32_t>(u64(j, "width"));
+  t.height = static_cast<uint32_t>(u64(j, "height"));
+  t.model_width = static_cast<uint32_t>(u64(j, "model_width"));
+  t.model_height = static_cast<uint32_t>(u64(j, "model_height"));
+  t.channels = static_cast<uint32_t>(u64(j, "channels"));
+  copy_string(t.format, sizeof t.format, str(j, "format"));
+  const std::string state = str(j, "state");
+  t.state = state == "prepared" ? INFILL_TEMPLATE_PREPARED : state == "preparing" ? INFILL_TEMPLATE_PREPARING : INFILL_TEMPLATE_READY;
+  t.edits_waiting = static_cast<uint32_t>(u64(j, "edits_waiting"));
+  t.created = created ? 1 : 0;
+  return t;
+}
+
+infill_error* check_client(const infill_client* client) {
+  if (!client || !client->core) return invalid("client is NULL (create one with infill_client_create)");
+  return nullptr;
+}
+
+infill_error* check_template_out(const infill_template_info* out) {
+  if (out && out->struct_size < kTemplateInfoSizeV1)
+    return invalid(struct_size_message("infill_template_info", out->struct_size, kTemplateInfoSizeV1, "infill_template_info_init"));
+  return nullptr;
+}
+
+// Builds the POST /v1/edits body from the C parameters, with a message for each bad field.
+Result<json> edit_json(const infill_edit_params& p) {
+  auto bad = [](std::string m) { return make_error(INFILL_ERROR_INVALID_ARGUMENT, "infill_edit_params." + m); };
+  if (!p.template_id || !*p.template_id) return bad("template_id is required (the id infill_client_upload_template returned)");
+  json j = {{"template", p.template_id}};
+  const bool png = p.mask_png != nullptr || p.mask_png_size != 0;
+  const bool pixels = p.mask_pixels != nullptr || p.mask_width != 0 || p.mask_height != 0;
+  const bool rect = p.mask_rect[2] != 0 || p.mask_rect[3] != 0;
+  const int forms = int(png) + int(pixels) + int(rect);
+  if (forms == 0) return bad("mask: give one of mask_png (+ mask_png_size), mask_pixels (+ mask_width, mask_height) or mask_rect");
+  if (forms > 1) return bad("mask: give only one of mask_png, mask_pixels and mask_rect");
+  if (png) {
+    if (!p.mask_png) return bad("mask_png is NULL but mask_png_size is " + std::to_string(p.mask_png_size));
+    if (p.mask_png_size == 0) return bad("mask_png_size is 0; give the size of the encoded mask in bytes");
+    j["mask_png_base64"] = infill::sdk::base64_encode(std::string_view(static_cast<const char*>(p.mask_png), p.mask_png_size));
+  } else if (pixels) {
+    if (!p.mask_pixels) return bad("mask_pixels is NULL");
+    if (p.mask_width == 0 || p.mask_height == 0)
+      return bad("mask_width x mask_height is " + std::to_string(p.mask_width) + "x" + std::to_string(p.mask_height) + "; both must be > 0");
+    if (uint64_t(p.mask_width) * p.mask_height > (uint64_t(1) << 28)) return bad("mask_pixels: the mask is larger than 2^28 pixels");
+    const size_t stride = p.mask_stride == 0 ? p.mask_width : p.mask_stride;
+    if (stride < p.mask_width) return bad("mask_stride is " + std::to_string(stride) + ", less than mask_width " + std::to_string(p.mask_width));
+    j["mask_png_base64"] = infill::sdk::base64_encode(infill::sdk::encode_grey_png(p.mask_pixels, p.mask_width, p.mask_height, stride));
+  } else {
+    if (p.mask_rect[0] < 0 || p.mask_rect[1] < 0 || p.mask_rect[2] <= 0 || p.mask_rect[3] <= 0)
+      return bad("mask_rect is {" + std::to_string(p.mask_rect[0]) + ", " + std::to_string(p.mask_rect[1]) + ", " +
+                 std::to_string(p.mask_rect[2]) + ", " + std::to_string(p.mask_rect[3]) +
+                 "}; expected x >= 0, y >= 0, width > 0, height > 0");
+    j["mask_rect"] = {p.mask_rect[0], p.mask_rect[1], p.mask_rect[2], p.mask_rect[3]};
+  }
+  if (p.prompt && *p.prompt) j["prompt"] = p.prompt;
+  if (p.seed > 9007199254740991ull) return bad("seed is " + std::to_string(p.seed) + ", expected 0..2^53-1");
+  if (p.seed != 0) j["seed"] = p.seed;
+  if (p.steps > 1000) return bad("steps is " + std::to_string(p.steps) + ", expected 1..1000 (0 = the model's default)");
+  if (p.steps != 0) j["steps"] = p.steps;
+  if (!(p.strength >= 0 && p.strength <= 1)) return bad("strength is " + std::to_string(p.strength) + ", expected (0, 1] (0 = 1)");
+  if (p.strength != 0) j["strength"] = p.strength;
+  if (!(p.guidance == 0 || (p.guidance >= 1 && p.guidance <= 20)))
+    return bad("guidance is " + std::to_string(p.guidance) + ", expected 1..20 (0 = the model's default)");
+  if (p.guidance != 0) j["guidance"] = p.guidance;
+  if (p.sampler && *p.sampler) j["sampler"] = p.sampler;
+  switch (p.edit_class) {
+    case INFILL_CLASS_DEFAULT: break;
+    case INFILL_CLASS_LIVE: j["class"] = "live"; break;
+    case INFILL_CLASS_INTERACTIVE: j["class"] = "interactive"; break;
+    case INFILL_CLASS_BATCH: j["class"] = "batch"; break;
+    default: return bad("edit_class is " + std::to_string(int(p.edit_class)) + ", expected an infill_edit_class value");
+  }
+  if (!(p.deadline_ms >= 0 && std::isfinite(p.deadline_ms)))
+    return bad("deadline_ms is " + std::to_string(p.deadline_ms) + ", expected >= 0 (0 = by class)");
+  if (p.deadline_ms > 0) j["deadline_ms"] = p.deadline_ms;
+  if (p.preview_every_steps > 1000) return bad("preview_every_steps is " + std::to_string(p.preview_every_steps) + ", expected 0..1000");
+  if (p.preview_every_steps != 0) j["preview_every_steps"] = p.preview_every_steps;
+  if (p.supersedes != 0) j["supersedes"] = p.supersedes;
+  if (p.halo_tokens > 64) return bad("halo_tokens is " + std::to_string(p.halo_tokens) + ", expected 0..64 (< 0 = default)");
+  if (p.halo_tokens >= 0) j["halo_tokens"] = p.halo_tokens;
+  if (std::isnan(p.feather_px) || p.feather_px > 256) return bad("feather_px is " + std::to_string(p.feather_px) + ", expected 0..256 (< 0 = default)");
+  if (p.feather_px >= 0) j["feather_px"] = p.feather_px;
+  return j;
+}
+
+std::atomic<uint64_t> g_client_counter{0};
+
+}  // namespace
+
+extern "C" {
+
+uint32_t infill_api_version(void) { return INFILL_CLIENT_API_VERSION; }
+
+const char* infill_library_version(void) { return infill::sdk::kLibraryVersion; }
+
+// ---- errors ----
+
+infill_error_code infill_error_get_code(const infill_error* error) { return error ? error->e.code : INFILL_ERROR_INVALID_ARGUMENT; }
+const char* infill_error_message(const infill_error* error) { return error ? error->e.message.c_str() : "error is NULL"; }
+int infill_error_http_status(const infill_error* error) { return error ? error->e.http_status : 0; }
+const char* infill_error_engine_code(const infill_error* error) { return error ? error->e.engine_code.c_str() : ""; }
+int infill_error_retry_after_s(const infill_error* error) { return error ? error->e.retry_after_s : 0; }
+void infill_error_delete(infill_error* error) { delete error; }
+
+const char* infill_error_code_name(infill_error_code code) {
+  switch (code) {
+    case INFILL_ERROR_INVALID_ARGUMENT: return "invalid_argument";
+    case INFILL_ERROR_VERSION_MISMATCH: return "version_mismatch";
+    case INFILL_ERROR_CONNECTION: return "connection";
+    case INFILL_ERROR_TIMEOUT: return "timeout";
+    case INFILL_ERROR_PROTOCOL: return "protocol";
+    case INFILL_ERROR_UNAUTHORIZED: return "unauthorized";
+    case INFILL_ERROR_NOT_FOUND: return "not_found";
+    case INFILL_ERROR_CONFLICT: return "conflict";
+    case INFILL_ERROR_RATE_LIMITED: return "rate_limited";
+    case INFILL_ERROR_UNAVAILABLE: return "unavailable";
+    case INFILL_ERROR_TOO_LARGE: return "too_large";
+    case INFILL_ERROR_REJECTED: return "rejected";
+    case INFILL_ERROR_SERVER: return "server";
+    case INFILL_ERROR_CANCELLED: return "cancelled";
+    case INFILL_ERROR_EXPIRED: return "expired";
+    case INFILL_ERROR_EDIT_FAILED: return "edit_failed";
+    case INFILL_ERROR_ENGINE_LOST: return "engine_lost";
+    case INFILL_ERROR_CLIENT_CLOSED: return "client_closed";
+    case INFILL_ERROR_IO: return "io";
+    case INFILL_ERROR_INTERNAL: return "internal";
+  }
+  return "unknown";
+}
+
+const char* infill_job_state_name(infill_job_state state) {
+  switch (state) {
+    case INFILL_JOB_QUEUED: return "queued";
+    case INFILL_JOB_RUNNING: return "running";
+    case INFILL_JOB_DONE: return "done";
+    case INFILL_JOB_FAILED: return "failed";
+    case INFILL_JOB_CANCELLED: return "cancelled";
+    case INFILL_JOB_EXPIRED: return "expired";
+  }
+  return "unknown";
+}
+
+// ---- client ----
+
+void infill_client_options_init(infill_client_options* o) {
+  if (!o) return;
+  std::memset(static_cast<void*>(o), 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->api_version = INFILL_CLIENT_API_VERSION;
+  o->connect_timeout_ms = 5000;
+  o->request_timeout_ms = 60000;
+  o->stream_idle_timeout_ms = 45000;
+  o->reconnect_interval_ms = 500;
+  o->engine_lost_timeout_ms = 10000;
+  o->cancel_on_destroy = 1;
+}
+
+infill_error* infill_client_create(const infill_client_options* options, infill_client** out_client) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (!out_client) return invalid("out_client is NULL");
+    *out_client = nullptr;
+    if (!options) return invalid("options is NULL (prepare them with infill_client_options_init)");
+    if (options->struct_size < kOptionsSizeV1)
+      return invalid(struct_size_message("infill_client_options", options->struct_size, kOptionsSizeV1, "infill_client_options_init"));
+    const uint32_t want = options->api_version, have = INFILL_CLIENT_API_VERSION;
+    if ((want >> 16) != (have >> 16) || (want & 0xFFFF) > (have & 0xFFFF))
+      return to_c(make_error(INFILL_ERROR_VERSION_MISMATCH,
+                             "the caller was compiled against infill_client API " + std::to_string(want >> 16) + "." +
+                                 std::to_string(want & 0xFFFF) + ", this library (" + infill::sdk::kLibraryVersion +
+                                 ") implements API " + std::to_string(have >> 16) + "." + std::to_string(have & 0xFFFF) +
+                                 " (same major, minor up to it)"));
+    auto ep = infill::sdk::parse_endpoint(options->endpoint ? options->endpoint : "");
+    if (!ep.ok()) return to_c(ep.error());
+    infill::sdk::CoreOptions co;
+    co.http.endpoint = *ep;
+    if (!ep->is_unix()) {
+      auto token = infill::sdk::resolve_token(options->token, options->token_file);
+      if (!token.ok()) return to_c(token.error());
+      for (char c : *token)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F)
+          return invalid("token contains a control character; it must be the engine's token text");
+      co.http.token = *token;
+    }
+    if (options->client_name) {
+      if (!infill::sdk::valid_client_name(options->client_name))
+        return invalid(std::string("client_name '") + std::string(options->client_name).substr(0, 80) +
+                       "' must be 1-64 characters of A-Z a-z 0-9 . _ -");
+      co.http.client_name = options->client_name;
+    } else {
+      co.http.client_name = "sdk-" + std::to_string(::getpid()) + "-" + std::to_string(++g_client_counter);
+    }
+    auto or_default = [](uint32_t v, uint32_t d) { return v == 0 ? d : v; };
+    co.http.connect_timeout_ms = or_default(options->connect_timeout_ms, 5000);
+    co.http.request_timeout_ms = or_default(options->request_timeout_ms, 60000);
+    co.stream_idle_timeout_ms = or_default(options->stream_idle_timeout_ms, 45000);
+    co.reconnect_interval_ms = or_default(options->reconnect_interval_ms, 500);
+    co.engine_lost_timeout_ms = or_default(options->engine_lost_timeout_ms, 10000);
+    co.cancel_on_destroy = options->cancel_on_destroy != 0;
+    auto client = std::make_unique<infill_client>();
+    client->endpoint = ep->text;
+    client->name = co.http.client_name;
+    client->core = new ClientCore(std::move(co));
+    *out_client = client.release();
+    return nullptr;
+  });
+}
+
+void infill_client_destroy(infill_client* client) {
+  if (!client) return;
+  try {
+    if (client->core) client->core->destroy();
+  } catch (...) {
+  }
+  delete client;
+}
+
+const char* infill_client_endpoint(const infill_client* client) { return client ? client->endpoint.c_str() : ""; }
+const char* infill_client_name(const infill_client* client) { return client ? client->name.c_str() : ""; }
+
+size_t infill_default_endpoint(char* buffer, size_t buffer_size) {
+  try {
+    const std::string e = infill::sdk::default_endpoint();
+    if (buffer && buffer_size > 0) copy_string(buffer, buffer_size, e);
+    return e.size();
+  } catch (...) {
+    if (buffer && buffer_size > 0) buffer[0] = '\0';
+    return 0;
+  }
+}
+
+// ---- health and models ----
+
+void infill_health_init(infill_health* h) {
+  if (!h) return;
+  std::memset(static_cast<void*>(h), 0, sizeof *h);
+  h->struct_size = sizeof *h;
+}
+
+infill_error* infill_client_health(infill_client* client, infill_health* out) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (auto* e = check_client(client)) return e;
+    if (!out) return invalid("out (infill_health*) is NULL");
+    if (out->struct_size < kHealthSizeV1) return invalid(struct_size_message("infill_health", out->struct_size, kHealthSizeV1, "infill_health_init"));
+    const auto& http = client->core->http();
+    auto r = infill::sdk::http_call(http, "GET", "/health");
+    if (!r.ok()) return to_c(r.error());
+    infill_health h{};
+    h.struct_size = sizeof h;
+    if (r->status == 503) {
+      json j = json::parse(r->body, nullptr, false);
+      if (j.is_object() && j.contains("error") && str(j["error"], "code") == "not_ready") {
+        fill_out(out, h);
+        return nullptr;
+      }
+    }
+    if (r->status != 200) return to_c(infill::sdk::response_error(http, *r, "GET /health"));
+    auto j = parse_json(*r, "GET /health");
+    if (!j.ok()) return to_c(j.error());
+    h.ready = 1;
+    h.live_edits = static_cast<uint32_t>(u64(*j, "live_edits"));
+    copy_string(h.model_id, sizeof h.model_id, str(*j, "model"));
+    fill_out(out, h);
+    return nullptr;
+  });
+}
+
+infill_error* infill_client_wait_ready(infill_client* client, uint32_t timeout_ms) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (auto* e = check_client(client)) return e;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::string last = "no answer yet";
+    for (;;) {
+      infill_health h;
+      infill_health_init(&h);
+      infill_error* e = infill_client_health(client, &h);
+      if (!e && h.ready) return nullptr;
+      if (e) {
+        if (e->e.code == INFILL_ERROR_UNAUTHORIZED) return e;  // waiting will not fix a token
+        last = e->e.message;
+        infill_error_delete(e);
+      } else {
+        last = "the engine is loading its model";
+      }
+      if (std::chrono::steady_clock::now() >= deadline)
+        return to_c(make_error(INFILL_ERROR_TIMEOUT, "the engine at " + client->endpoint + " was not ready within " +
+                                                         std::to_string(timeout_ms) + " ms: " + last));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+}
+
+infill_error* infill_client_list_models(infill_client* client, infill_model_list** out_list) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (!out_list) return invalid("out_list is NULL");
+    *out_list = nullptr;
+    if (auto* e = check_client(client)) return e;
+    const auto& http = client->core->http();
+    auto r = infill::sdk::http_call(http, "GET", "/v1/models");
+    if (!r.ok()) return to_c(r.error());
+    if (r->status != 200) return to_c(infill::sdk::response_error(http, *r, "listing the models"));
+    auto j = parse_json(*r, "GET /v1/models");
+    if (!j.ok()) return to_c(j.error());
+    if (!j->contains("models") || !(*j)["models"].is_array())
+      return to_c(make_error(INFILL_ERROR_PROTOCOL, "GET /v1/models: the answer has no 'models' array"));
+    auto list = std::make_unique<infill_model_list>();
+    for (const json& m : (*j)["models"]) {
+      infill_model_list::Model model;
+      model.id = str(m, "id");
+      model.name = str(m, "name");
+      model.description = str(m, "description");
+      model.sampler = str(m, "default_sampler");
+      if (m.contains("vocabulary") && m["vocabulary"].is_array())
+        for (const json& w : m["vocabulary"])
+          if (w.is_string()) model.words.push_back(w.get<std::string>());
+      list->models.push_back(std::move(model));
+    }
+    // Pointers into the models are taken once the vector no longer grows.
+    size_t i = 0;
+    for (const json& m : (*j)["models"]) {
+      auto& model = list->models[i++];
+      for (const auto& w : model.words) model.vocabulary.push_back(w.c_str());
+      infill_model_info info{};
+      info.struct_size = sizeof info;
+      info.id = model.id.c_str();
+      info.name = model.name.c_str();
+      info.description = model.description.c_str();
+      info.default_steps = static_cast<uint32_t>(u64(m, "default_steps"));
+      info.default_sampler = model.sampler.c_str();
+      info.default_guidance = m.contains("default_guidance") && m["default_guidance"].is_number() ? m["default_guidance"].get<double>() : 1.0;
+      info.vocabulary = model.vocabulary.data();
+      info.vocabulary_count = model.vocabulary.size();
+      info.max_image_pixels = u64(m, "max_image_pixels");
+      info.grid_pixels = static_cast<uint32_t>(u64(m, "grid_pixels"));
+      list->infos.push_back(info);
+    }
+    *out_list = list.release();
+    return nullptr;
+  });
+}
+
+size_t infill_model_list_count(const infill_model_list* list) { return list ? list->infos.size() : 0; }
+const infill_model_info* infill_model_list_get(const infill_model_list* list, size_t index) {
+  return list && index < list->infos.size() ? &list->infos[index] : nullptr;
+}
+void infill_model_list_delete(infill_model_list* list) { delete list; }
+
+// ---- templates ----
+
+void infill_template_info_init(infill_template_info* info) {
+  if (!info) return;
+  std::memset(static_cast<void*>(info), 0, sizeof *info);
+  info->struct_size = sizeof *info;
+}
+
+static infill_error* upload(infill_client* client, std::string bytes, const std::string& name, infill_template_info* out) {
+  const auto& http = client->core->http();
+  const std::string what = "uploading template " + (name.empty() ? std::string("(unnamed)") : name);
+  std::string target = "/v1/templates";
+  if (!name.empty()) target += "?name=" + url_encode(name);
+  auto r = infill::sdk::http_call(http, "POST", target, bytes, "application/octet-stream");
+  if (!r.ok()) return to_c(r.error());
+  if (r->status != 200 && r->status != 201) return to_c(infill::sdk::response_error(http, *r, what));
+  auto j = parse_json(*r, what);
+  if (!j.ok()) return to_c(j.error());
+  auto t = template_from_json(*j, r->status == 201);
+  if (!t.ok()) return to_c(t.error());
+  if (out) fill_out(out, *t);
+  return nullptr;
+}
+
+infill_error* infill_client_upload_template(infill_client* client, const void* bytes, size_t size, const char* name,
+                                            infill_template_info* out) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (auto* e = check_client(client)) return e;
+    if (!bytes) return invalid("bytes is NULL (the encoded image to upload)");
+    if (size == 0) return invalid("size is 0; give the size of the encoded image in bytes");
+    if (auto* e = check_template_out(out)) return e;
+    return upload(client, std::string(static_cast<const char*>(bytes), size), name ? name : "", out);
+  });
+}
+
+infill_error* infill_client_upload_template_file(infill_client* client, const char* path, infill_template_info* out) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (auto* e = check_client(client)) return e;
+    if (!path || !*path) return invalid("path is NULL or empty");
+    if (auto* e = check_template_out(out)) return e;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return to_c(make_error(INFILL_ERROR_IO, std::string("cannot open the template image ") + path + ": " + std::strerror(errno)));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string bytes = ss.str();
+    if (bytes.empty()) return to_c(make_error(INFILL_ERROR_IO, std::string("the template image ") + path + " is empty"));
+    std::string name = path;
+    if (auto slash = name.rfind('/'); slash != std::string::npos) name = name.substr(slash + 1);
+    return upload(client, std::move(bytes), name, out);
+  });
+}
+
+infill_error* infill_client_get_template(infill_client* client, const char* template_id, infill_template_info* out) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (auto* e = check_client(client)) return e;
+    if (!template_id || !*template_id) return invalid("template_id is NULL or empty");
+    if (!out) return invalid("out (infill_template_info*) is NULL");
+    if (auto* e = check_template_out(out)) return e;
+    const auto& http = client->core->http();
+    auto r = infill::sdk::http_call(http, "GET", "/v1/templates/" + url_encode(template_id));
+    if (!r.ok()) return to_c(r.error());
+    if (r->status != 200) return to_c(infill::sdk::response_error(http, *r, std::string("template ") + template_id));
+    auto j = parse_json(*r, "GET /v1/templates");
+    if (!j.ok()) return to_c(j.error());
+    auto t = template_from_json(*j, false);
+    if (!t.ok()) return to_c(t.error());
+    fill_out(out, *t);
+    return nullptr;
+  });
+}
+
+// ---- edits ----
+
+void infill_edit_params_init(infill_edit_params* p) {
+  if (!p) return;
+  std::memset(static_cast<void*>(p), 0, sizeof *p);
+  p->struct_size = sizeof *p;
+  p->halo_tokens = -1;
+  p->feather_px = -1;
+}
+
+infill_error* infill_client_submit_edit(infill_client* client, const infill_edit_params* params, infill_job** out_job) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (out_job) *out_job = nullptr;
+    if (auto* e = check_client(client)) return e;
+    if (!params) return invalid("params is NULL (prepare them with infill_edit_params_init)");
+    if (params->struct_size < kEditParamsSizeV1)
+      return invalid(struct_size_message("infill_edit_params", params->struct_size, kEditParamsSizeV1, "infill_edit_params_init"));
+    auto body = edit_json(*params);
+    if (!body.ok()) return to_c(body.error());
+    infill::sdk::Callbacks cb{params->on_progress, params->on_preview, params->on_done, params->user_data};
+    auto handle = out_job ? std::make_unique<infill_job>() : nullptr;  // allocated before: no failure after acceptance
+    auto job = client->core->submit(*body, cb);
+    if (!job.ok()) return to_c(job.error());
+    if (out_job) {
+      handle->job = *job;
+      *out_job = handle.release();
+    }
+    return nullptr;
+  });
+}
+
+uint64_t infill_job_id(const infill_job* job) { return job && job->job ? job->job->id : 0; }
+
+infill_job_state infill_job_get_state(const infill_job* job) {
+  if (!job || !job->job) return INFILL_JOB_FAILED;
+  std::lock_guard lock(job->job->mu);
+  return job->job->state;
+}
+
+void infill_job_progress(const infill_job* job, uint32_t* steps_done, uint32_t* steps_total) {
+  uint32_t d = 0, t = 0;
+  if (job && job->job) {
+    std::lock_guard lock(job->job->mu);
+    d = job->job->steps_done;
+    t = job->job->steps_total;
+  }
+  if (steps_done) *steps_done = d;
+  if (steps_total) *steps_total = t;
+}
+
+infill_error* infill_job_cancel(infill_job* job) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (!job || !job->job) return invalid("job is NULL");
+    Job& j = *job->job;
+    {
+      std::lock_guard lock(j.mu);
+      if (j.state == INFILL_JOB_DONE || j.state == INFILL_JOB_FAILED || j.state == INFILL_JOB_CANCELLED ||
+          j.state == INFILL_JOB_EXPIRED)
+        return nullptr;
+    }
+    auto r = infill::sdk::http_call(*j.http, "DELETE", "/v1/edits/" + std::to_string(j.id));
+    if (!r.ok()) return to_c(r.error());
+    if (r->status == 202 || r->status == 409) return nullptr;  // 409: it ended meanwhile
+    return to_c(infill::sdk::response_error(*j.http, *r, "cancelling edit " + std::to_string(j.id)));
+  });
+}
+
+infill_error* infill_job_wait(infill_job* job, uint32_t timeout_ms) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (!job || !job->job) return invalid("job is NULL");
+    Job& j = *job->job;
+    std::unique_lock lock(j.mu);
+    if (j.finished) return nullptr;
+    if (std::this_thread::get_id() == j.io_thread)
+      return invalid("infill_job_wait was called from a callback for edit " + std::to_string(j.id) +
+                     ", which has not finished: that would wait forever");
+    if (timeout_ms == UINT32_MAX) {
+      j.cv.wait(lock, [&] { return j.finished; });
+      return nullptr;
+    }
+    if (j.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return j.finished; })) return nullptr;
+    return to_c(make_error(INFILL_ERROR_TIMEOUT, "edit " + std::to_string(j.id) + " did not finish within " +
+                                                     std::to_string(timeout_ms) + " ms (it is " +
+                                                     infill_job_state_name(j.state) + ")"));
+  });
+}
+
+infill_error* infill_job_result(const infill_job* job, const void** png, size_t* png_size) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (!job || !job->job) return invalid("job is NULL");
+    if (!png || !png_size) return invalid("png and png_size must not be NULL");
+    *png = nullptr;
+    *png_size = 0;
+    Job& j = *job->job;
+    std::lock_guard lock(j.mu);
+    if (j.state != INFILL_JOB_DONE)
+      return to_c(make_error(INFILL_ERROR_CONFLICT, "edit " + std::to_string(j.id) + " is " + infill_job_state_name(j.state) +
+                                                        ", not done: it has no result" +
+                                                        (j.error ? " (" + j.error->e.message + ")" : std::string())));
+    *png = j.result_png.data();
+    *png_size = j.result_png.size();
+    return nullptr;
+  });
+}
+
+const infill_error* infill_job_error(const infill_job* job) {
+  if (!job || !job->job) return nullptr;
+  std::lock_guard lock(job->job->mu);
+  return job->job->error.get();
+}
+
+infill_error* infill_job_write_result(const infill_job* job, const char* path) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (!path || !*path) return invalid("path is NULL or empty");
+    const void* png = nullptr;
+    size_t size = 0;
+    if (infill_error* e = infill_job_result(job, &png, &size)) return e;
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) return to_c(make_error(INFILL_ERROR_IO, std::string("cannot write ") + path + ": " + std::strerror(errno)));
+    out.write(static_cast<const char*>(png), static_cast<std::streamsize>(size));
+    out.close();
+    if (!out) return to_c(make_error(INFILL_ERROR_IO, std::string("writing ") + path + " failed: " + std::strerror(errno)));
+    return nullptr;
+  });
+}
+
+void infill_job_release(infill_job* job) { delete job; }
+
+}  // extern "C"

@@ -1,0 +1,405 @@
+#include "client_core.h"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <exception>
+
+#include "codec.h"
+
+namespace infill::sdk {
+namespace {
+
+namespace asio = boost::asio;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+uint32_t u32(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_number()) return 0;
+  const double v = j[key].get<double>();
+  return v <= 0 ? 0u : static_cast<uint32_t>(v);
+}
+
+double number(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+}
+
+}  // namespace
+
+ClientCore::ClientCore(CoreOptions options)
+    : options_(std::move(options)),
+      http_(std::make_shared<const HttpConfig>(options_.http)),
+      wake_(ioc_),
+      work_(asio::make_work_guard(ioc_)) {
+  thread_ = std::thread([this] {
+    // No exception crosses the thread: the loop catches its own; this is the last resort.
+    for (;;) {
+      try {
+        ioc_.run();
+        break;
+      } catch (const std::exception&) {
+        if (stopping_) break;
+      }
+    }
+    if (self_destruct_) {
+      close_remaining();
+      delete this;
+    }
+  });
+  io_thread_id_ = thread_.get_id();
+  // Spawned once the thread id is known: callbacks compare against it.
+  asio::co_spawn(ioc_, main_loop(), asio::detached);
+}
+
+ClientCore::~ClientCore() = default;
+
+bool ClientCore::wanted() const {
+  std::lock_guard lock(mu_);
+  return want_ || !jobs_.empty() || submits_in_flight_.load() > 0;
+}
+
+Status ClientCore::ensure_stream() {
+  std::unique_lock lock(mu_);
+  if (connected_) return Status();
+  if (on_io_thread())
+    return make_error(INFILL_ERROR_CONNECTION, "the event stream from " + http_->endpoint.text +
+                                                   " is down; a callback cannot wait for it to reconnect");
+  const uint64_t start = attempts_;
+  want_ = true;
+  asio::post(ioc_, [this] { wake_.cancel(); });
+  const auto deadline = Clock::now() + std::chrono::milliseconds(options_.http.connect_timeout_ms) +
+                        std::chrono::milliseconds(options_.http.request_timeout_ms);
+  for (;;) {
+    if (connected_) return Status();
+    if (stopping_) return make_error(INFILL_ERROR_CLIENT_CLOSED, "the client is being destroyed");
+    // A failed attempt that started after us (or was under way) answers; a stream that opened
+    // and dropped again gets another attempt.
+    if (attempts_ > start && !last_attempt_opened_) return last_error_;
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !connected_)
+      return make_error(INFILL_ERROR_TIMEOUT, "subscribing to the events of " + http_->endpoint.text + " timed out");
+  }
+}
+
+Result<std::shared_ptr<Job>> ClientCore::submit(const json& params, Callbacks callbacks) {
+  if (stopping_) return make_error(INFILL_ERROR_CLIENT_CLOSED, "the client is being destroyed");
+  // Counted before the stream is needed, so that the io thread keeps the stream and holds
+  // back events of ids it does not know yet (they may beat the POST's answer).
+  submits_in_flight_.fetch_add(1);
+  Status st = ensure_stream();
+  if (!st.ok()) {
+    asio::post(ioc_, [this] { submit_ended(); });
+    return st.error();
+  }
+  std::string body;
+  try {
+    body = params.dump();
+  } catch (const json::exception& e) {
+    asio::post(ioc_, [this] { submit_ended(); });
+    return make_error(INFILL_ERROR_INVALID_ARGUMENT, std::string("edit parameters: a string is not valid UTF-8 (") + e.what() + ")");
+  }
+  auto r = http_call(*http_, "POST", "/v1/edits", body, "application/json");
+  if (!r.ok() || r->status != 202) {
+    asio::post(ioc_, [this] { submit_ended(); });
+    if (!r.ok()) return r.error();
+    return response_error(*http_, *r, "submitting the edit");
+  }
+  const json j = json::parse(r->body, nullptr, false);
+  if (!j.is_object() || !j.contains("id") || !j["id"].is_number_unsigned()) {
+    asio::post(ioc_, [this] { submit_ended(); });
+    return make_error(INFILL_ERROR_PROTOCOL, "the engine accepted the edit but its answer has no id: " + r->body.substr(0, 200));
+  }
+  auto job = std::make_shared<Job>();
+  job->id = j["id"].get<uint64_t>();
+  job->callbacks = callbacks;
+  job->http = http_;
+  job->io_thread = io_thread_id_;
+  asio::post(ioc_, [this, job] { register_job(job); });
+  return job;
+}
+
+void ClientCore::submit_ended() {
+  if (submits_in_flight_.fetch_sub(1) == 1) unclaimed_.clear();  // nobody waits for those ids
+}
+
+void ClientCore::register_job(std::shared_ptr<Job> job) {
+  {
+    std::lock_guard lock(mu_);
+    jobs_[job->id] = job;
+  }
+  auto held = unclaimed_.find(job->id);
+  if (held != unclaimed_.end()) {
+    auto events = std::move(held->second);
+    unclaimed_.erase(held);
+    for (const auto& [type, data] : events) {
+      if (job->done_called || stopping_) break;
+      dispatch(job, type, json::parse(data, nullptr, false));
+    }
+  }
+  submit_ended();
+}
+
+asio::awaitable<void> ClientCore::main_loop() {
+  while (!stopping_) {
+    if (!wanted()) {
+      boost::system::error_code ec;
+      wake_.expires_after(std::chrono::hours(24 * 365));
+      co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      continue;
+    }
+    {
+      std::lock_guard lock(mu_);
+      last_attempt_opened_ = false;
+    }
+    Status st;
+    try {
+      st = co_await run_event_stream(
+          *http_, options_.stream_idle_timeout_ms, [this] { on_open(); },
+          [this](const std::string& type, const std::string& data) { on_event(type, data); });
+    } catch (const std::exception& e) {
+      st = make_error(INFILL_ERROR_INTERNAL, std::string("event stream: ") + e.what());
+    }
+    if (stopping_) break;
+    bool idle = false;
+    {
+      std::lock_guard lock(mu_);
+      connected_ = false;
+      ++attempts_;
+      last_error_ = st.ok() ? make_error(INFILL_ERROR_CONNECTION, "the event stream ended") : st.error();
+      idle = jobs_.empty() && submits_in_flight_.load() == 0;
+      if (idle) want_ = false;
+    }
+    cv_.notify_all();
+    if (idle) {
+      need_reconcile_ = false;
+      down_since_.reset();
+      continue;
+    }
+    need_reconcile_ = true;
+    const auto now = Clock::now();
+    if (!down_since_) down_since_ = now;
+    if (now - *down_since_ >= std::chrono::milliseconds(options_.engine_lost_timeout_ms)) {
+      end_all(INFILL_ERROR_ENGINE_LOST, "the engine at " + http_->endpoint.text + " has been unreachable for " +
+                                            std::to_string(options_.engine_lost_timeout_ms) + " ms: " + last_error_.message);
+      down_since_.reset();
+      need_reconcile_ = false;
+      continue;
+    }
+    boost::system::error_code ec;
+    wake_.expires_after(std::chrono::milliseconds(options_.reconnect_interval_ms));
+    co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
+void ClientCore::on_open() {
+  {
+    std::lock_guard lock(mu_);
+    connected_ = true;
+    last_attempt_opened_ = true;
+  }
+  cv_.notify_all();
+  down_since_.reset();
+  if (need_reconcile_) {
+    need_reconcile_ = false;
+    reconcile();
+  }
+}
+
+void ClientCore::on_event(const std::string& type, const std::string& data) {
+  if (stopping_) return;
+  const json j = json::parse(data, nullptr, false);
+  if (!j.is_object() || !j.contains("id") || !j["id"].is_number_unsigned()) return;
+  const uint64_t id = j["id"].get<uint64_t>();
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) {
+    // An id whose POST has not answered yet; else another process using the same client name.
+    if (submits_in_flight_.load() > 0) unclaimed_[id].emplace_back(type, data);
+    return;
+  }
+  dispatch(it->second, type, j);
+}
+
+void ClientCore::dispatch(const std::shared_ptr<Job>& job, const std::string& type, const json& data) {
+  if (job->done_called || stopping_ || !data.is_object()) return;
+  const Callbacks& cb = job->callbacks;
+  if (type == "started") {
+    std::lock_guard lock(job->mu);
+    job->state = INFILL_JOB_RUNNING;
+    job->steps_total = u32(data, "steps_total");
+  } else if (type == "progress") {
+    const uint32_t done = u32(data, "steps_done");
+    const uint32_t total = u32(data, "steps_total");
+    {
+      std::lock_guard lock(job->mu);
+      job->state = INFILL_JOB_RUNNING;
+      if (done <= job->steps_done) return;  // never backwards, never twice
+      job->steps_done = done;
+      job->steps_total = total;
+    }
+    if (cb.on_progress) {
+      infill_progress p{sizeof(infill_progress), job->id, done, total};
+      cb.on_progress(cb.user_data, &p);
+    }
+  } else if (type == "preview") {
+    if (!cb.on_preview || !data.contains("png_base64") || !data["png_base64"].is_string()) return;
+    auto png = base64_decode(data["png_base64"].get<std::string>());
+    if (!png) return;  // a preview is best effort
+    infill_preview p{sizeof(infill_preview), job->id, u32(data, "steps_done"), u32(data, "width"), u32(data, "height"),
+                     png->data(), png->size()};
+    cb.on_preview(cb.user_data, &p);
+  } else if (type == "done") {
+    fetch_result_and_finish(job, u32(data, "steps_run"), number(data, "total_ms"));
+  } else if (type == "failed") {
+    finish_failed_from_json(job, data);
+  }
+}
+
+void ClientCore::finish_failed_from_json(const std::shared_ptr<Job>& job, const json& data) {
+  const std::string state = data.contains("state") && data["state"].is_string() ? data["state"].get<std::string>() : "failed";
+  Error e;
+  infill_job_state s = INFILL_JOB_FAILED;
+  e.code = INFILL_ERROR_EDIT_FAILED;
+  if (state == "cancelled") {
+    s = INFILL_JOB_CANCELLED;
+    e.code = INFILL_ERROR_CANCELLED;
+  } else if (state == "expired") {
+    s = INFILL_JOB_EXPIRED;
+    e.code = INFILL_ERROR_EXPIRED;
+  }
+  std::string message = state;
+  if (data.contains("error") && data["error"].is_object()) {
+    const json& err = data["error"];
+    if (err.contains("code") && err["code"].is_string()) e.engine_code = err["code"].get<std::string>();
+    if (err.contains("message") && err["message"].is_string()) message = err["message"].get<std::string>();
+  }
+  e.message = "edit " + std::to_string(job->id) + " " + state + ": " + message;
+  finish(job, s, std::move(e));
+}
+
+void ClientCore::fetch_result_and_finish(const std::shared_ptr<Job>& job, uint32_t steps_run, double total_ms) {
+  const std::string target = "/v1/edits/" + std::to_string(job->id) + "/result";
+  auto r = http_call(*http_, "GET", target);
+  if (!r.ok()) {
+    Error e = r.error();
+    e.message = "edit " + std::to_string(job->id) + " is done but its result could not be fetched: " + e.message;
+    finish(job, INFILL_JOB_FAILED, std::move(e));
+    return;
+  }
+  if (r->status != 200) {
+    finish(job, INFILL_JOB_FAILED, response_error(*http_, *r, "fetching the result of edit " + std::to_string(job->id)));
+    return;
+  }
+  finish(job, INFILL_JOB_DONE, std::nullopt, std::move(r->body), steps_run, total_ms);
+}
+
+void ClientCore::reconcile() {
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (auto& [id, job] : jobs_) jobs.push_back(job);
+  for (const auto& job : jobs) {
+    if (stopping_ || job->done_called) continue;
+    auto r = http_call(*http_, "GET", "/v1/edits/" + std::to_string(job->id));
+    if (!r.ok()) return;  // the stream will drop too; the next reconnect tries again
+    if (r->status == 404) {
+      finish(job, INFILL_JOB_FAILED,
+             make_error(INFILL_ERROR_ENGINE_LOST, "edit " + std::to_string(job->id) + " is no longer known to the engine at " +
+                                                      http_->endpoint.text + " (it restarted, or the result expired)"));
+      continue;
+    }
+    const json j = json::parse(r->body, nullptr, false);
+    if (r->status != 200 || !j.is_object() || !j.contains("state")) continue;
+    const std::string state = j["state"].is_string() ? j["state"].get<std::string>() : "";
+    if (state == "done") {
+      const json metrics = j.contains("metrics") ? j["metrics"] : json::object();
+      fetch_result_and_finish(job, u32(metrics, "steps_run"), number(metrics, "total_ms"));
+    } else if (state == "failed" || state == "cancelled" || state == "expired") {
+      finish_failed_from_json(job, j);
+    } else if (state == "running" && u32(j, "steps_done") > 0) {
+      json p = {{"id", job->id}, {"steps_done", u32(j, "steps_done")}, {"steps_total", u32(j, "steps_total")}};
+      dispatch(job, "progress", p);
+    }
+  }
+}
+
+void ClientCore::finish(const std::shared_ptr<Job>& job, infill_job_state state, std::optional<Error> error, std::string png,
+                        uint32_t steps_run, double total_ms) {
+  if (job->done_called) return;
+  job->done_called = true;
+  {
+    std::lock_guard lock(mu_);
+    jobs_.erase(job->id);
+  }
+  const infill_error* err = nullptr;
+  {
+    std::lock_guard lock(job->mu);
+    job->state = state;
+    job->result_png = std::move(png);
+    if (error) job->error = std::make_unique<infill_error>(infill_error{std::move(*error)});
+    err = job->error.get();
+  }
+  const Callbacks& cb = job->callbacks;
+  if (cb.on_done) {
+    infill_done d{sizeof(infill_done), job->id, state, err,
+                  state == INFILL_JOB_DONE ? job->result_png.data() : nullptr,
+                  state == INFILL_JOB_DONE ? job->result_png.size() : 0, steps_run, total_ms};
+    cb.on_done(cb.user_data, &d);
+  }
+  {
+    std::lock_guard lock(job->mu);
+    job->finished = true;
+  }
+  job->cv.notify_all();
+}
+
+void ClientCore::end_all(infill_error_code code, const std::string& why) {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  for (const auto& job : jobs) {
+    Error e = make_error(code, "edit " + std::to_string(job->id) + ": " + why);
+    finish(job, INFILL_JOB_FAILED, std::move(e));
+  }
+}
+
+void ClientCore::close_remaining() {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  if (options_.cancel_on_destroy && !jobs.empty()) {
+    // Best effort and short: a gone engine must not hold up the host's shutdown.
+    HttpConfig quick = *http_;
+    quick.connect_timeout_ms = std::min<uint32_t>(quick.connect_timeout_ms, 1000);
+    quick.request_timeout_ms = std::min<uint32_t>(quick.request_timeout_ms, 2000);
+    for (const auto& job : jobs) {
+      auto r = http_call(quick, "DELETE", "/v1/edits/" + std::to_string(job->id));
+      if (!r.ok()) break;
+    }
+  }
+  end_all(INFILL_ERROR_CLIENT_CLOSED, "the client was destroyed while the edit was in flight");
+}
+
+void ClientCore::destroy() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (on_io_thread()) {
+    // Called from a callback: the io thread finishes the callback, then cleans up itself.
+    self_destruct_ = true;
+    thread_.detach();
+    ioc_.stop();
+    return;
+  }
+  ioc_.stop();
+  if (thread_.joinable()) thread_.join();
+  close_remaining();
+  delete this;
+}
+
+}  // namespace infill::sdk

@@ -1,0 +1,8 @@
+// The C++ wrapper compiles as C++17 (a ctest runs the compiler with -std=c++17 -fsyntax-only).
+#include <infill/infill_client.hpp>
+
+int main() {
+  infill::client::EditRequest request;
+  request.mask_rect = {{0, 0, 8, 8}};
+  return request.steps == 0 ? 0 : 1;
+}

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Runs the SDK's C and Python examples against a real infill-engine process (Unix socket for
+the C example, TCP with the engine's token for the Python one) and checks their results: the
+size of the template, and every pixel outside the mask unchanged. Bounded in time; the engine
+is stopped with SIGTERM and must exit 0."""
+import argparse
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+
+W, H = 64, 48
+RECT = (8, 8, 24, 16)
+
+
+def png_chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def write_png(path, width, height, channels, pixels):
+    colour = {1: 0, 3: 2}[channels]
+    raw = b"".join(b"\0" + bytes(pixels[y * width * channels:(y + 1) * width * channels]) for y in range(height))
+    data = (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, colour, 0, 0, 0))
+            + png_chunk(b"IDAT", zlib.compress(raw)) + png_chunk(b"IEND", b""))
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def read_png(path):
+    """8-bit, non-interlaced PNG -> (width, height, channels, bytes)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    pos, idat, ihdr = 8, b"", None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            ihdr = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, colour, _, _, interlace = ihdr
+    assert depth == 8 and interlace == 0, f"{path}: depth {depth}, interlace {interlace}"
+    channels = {0: 1, 2: 3, 4: 2, 6: 4}[colour]
+    raw, stride, out, prev = zlib.decompress(idat), width * channels, bytearray(), bytearray(width * channels)
+    for y in range(height):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b = prev[i]
+            c = prev[i - channels] if i >= channels else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        out += line
+        prev = line
+    return width, height, channels, bytes(out)
+
+
+def check_result(path, template, mask):
+    w, h, ch, px = read_png(path)
+    assert (w, h) == (W, H), f"{path} is {w}x{h}, the template is {W}x{H}"
+    assert ch == 3, f"{path} has {ch} channels"
+    inside_diff = 0
+    for i in range(W * H):
+        for c in range(3):
+            if mask[i] == 0:
+                assert px[i * 3 + c] == template[i * 3 + c], f"{path}: pixel {i % W},{i // W} outside the mask changed"
+            else:
+                inside_diff += px[i * 3 + c] != template[i * 3 + c]
+    assert inside_diff > 0, f"{path}: nothing changed inside the mask"
+
+
+def run(cmd, env, timeout=240):
+    print("$", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    print(p.stdout, flush=True)
+    return p
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for a in ("--engine", "--model", "--c-example", "--python-example", "--library", "--work-dir"):
+        ap.add_argument(a, required=True)
+    args = ap.parse_args()
+    shutil.rmtree(args.work_dir, ignore_errors=True)
+    os.makedirs(args.work_dir)
+    d = lambda *p: os.path.join(args.work_dir, *p)  # noqa: E731
+
+    template = bytes(((x * 3 + y * 5 + c * 70) % 256) for y in range(H) for x in range(W) for c in range(3))
+    write_png(d("template.png"), W, H, 3, template)
+    mask = bytearray(W * H)
+    for y in range(RECT[1], RECT[1] + RECT[3]):
+        for x in range(RECT[0], RECT[0] + RECT[2]):
+            mask[y * W + x] = 255
+    write_png(d("mask.png"), W, H, 1, mask)
+
+    env = dict(os.environ, XDG_CONFIG_HOME=d("config"), XDG_STATE_HOME=d("state"), XDG_CACHE_HOME=d("cache"),
+               XDG_RUNTIME_DIR=d("run"))
+    env.pop("INFILL_ENDPOINT", None)
+    env.pop("INFILL_TOKEN", None)
+    sock = d("run", "infill", "engine.sock")
+    log = open(d("engine.log"), "w+")
+    engine = subprocess.Popen([args.engine, "--model", args.model, "--socket", sock, "--listen", "127.0.0.1:0",
+                               "--no-calibrate", "--threads", "1"], env=env, stdout=log, stderr=log)
+    try:
+        port = None
+        deadline = time.time() + 60
+        while time.time() < deadline and port is None:
+            log.seek(0)
+            m = re.search(r"tcp:127\.0\.0\.1:(\d+)", log.read())
+            port = m and m.group(1)
+            if engine.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert port, "the engine did not report its TCP port:\n" + open(d("engine.log")).read()
+
+        # C example: the default endpoint (from $XDG_RUNTIME_DIR, as the engine), a PNG mask.
+        p = run([args.c_example, "-s", "4", "-S", "3", d("template.png"), d("mask.png"), d("out_c.png")], env)
+        assert p.returncode == 0, f"the C example exited {p.returncode}"
+        assert re.search(r"progress 4/4", p.stdout), "the C example printed no final progress"
+        check_result(d("out_c.png"), template, mask)
+
+        # Python example over TCP with the token the engine created, a rectangle mask.
+        token = open(d("config", "infill", "token")).read().strip()
+        pyenv = dict(env, INFILL_CLIENT_LIBRARY=args.library)
+        p = run([sys.executable, args.python_example, "--endpoint", f"http://127.0.0.1:{port}", "--token", token,
+                 "--steps", "4", "--seed", "5", d("template.png"), "rect:%d,%d,%d,%d" % RECT, d("out_py.png")], pyenv)
+        assert p.returncode == 0, f"the Python example exited {p.returncode}"
+        assert "progress 4/4" in p.stdout, "the Python example printed no final progress"
+        check_result(d("out_py.png"), template, mask)
+
+        # A wrong token is a clear error, exit 1.
+        p = run([sys.executable, args.python_example, "--endpoint", f"http://127.0.0.1:{port}", "--token", "0" * 64,
+                 d("template.png"), "rect:0,0,8,8", d("never.png")], pyenv)
+        assert p.returncode == 1, f"a wrong token: exit {p.returncode}"
+        assert "token" in p.stdout and "unauthorized" in p.stdout, "a wrong token gave no clear message"
+
+        # No engine at the endpoint: a clear error, exit 1.
+        p = run([args.c_example, "-w", "1", "-e", "unix:" + d("nowhere.sock"), d("template.png"), "rect:0,0,8,8", d("never.png")], env)
+        assert p.returncode == 1 and "cannot connect" in p.stdout, "an unreachable engine gave no clear message"
+        p = run([args.c_example, "only-one-argument"], env)
+        assert p.returncode == 2, "bad usage must exit 2"
+    finally:
+        engine.send_signal(signal.SIGTERM)
+        try:
+            code = engine.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            code = "killed"
+        log.close()
+    assert code == 0, f"the engine exited {code}"
+    print("examples ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
