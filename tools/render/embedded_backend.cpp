@@ -186,6 +186,7 @@ Result<std::unique_ptr<RenderBackend>> open_embedded_backend(const EmbeddedOptio
   info.default_steps = m.sampler.steps;
   info.default_sampler = m.sampler.sampler;
   info.default_guidance = m.default_guidance;
+  info.max_image_pixels = m.max_image_pixels;
   if (m.has_prompt) info.vocabulary = m.prompt.vocabulary;
   return std::unique_ptr<RenderBackend>(new EmbeddedBackend(*model, std::move(*runtime), std::move(info)));
 }

@@ -45,6 +45,12 @@ Result<std::vector<ResolvedItem>> resolve_items(const Job& job, const BackendInf
       }
     }
     prompts[static_cast<size_t>(e.index)] = joined;
+    const int64_t pixels = int64_t{e.width} * e.height;
+    if (info.max_image_pixels > 0 && pixels > info.max_image_pixels)
+      return job_error(job.path, e.template_path.pointer,
+                       "template " + e.template_path.value + " is " + std::to_string(e.width) + "x" +
+                           std::to_string(e.height) + " = " + std::to_string(pixels) + " pixels",
+                       "at most " + std::to_string(info.max_image_pixels) + " pixels (model " + info.model_id + ")");
   }
 
   std::vector<ResolvedItem> items;

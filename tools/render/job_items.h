@@ -29,7 +29,8 @@ struct ResolvedItem {
 
 /// Resolves every item of `job` (not only a range: an error anywhere in the job fails every
 /// chunk of it the same way). Errors: job_error naming the prompt field for a word outside
-/// the vocabulary, or a prompt given to a model without one.
+/// the vocabulary or a prompt given to a model without one, or the template field of a
+/// template larger than the model takes.
 Result<std::vector<ResolvedItem>> resolve_items(const Job& job, const BackendInfo& info);
 
 /// PNG tEXt keywords of the hash and its canonical JSON.

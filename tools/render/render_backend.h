@@ -25,6 +25,8 @@ struct BackendInfo {
   int default_steps = 0;
   std::string default_sampler;
   double default_guidance = 1.0;
+  /// Largest template the model takes, in pixels; 0 = not known.
+  int64_t max_image_pixels = 0;
   /// The prompt words the model knows; nullopt when it takes no prompt.
   std::optional<std::vector<std::string>> vocabulary;
 };

@@ -211,6 +211,12 @@ TEST_CASE("job items: prompt words are checked against the model's vocabulary", 
   const std::string& m = items.status().message();
   CHECK(m.rfind(d.dir.file("job.json") + ": /edits/0/prompt: word \"purplish\"", 0) == 0);
   CHECK(m.find("expected words from: red green blue bright dark") != std::string::npos);
+  BackendInfo small = tiny_info();
+  small.max_image_pixels = 100 * 100;
+  auto big = resolve_items(*d.parse(job_with(R"("prompt": "green")")), small);
+  REQUIRE_FALSE(big.ok());
+  CHECK(big.status().message().rfind(d.dir.file("job.json") + ": /edits/0/template: ", 0) == 0);
+  CHECK(big.status().message().find("is 128x128 = 16384 pixels; expected at most 10000 pixels") != std::string::npos);
   BackendInfo no_prompt = tiny_info();
   no_prompt.vocabulary.reset();
   auto none = resolve_items(*job, no_prompt);

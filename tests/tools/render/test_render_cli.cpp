@@ -302,3 +302,28 @@ TEST_CASE("infill-render: a missed deadline exits 4 and leaves no partial file",
   CHECK(r.err.rfind("Error: the deadline of 2 s passed", 0) == 0);
   for (const auto& n : files_in(dir.file("out"))) CHECK(n.find(".partial") == std::string::npos);
 }
+
+TEST_CASE("infill-render: SIGINT mid-edit cancels, writes nothing more and kills the process by SIGINT",
+          "[render][cli][signal]") {
+  if (!have_binary()) return;
+  TempDir dir("infill-render-int");
+  for (const char* f : {"hills_256.png", "hills_256_mask.png"})
+    fs::copy_file(kSource + "/resources/jobs/" + f, dir.file(f));
+  std::ofstream(dir.file("slow.json")) << R"({"format": "infill-job/1",
+    "edits": [{"template": "hills_256.png", "mask": "hills_256_mask.png", "steps": 16,
+               "seeds": {"first": 1, "count": 8}, "output": "out/{seed}.png"}]})";
+  RenderProcess p({dir.file("slow.json"), "--cache-dir", "none", "--no-cache", "--threads", "2"}, dir.file("run"));
+  // Interrupted inside the first batch of edits: some progress, nothing saved yet.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (p.out().find("Progress: 1") == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ::kill(p.pid(), SIGINT);
+  const RenderRun r = p.wait(60000);
+  INFO(r.out << r.err);
+  CHECK_FALSE(r.exited);
+  CHECK(r.signal == SIGINT);
+  CHECK(r.err.empty());
+  const int saved = count_lines_starting(r.out, "Saved: ");
+  CHECK(static_cast<int>(files_in(dir.file("out")).size()) == saved);
+  for (const auto& n : files_in(dir.file("out"))) CHECK(n.find(".partial") == std::string::npos);
+}
