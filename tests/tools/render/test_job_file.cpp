@@ -149,7 +149,7 @@ TEST_CASE("job file: output patterns are checked and must not collide", "[render
   CHECK(expand_output_pattern("{item}{item:2}", {123, 0, ""}) == "123123");
 }
 
-TEST_CASE("--items: ranges, single items, open ends and bad ranges", "[render][items]") {
+TEST_CASE("item ranges (--items): ranges, single items, open ends and bad ranges", "[render][items]") {
   auto r = parse_item_range("3-5", 10);
   REQUIRE(r.ok());
   CHECK(r->first == 3);

@@ -109,7 +109,7 @@ TEST_CASE("infill-render: the golden job reproduces the committed outputs (SSIM 
   CHECK(train::ssim(rgb_of(g.dir.file("out/house_1.png")), rgb_of(g.dir.file("out/house_2.png"))) < 0.999);
 }
 
-TEST_CASE("infill-render: outputs already up to date are skipped; --force redoes them", "[render][cli][resume]") {
+TEST_CASE("infill-render: outputs already up to date are skipped, --force redoes them", "[render][cli][resume]") {
   if (!have_binary()) return;
   GoldenDir g;
   REQUIRE(run_render(g.args(), g.dir.file("run1")).code == 0);
@@ -147,7 +147,7 @@ TEST_CASE("infill-render: outputs already up to date are skipped; --force redoes
   CHECK(count_lines_starting(changed.out, "Saved: ") == 2);
 }
 
-TEST_CASE("infill-render: --items runs a slice; bad ranges exit 2", "[render][cli][items]") {
+TEST_CASE("infill-render: --items runs a slice, bad ranges exit 2", "[render][cli][items]") {
   if (!have_binary()) return;
   GoldenDir g;
   RenderRun second = run_render(g.args({"--items", "2-2"}), g.dir.file("run"));
@@ -240,7 +240,7 @@ TEST_CASE("infill-render: an engine that cannot start or be reached exits 3", "[
   CHECK(unreachable.err.rfind("Error: ", 0) == 0);
 }
 
-TEST_CASE("infill-render: SIGTERM mid-job leaves no partial file and kills the process by SIGTERM; the rerun resumes",
+TEST_CASE("infill-render: SIGTERM mid-job leaves no partial file and kills the process by SIGTERM, the rerun resumes",
           "[render][cli][signal]") {
   if (!have_binary()) return;
   TempDir dir("infill-render-sig");
