@@ -38,6 +38,8 @@ options:
   --model PATH        model folder (default: the bundled infill-tiny, else the build's random model)
   --workers N         step-loop workers (default 1)
   --threads N         compute threads per worker (default: cores / workers)
+  --journal PATH      SQLite journal of accepted batch edits, resumed after a crash
+                      (default: $XDG_STATE_HOME/infill/journal.sqlite; "off" = none)
   --no-calibrate      skip the start-up timing of the cost model
   --check             validate the config and the model, print a summary, exit 0 (ok) or 2
   --help
@@ -85,7 +87,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, bool> known = {{"--socket", true},  {"--listen", true},  {"--token-file", true},
                                              {"--config", true},  {"--model", true},   {"--workers", true},
                                              {"--threads", true}, {"--check", false},  {"--help", false},
-                                             {"--no-calibrate", false}};
+                                             {"--no-calibrate", false}, {"--journal", true}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto it = known.find(arg);
@@ -120,6 +122,8 @@ int main(int argc, char** argv) {
   if (opts.count("--token-file")) config.token_file = opts["--token-file"];
   if (opts.count("--model")) config.model = opts["--model"];
   if (opts.count("--no-calibrate")) config.calibrate = false;
+  if (opts.count("--journal")) config.journal = opts["--journal"];
+  if (config.journal.empty()) config.journal = infill::default_state_dir() + "/journal.sqlite";
   if (opts.count("--workers") && !parse_int(opts["--workers"], 1, 64, config.workers))
     return fail("--workers is " + opts["--workers"] + ", expected 1..64", 2);
   if (opts.count("--threads") && !parse_int(opts["--threads"], 1, 1024, config.threads))
@@ -149,6 +153,7 @@ int main(int argc, char** argv) {
                               {"listen", config.listen},
                               {"workers", config.workers},
                               {"threads", config.threads},
+                              {"journal", config.journal},
                               {"ok", true}};
     std::cout << summary.dump(2) << std::endl;
     return 0;
@@ -171,6 +176,7 @@ int main(int argc, char** argv) {
   so.ram_cache_bytes = config.ram_cache_bytes;
   so.calibrate = config.calibrate;
   so.calibration_path = so.cache_dir + "/step_cost.json";
+  so.journal_path = config.journal == "off" ? std::string() : config.journal;
   so.limits = config.limits;
   infill::EngineService service(so);
 

@@ -11,6 +11,7 @@ packages=(
   libboost-dev
   catch2
   nlohmann-json3-dev
+  libsqlite3-dev        # the engine's journal of accepted batch edits
   # Training data of the bundled model (infill-train, bench_model_quality): wallpapers and
   # photos with their licences in /usr/share/doc/<package>/copyright.
   gnome-backgrounds mate-backgrounds plasma-workspace-wallpapers

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include "serving/cost_calibration.h"
 #include "serving/serving_runtime.h"
 #include "serving/task_pool.h"
+#include "server/job_journal.h"
 #include "server/multipart.h"
 
 namespace infill {
@@ -67,6 +69,13 @@ json request_metrics_json(const RequestMetrics& m) {
           {"deadline_met", m.deadline_met}, {"shared_prepare", m.shared_prepare}};
 }
 
+// Inverse of error_code_name for codes read back from the journal (unknown -> internal).
+ErrorCode error_code_from_name(const std::string& name) {
+  for (int c = 1; c <= static_cast<int>(ErrorCode::kCancelled); ++c)
+    if (name == error_code_name(static_cast<ErrorCode>(c))) return static_cast<ErrorCode>(c);
+  return ErrorCode::kInternal;
+}
+
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
@@ -80,6 +89,9 @@ struct TemplateRecord {
   double last_used_ms = 0;
   int waiting = 0;       // edits on it that have not run a step yet
   bool prepared = false; // an edit on it ran a step (its prepare job finished)
+  // With a journal: the uploaded file, written to the journal with its first batch edit.
+  std::shared_ptr<const std::string> bytes;
+  bool journaled = false;
 };
 
 struct EditRecord {
@@ -95,6 +107,7 @@ struct EditRecord {
   double submitted_ms = 0;
   double finished_ms = -1;
   json metrics;
+  bool journaled = false;  // a batch edit in the job journal
 };
 
 }  // namespace
@@ -110,6 +123,13 @@ struct EngineService::Impl {
   std::shared_ptr<const Model> model;
   std::shared_ptr<ActivationStore> store;
   std::unique_ptr<ServingRuntime> runtime;
+  std::unique_ptr<JobJournal> journal;  // null without options.journal_path
+  uint64_t edits_resumed = 0;
+  uint64_t ids_reserved = 0;  // with a journal: ids up to here are recorded as handed out
+  static constexpr uint64_t kIdBlock = 1000;
+  // Set when the engine stops: edits cancelled from here on stay unfinished in the journal,
+  // so the next start resumes them.
+  std::atomic<bool> shutting_down{false};
 
   mutable std::mutex mu;  // guards everything below; never held while computing
   std::string load_error;
@@ -123,6 +143,10 @@ struct EngineService::Impl {
 
   std::mutex sink_mu;  // held while the sink runs, so detaching waits for calls in progress
   std::function<void(const ServiceEvent&)> sink;
+
+  static int64_t unix_now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
 
   double now_ms() const {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - epoch).count();
@@ -146,11 +170,17 @@ struct EngineService::Impl {
     return r;
   }
 
+  // A dropped result leaves the journal too (best effort: a leftover row expires again at start).
+  void forget_locked(const EditRecord& e) {
+    if (e.journaled && journal) (void)journal->forget_edit(e.id);
+  }
+
   // Drops finished edits past their TTL, then the oldest finished ones beyond max_results.
   void expire_results_locked(double now) {
     size_t finished = 0;
     for (auto it = edits.begin(); it != edits.end();) {
       if (it->second.finished_ms >= 0 && now - it->second.finished_ms > options.limits.result_ttl_ms) {
+        forget_locked(it->second);
         it = edits.erase(it);
       } else {
         finished += it->second.finished_ms >= 0 ? 1 : 0;
@@ -159,6 +189,7 @@ struct EngineService::Impl {
     }
     for (auto it = edits.begin(); it != edits.end() && finished > static_cast<size_t>(options.limits.max_results);) {
       if (it->second.finished_ms >= 0) {
+        forget_locked(it->second);
         it = edits.erase(it);
         --finished;
       } else {
@@ -197,7 +228,9 @@ struct EngineService::Impl {
   }
 
   ApiReply make_template_now(const std::string& bytes, const std::string& name);
-  ApiReply submit_now(EditSubmission s);
+  /// `replay_id` != 0: an edit resumed from the journal, under its old id and past the limits.
+  ApiReply submit_now(EditSubmission s, uint64_t replay_id = 0);
+  Status resume_journal();
   Result<at::Tensor> decode_mask(const EditSubmission& s, const json& rect, const TemplateImage& tmpl) const;
   void on_progress(uint64_t id, const RequestProgress& p);
   void on_preview(uint64_t id, int steps_done, const at::Tensor& rgb);
@@ -211,6 +244,7 @@ EngineService::EngineService(ServiceOptions options) : impl_(std::make_shared<Im
 
 EngineService::~EngineService() {
   // The runtime first: its callbacks reach into the records below.
+  impl_->shutting_down.store(true);
   impl_->runtime.reset();
   impl_->pool.reset();
   set_event_sink({});
@@ -254,7 +288,85 @@ Status EngineService::load() {
   s.model = *model;
   s.store = shared_store;
   s.runtime = std::move(*runtime);
+  if (!s.options.journal_path.empty()) {
+    auto journal = JobJournal::open(s.options.journal_path);
+    if (!journal.ok()) return fail(journal.status());
+    s.journal = std::move(*journal);
+    Status resumed = s.resume_journal();
+    if (!resumed.ok()) return fail(resumed);
+  }
   s.ready.store(true, std::memory_order_release);
+  return {};
+}
+
+Status EngineService::Impl::resume_journal() {
+  auto max_id = journal->max_edit_id();
+  if (!max_id.ok()) return max_id.status();
+  auto journaled = journal->edits();
+  if (!journaled.ok()) return journaled.status();
+  {
+    std::lock_guard lock(mu);
+    next_id = std::max(next_id, *max_id + 1);
+  }
+  const int64_t unix_now = unix_now_ms();
+  for (JournaledEdit& je : *journaled) {
+    if (!je.final_state.empty()) {
+      // Finished before the restart: keep the result until it expires, on the wall clock.
+      const double age_ms = double(std::max<int64_t>(0, unix_now - je.finished_unix_ms));
+      if (age_ms > options.limits.result_ttl_ms) {
+        (void)journal->forget_edit(je.id);
+        continue;
+      }
+      auto state = parse_request_state(je.final_state);
+      std::lock_guard lock(mu);
+      EditRecord& e = edits[je.id];
+      e.id = je.id;
+      e.client = je.client;
+      e.template_id = je.template_id;
+      e.state = state.ok() ? *state : RequestState::kFailed;
+      e.started = true;
+      e.png = std::move(je.result_png);
+      if (e.state != RequestState::kDone)
+        e.status = Status(error_code_from_name(je.error_code), je.error_message);
+      e.finished_ms = now_ms() - age_ms;
+      e.journaled = true;
+      continue;
+    }
+    // Unfinished: decode its template again (once) and submit it under its old id.
+    auto fail_resume = [&](const Status& why) {
+      (void)journal->finish_edit(je.id, "failed", "", error_code_name(why.code()),
+                                 "could not be resumed after a restart: " + why.message(), unix_now);
+    };
+    bool known = false;
+    {
+      std::lock_guard lock(mu);
+      known = templates.count(je.template_id) > 0;
+    }
+    if (!known) {
+      auto t = journal->template_bytes(je.template_id);
+      if (!t.ok()) {
+        fail_resume(t.status());
+        continue;
+      }
+      ApiReply made = make_template_now(t->bytes, t->name);
+      if (made.status != 200 && made.status != 201) {
+        fail_resume(io_error("template " + je.template_id + ": " + made.body));
+        continue;
+      }
+      std::lock_guard lock(mu);
+      if (auto it = templates.find(je.template_id); it != templates.end()) it->second.journaled = true;
+    }
+    EditSubmission sub;
+    sub.client = je.client;
+    sub.params = json::parse(je.params_json, nullptr, false);
+    sub.mask_bytes = std::move(je.mask_bytes);
+    ApiReply r = submit_now(std::move(sub), je.id);
+    if (r.status != 202) {
+      fail_resume(io_error("resubmission: " + r.body));
+      continue;
+    }
+    ++edits_resumed;
+  }
   return {};
 }
 
@@ -335,6 +447,8 @@ ApiReply EngineService::metrics() const {
                     {"templates_created", s.templates_created},
                     {"edits_submitted", s.edits_submitted},
                     {"edits_rejected", s.edits_rejected},
+                    {"edits_resumed", s.edits_resumed},
+                    {"journal", s.journal ? s.journal->path() : std::string()},
                     {"results_kept", s.edits.size()}};
   }
   return json_reply(200, j);
@@ -370,6 +484,7 @@ ApiReply EngineService::Impl::make_template_now(const std::string& bytes, const 
   if (inserted) {
     it->second.tmpl = *t;
     it->second.name = name;
+    if (journal) it->second.bytes = std::make_shared<const std::string>(bytes);
     ++templates_created;
   }
   it->second.last_used_ms = now;
@@ -429,7 +544,7 @@ Result<at::Tensor> EngineService::Impl::decode_mask(const EditSubmission& s, con
   return to_rgb_tensor(*image).mean(0).contiguous();
 }
 
-ApiReply EngineService::Impl::submit_now(EditSubmission sub) {
+ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id) {
   c10::InferenceMode guard;
   const json& p = sub.params;
   if (!p.is_object()) return error_reply(400, "invalid_params", "edit parameters must be a JSON object");
@@ -526,10 +641,12 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub) {
   }
 
   uint64_t id = 0;
+  std::optional<JournaledTemplate> journal_template;
+  bool journal_edit = false;
   {
     std::lock_guard lock(mu);
     expire_results_locked(now_ms());
-    if (live_per_client[sub.client] >= options.limits.max_queued_per_client) {
+    if (replay_id == 0 && live_per_client[sub.client] >= options.limits.max_queued_per_client) {
       ++edits_rejected;
       ApiReply r = error_reply(429, "too_many_edits",
                                "client " + sub.client + " has " + std::to_string(live_per_client[sub.client]) +
@@ -537,14 +654,20 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub) {
       r.retry_after_s = 1;
       return r;
     }
-    if (live_total >= options.limits.max_live_edits) {
+    if (replay_id == 0 && live_total >= options.limits.max_live_edits) {
       ++edits_rejected;
       ApiReply r = error_reply(429, "engine_busy", "the engine has " + std::to_string(live_total) +
                                                        " edits in flight, the limit is " + std::to_string(options.limits.max_live_edits));
       r.retry_after_s = 1;
       return r;
     }
-    id = next_id++;
+    if (replay_id == 0 && journal && next_id > ids_reserved) {
+      // Ids are reserved in blocks so that a restart never hands out one a client still holds.
+      Status st = journal->reserve_ids(next_id + kIdBlock);
+      if (!st.ok()) return error_reply(503, "journal_unavailable", "the edit was not accepted: " + st.message());
+      ids_reserved = next_id + kIdBlock;
+    }
+    id = replay_id != 0 ? replay_id : next_id++;
     auto [cit, fresh] = client_ids.try_emplace(sub.client, client_ids.size() + 1);
     (void)fresh;
     req.client_id = cit->second;
@@ -553,11 +676,51 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub) {
     e.client = sub.client;
     e.template_id = template_id;
     e.submitted_ms = now_ms();
+    e.journaled = journal && cls == RequestClass::kBatch;
     ++live_per_client[sub.client];
     ++live_total;
     ++edits_submitted;
     // The template may have been evicted meanwhile; the request holds its own reference.
-    if (auto t = templates.find(template_id); t != templates.end()) ++t->second.waiting;
+    if (auto t = templates.find(template_id); t != templates.end()) {
+      ++t->second.waiting;
+      if (e.journaled && replay_id == 0 && !t->second.journaled && t->second.bytes) {
+        journal_template = JournaledTemplate{template_id, t->second.name, *t->second.bytes};
+      }
+    }
+    journal_edit = e.journaled && replay_id == 0;
+  }
+  if (journal_edit) {
+    // Accepted means journaled: the 202 goes out only after the commit.
+    Status st;
+    if (journal_template) {
+      st = journal->add_template(*journal_template);
+      if (st.ok()) {
+        std::lock_guard lock(mu);
+        if (auto t = templates.find(template_id); t != templates.end()) t->second.journaled = true;
+      }
+    }
+    if (st.ok()) {
+      json stored = p;
+      stored.erase("mask_png_base64");  // kept once, as the mask bytes
+      stored.erase("supersedes");       // a resumed edit supersedes nothing
+      JournaledEdit je;
+      je.id = id;
+      je.client = sub.client;
+      je.template_id = template_id;
+      je.params_json = stored.dump();
+      je.mask_bytes = sub.mask_bytes;
+      st = journal->add_edit(je);
+    }
+    if (!st.ok()) {
+      {
+        std::lock_guard lock(mu);
+        edits.erase(id);
+        --live_per_client[sub.client];
+        --live_total;
+        if (auto t = templates.find(template_id); t != templates.end()) --t->second.waiting;
+      }
+      return error_reply(503, "journal_unavailable", "the batch edit was not accepted: " + st.message());
+    }
   }
   req.id = id;
   const std::string client = sub.client;
@@ -576,6 +739,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub) {
       --live_total;
       if (auto t = templates.find(template_id); t != templates.end()) --t->second.waiting;
     }
+    if (journal_edit) (void)journal->forget_edit(id);
     emit(client, "failed", {{"id", id}, {"state", "failed"}, {"error", {{"code", error_code_name(st.code())}, {"message", st.message()}}}});
     return status_reply(st);
   }
@@ -631,11 +795,13 @@ void EngineService::Impl::on_preview(uint64_t id, int steps_done, const at::Tens
 void EngineService::Impl::on_complete(const RequestResult& r) {
   std::string client;
   json data = {{"id", r.id}, {"state", request_state_name(r.state)}};
+  bool journaled = false;
   {
     std::lock_guard lock(mu);
     auto it = edits.find(r.id);
     if (it == edits.end()) return;
     EditRecord& e = it->second;
+    journaled = e.journaled;
     if (!e.started) {
       if (auto t = templates.find(e.template_id); t != templates.end()) t->second.waiting = std::max(0, t->second.waiting - 1);
     }
@@ -656,6 +822,17 @@ void EngineService::Impl::on_complete(const RequestResult& r) {
     } else {
       data["error"] = {{"code", error_code_name(r.status.code())}, {"message", r.status.message()}};
     }
+  }
+  if (journaled && r.state == RequestState::kCancelled && shutting_down.load()) {
+    journaled = false;  // cancelled by the shutdown, not by the client: resume it next time
+  }
+  if (journaled) {
+    // Before the event: a client told "done" can count on the result surviving a restart.
+    const bool done = r.state == RequestState::kDone;
+    Status st = journal->finish_edit(r.id, request_state_name(r.state), done ? bytes_to_string(r.png) : std::string(),
+                                     done ? "" : error_code_name(r.status.code()), done ? "" : r.status.message(),
+                                     unix_now_ms());
+    if (!st.ok()) std::fprintf(stderr, "infill-engine: %s\n", st.message().c_str());
   }
   emit(client, r.state == RequestState::kDone ? "done" : "failed", std::move(data));
 }
@@ -708,6 +885,7 @@ bool EngineService::drain(double timeout_ms, double cancel_timeout_ms) {
     for (const auto& [id, e] : impl_->edits)
       if (e.finished_ms < 0) live.push_back(id);
   }
+  impl_->shutting_down.store(true);
   for (uint64_t id : live) impl_->runtime->cancel(id);
   return impl_->runtime->drain(cancel_timeout_ms);
 }

@@ -35,6 +35,9 @@ struct ServiceOptions {
   /// plausible model (tests, --check).
   bool calibrate = false;
   std::string calibration_path;
+  /// SQLite journal of accepted `batch` edits (job_journal.h); "" = batch edits are not
+  /// durable. load() resumes the unfinished ones it finds there.
+  std::string journal_path;
   ServerLimits limits;
 };
 
@@ -85,7 +88,9 @@ class EngineService {
   /// Edits not yet finished.
   size_t live_edits() const;
   /// Waits up to `timeout_ms` for live edits to finish; then cancels the rest and waits up
-  /// to `cancel_timeout_ms` more. True when nothing is live in the end.
+  /// to `cancel_timeout_ms` more. True when nothing is live in the end. Journaled batch edits
+  /// cancelled here (or by the destructor) stay unfinished in the journal: the next load()
+  /// resumes them.
   bool drain(double timeout_ms, double cancel_timeout_ms);
 
  private:

@@ -31,6 +31,7 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
 
 #include "server/multipart.h"
 
@@ -102,9 +103,34 @@ struct Subscriber {
   explicit Subscriber(asio::any_io_executor ex, std::string c) : timer(ex), client(std::move(c)) {}
   asio::steady_timer timer;
   std::string client;  // "*" = every client's events
+  bool websocket = false;  // queue holds JSON messages, not SSE text
   std::deque<std::string> queue;
   bool closed = false;
 };
+
+// The reader half of a WebSocket subscription: Beast answers pings and the close handshake
+// only while a read is pending; whatever the client sends is ignored. Its end (the client
+// closed or vanished) ends the subscription. A plain function, not a lambda: the coroutine
+// frame must own its arguments.
+struct WsReader {
+  bool running = true;
+  std::shared_ptr<asio::steady_timer> finished;  // cancelled when the reader returns
+};
+
+template <class WsStream>
+awaitable<void> read_until_closed(WsStream& ws, std::shared_ptr<Subscriber> sub, std::shared_ptr<WsReader> state) {
+  beast::flat_buffer buffer;
+  beast::error_code ec;
+  for (;;) {
+    buffer.clear();
+    co_await ws.async_read(buffer, asio::redirect_error(use_awaitable, ec));
+    if (ec) break;
+  }
+  state->running = false;
+  sub->closed = true;
+  sub->timer.cancel();
+  state->finished->cancel();
+}
 
 // Events a subscriber may fall behind by before it is dropped (it reconnects and polls).
 constexpr size_t kMaxQueuedEvents = 4096;
@@ -136,7 +162,7 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
       if (s->queue.size() >= kMaxQueuedEvents) {
         s->closed = true;
       } else {
-        s->queue.push_back(text);
+        s->queue.push_back(s->websocket ? e.json : text);  // the JSON carries "type" too
       }
       s->timer.cancel();
     }
@@ -199,6 +225,8 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
 
   template <class Stream>
   awaitable<void> serve_events(Stream& stream, const Request& req, const std::string& client);
+  template <class Stream>
+  awaitable<void> serve_events_websocket(Stream& stream, const Request& req, const std::string& client);
   template <class Stream>
   awaitable<void> session(Stream stream, bool is_tcp);
   template <class Acceptor, class StreamFactory>
@@ -402,6 +430,72 @@ awaitable<void> HttpServer::Impl::serve_events(Stream& stream, const Request& re
 }
 
 template <class Stream>
+awaitable<void> HttpServer::Impl::serve_events_websocket(Stream& stream, const Request& req, const std::string& client) {
+  namespace websocket = beast::websocket;
+  auto ex = co_await asio::this_coro::executor;
+  auto sub = std::make_shared<Subscriber>(ex, client);
+  sub->websocket = true;
+  subscribers.push_back(sub);
+  struct Unregister {
+    Impl* s;
+    std::shared_ptr<Subscriber> sub;
+    ~Unregister() { s->subscribers.remove(sub); }
+  } unregister{this, sub};
+
+  // The WebSocket layer keeps its own deadlines: pings when idle, and a peer that answers
+  // nothing for two heartbeats is dropped.
+  stream.expires_never();
+  websocket::stream<Stream&> ws(stream);
+  websocket::stream_base::timeout timeouts;
+  timeouts.handshake_timeout = ms(options.limits.body_timeout_ms);
+  timeouts.idle_timeout = ms(2 * options.limits.event_heartbeat_ms);
+  timeouts.keep_alive_pings = true;
+  ws.set_option(timeouts);
+  ws.set_option(websocket::stream_base::decorator(
+      [](websocket::response_type& res) { res.set(http::field::server, "infill-engine"); }));
+  ws.read_message_max(64 << 10);  // clients have nothing to say; a flood is cut off
+  beast::error_code ec;
+  co_await ws.async_accept(req, asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return;
+  ws.text(true);
+
+  auto reader = std::make_shared<WsReader>();
+  reader->finished = std::make_shared<asio::steady_timer>(ex, Clock::time_point::max());
+  asio::co_spawn(ex, read_until_closed(ws, sub, reader), asio::detached);
+
+  std::string message = json{{"type", "connected"}, {"client", client}}.dump();
+  for (;;) {
+    if (!message.empty()) {
+      co_await ws.async_write(asio::buffer(message), asio::redirect_error(use_awaitable, ec));
+      if (ec) break;
+      message.clear();
+    }
+    if (sub->closed || closing) break;
+    if (sub->queue.empty()) {
+      sub->timer.expires_after(ms(options.limits.event_heartbeat_ms));
+      co_await sub->timer.async_wait(asio::redirect_error(use_awaitable, ec));
+      continue;
+    }
+    message = std::move(sub->queue.front());
+    sub->queue.pop_front();
+  }
+  // Say goodbye when we are the ones leaving, then let the reader finish: it uses `ws`.
+  if (reader->running && ws.is_open()) {
+    const auto code = closing ? websocket::close_code::going_away : websocket::close_code::policy_error;
+    co_await ws.async_close(code, asio::redirect_error(use_awaitable, ec));
+  }
+  if (reader->running) {
+    beast::get_lowest_layer(stream).expires_after(ms(options.limits.body_timeout_ms));
+    co_await reader->finished->async_wait(asio::redirect_error(use_awaitable, ec));
+    while (reader->running) {  // the close handshake timed out: cut the connection
+      beast::get_lowest_layer(stream).cancel();
+      asio::steady_timer t(ex, std::chrono::milliseconds(10));
+      co_await t.async_wait(asio::redirect_error(use_awaitable, ec));
+    }
+  }
+}
+
+template <class Stream>
 awaitable<void> HttpServer::Impl::session(Stream stream, bool is_tcp) {
   open_connections.fetch_add(1);
   auto self = shared_from_this();
@@ -502,7 +596,11 @@ awaitable<void> HttpServer::Impl::session(Stream stream, bool is_tcp) {
         break;
       }
       const std::string who = query.count("all") ? std::string("*") : client;
-      co_await serve_events(stream, req, who);
+      if (beast::websocket::is_upgrade(req)) {
+        co_await serve_events_websocket(stream, req, who);
+      } else {
+        co_await serve_events(stream, req, who);
+      }
       co_return;
     }
     ApiReply reply;

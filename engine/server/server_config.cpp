@@ -105,6 +105,7 @@ Result<EngineConfig> parse_engine_config(std::string_view json_text, const std::
       {"token_file", [&](const json& v, const std::string& k) { return read_string(v, k, c.token_file); }},
       {"model", [&](const json& v, const std::string& k) { return read_string(v, k, c.model); }},
       {"cache_dir", [&](const json& v, const std::string& k) { return read_string(v, k, c.cache_dir); }},
+      {"journal", [&](const json& v, const std::string& k) { return read_string(v, k, c.journal); }},
       {"workers", int_field(c.workers, 1, 64)},
       {"threads", int_field(c.threads, 0, 1024)},
       {"ram_cache_bytes", int_field(c.ram_cache_bytes, 0, int64_t{1} << 40)},
@@ -151,6 +152,11 @@ std::string default_runtime_dir() {
 
 std::string default_config_dir() {
   const std::string base = env_or("XDG_CONFIG_HOME", env_or("HOME", "/tmp") + "/.config");
+  return base + "/infill";
+}
+
+std::string default_state_dir() {
+  const std::string base = env_or("XDG_STATE_HOME", env_or("HOME", "/tmp") + "/.local/state");
   return base + "/infill";
 }
 

@@ -37,6 +37,8 @@ struct EngineConfig {
   int workers = 1;
   int threads = 0;          ///< compute threads per worker; 0 = cores / workers
   std::string cache_dir;    ///< disk tier of the activation cache; "" = default_cache_dir()
+  /// Journal of accepted batch edits; "" = default_state_dir()/journal.sqlite, "off" = none.
+  std::string journal;
   uint64_t ram_cache_bytes = uint64_t{2} << 30;
   bool calibrate = true;    ///< time the cost model at start-up (cached per model and threads)
   double drain_timeout_ms = 10000;  ///< on SIGTERM: let live edits finish this long, then cancel
@@ -55,6 +57,8 @@ Result<EngineConfig> load_engine_config(const std::string& path);
 std::string default_runtime_dir();
 /// $XDG_CONFIG_HOME/infill (or ~/.config/infill).
 std::string default_config_dir();
+/// $XDG_STATE_HOME/infill (or ~/.local/state/infill): the job journal.
+std::string default_state_dir();
 
 /// Splits "HOST:PORT" ("[::1]:8080" for IPv6). Errors name the text.
 Result<std::pair<std::string, uint16_t>> parse_listen_address(std::string_view text);

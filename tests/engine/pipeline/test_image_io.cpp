@@ -3,7 +3,10 @@
 #include "support/temp_dir.h"
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -252,4 +255,41 @@ TEST_CASE("the shared astronaut test image loads as 512x512", "[image_io]") {
   REQUIRE(decoded.ok());
   const bool same_bytes = decoded->data == image->data;
   CHECK(same_bytes);
+}
+
+TEST_CASE("decode_image and encode_png are safe from many threads at once", "[image_io][threads]") {
+  // Clients decode results on many threads; each image must decode the same as alone.
+  std::vector<PixelImage> images;
+  std::vector<std::vector<std::byte>> pngs;
+  for (uint32_t i = 0; i < 4; ++i) {
+    images.push_back(random_image(64, 48, 3, PixelFormat::kU8, 100 + i));
+    auto png = encode_png(images.back());
+    REQUIRE(png.ok());
+    pngs.push_back(std::move(*png));
+  }
+  std::atomic<int> failures{0}, mismatches{0};
+  std::string first_error;
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 32; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 40; ++i) {
+        const size_t which = size_t(t + i) % pngs.size();
+        // Names without an extension make the reader probe every format.
+        auto decoded = decode_image(pngs[which], i % 2 ? "result" : "result.png", kNoLimit);
+        auto encoded = encode_png(images[which]);
+        if (!decoded.ok() || !encoded.ok()) {
+          std::lock_guard lock(mu);
+          if (first_error.empty()) first_error = decoded.ok() ? encoded.status().message() : decoded.status().message();
+          ++failures;
+          continue;
+        }
+        if (decoded->data != images[which].data) ++mismatches;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  INFO(first_error);
+  CHECK(failures == 0);
+  CHECK(mismatches == 0);
 }

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "engine/serving/serving_fixture.h"
@@ -29,6 +30,10 @@ inline ServerLimits test_limits() {
 
 inline std::string to_string(const std::vector<std::byte>& b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+inline std::span<const std::byte> bytes_of(const std::string& s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
 }
 
 inline std::string png_string(const PixelImage& img) {

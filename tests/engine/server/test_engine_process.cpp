@@ -41,6 +41,21 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
   return pid;
 }
 
+// Polls /health on the socket until it answers 200 (true) or `timeout_ms` passes.
+bool wait_healthy(const std::string& sock, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (std::filesystem::exists(sock)) {
+      try {
+        if (request(Endpoint{sock, 0}, "GET", "/health").status == 200) return true;
+      } catch (const std::exception&) {
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
 // Exit status of `pid`, or -1 if it did not end within `timeout_ms` (then it is killed).
 int wait_exit(pid_t pid, int timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -67,7 +82,8 @@ TEST_CASE("infill-engine: --check, bad config, start, serve, SIGTERM exits 0", "
   REQUIRE(write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok());
   const std::string sock = dir.file("run/engine.sock");
   const std::vector<std::string> base = {bin, "--model", dir.file("model"), "--socket", sock,
-                                         "--token-file", dir.file("conf/token"), "--no-calibrate", "--threads", "1"};
+                                         "--token-file", dir.file("conf/token"), "--no-calibrate", "--threads", "1",
+                                         "--journal", dir.file("state/journal.sqlite")};
 
   auto with = [&](std::vector<std::string> extra) {
     auto a = base;
@@ -102,4 +118,62 @@ TEST_CASE("infill-engine: --check, bad config, start, serve, SIGTERM exits 0", "
   ::kill(pid, SIGTERM);
   CHECK(wait_exit(pid, 20000) == 0);
   CHECK_FALSE(std::filesystem::exists(sock));
+}
+
+TEST_CASE("infill-engine killed with SIGKILL resumes its queued batch edits on restart", "[server][process][journal]") {
+  const std::string bin = engine_binary();
+  if (!std::filesystem::exists(bin)) {
+    WARN("infill-engine is not built at " << bin << "; build the infill-engine target");
+    return;
+  }
+  c10::InferenceMode guard;
+  TempDir dir("infill-kill");
+  REQUIRE(write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok());
+  const std::string sock = dir.file("run/engine.sock");
+  const std::vector<std::string> args = {bin, "--model", dir.file("model"), "--socket", sock, "--no-calibrate",
+                                         "--threads", "1", "--journal", dir.file("state/journal.sqlite")};
+  const Endpoint ep{sock, 0};
+  pid_t pid = spawn(args, dir.file("engine1.log"));
+  REQUIRE(wait_healthy(sock, 30000));
+  Response t = request(ep, "POST", "/v1/templates?name=picture.png", png_string(serving_picture(0)), {"Content-Type: image/png"});
+  REQUIRE(t.status == 201);
+  const std::string tmpl = t.json()["id"];
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 8; ++i) {
+    nlohmann::json p = {{"template", tmpl}, {"mask_rect", {(8 * i) % 48, 8, 16, 16}}, {"seed", i}, {"steps", 200}, {"class", "batch"}};
+    Response r = request(ep, "POST", "/v1/edits", p.dump(), {"Content-Type: application/json", "X-Infill-Client: farm"});
+    REQUIRE(r.status == 202);
+    ids.push_back(r.json()["id"].get<uint64_t>());
+  }
+  const std::string last_state = request(ep, "GET", "/v1/edits/" + std::to_string(ids.back())).json()["state"];
+  ::kill(pid, SIGKILL);
+  CHECK(wait_exit(pid, 20000) == 128 + SIGKILL);
+
+  pid = spawn(args, dir.file("engine2.log"));  // the stale socket is replaced
+  REQUIRE(wait_healthy(sock, 30000));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (uint64_t id : ids) {
+    INFO("edit " << id);
+    std::string state;
+    while (std::chrono::steady_clock::now() < deadline) {
+      Response s = request(ep, "GET", "/v1/edits/" + std::to_string(id));
+      REQUIRE(s.status == 200);
+      state = s.json()["state"];
+      if (state == "done" || state == "failed" || state == "cancelled") break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    CHECK(state == "done");
+    Response png = request(ep, "GET", "/v1/edits/" + std::to_string(id) + "/result");
+    CHECK(png.status == 200);
+    auto img = decode_image(std::as_bytes(std::span<const char>(png.body.data(), png.body.size())), "result", 1 << 20);
+    REQUIRE(img.ok());
+    CHECK(img->width == 64);
+  }
+  Response m = request(ep, "GET", "/v1/metrics");
+  INFO("the last edit was " << last_state << " when the engine was killed");
+  const int resumed = m.json()["service"]["edits_resumed"].get<int>();
+  WARN("edits resumed after SIGKILL: " << resumed << " (the last edit was " << last_state << ")");
+  if (last_state != "done") CHECK(resumed >= 1);
+  ::kill(pid, SIGTERM);
+  CHECK(wait_exit(pid, 20000) == 0);
 }

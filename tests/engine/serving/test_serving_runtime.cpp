@@ -157,11 +157,13 @@ TEST_CASE("a request's callbacks arrive in order and none after its completion",
   RuntimeOptions o;
   o.pool_threads = 3;  // callbacks of one request could otherwise overtake each other
   auto rt = start(f, o);
+  // Per request, in arrival order: steps_done for a progress call, kPreview, kDone.
+  constexpr int kPreview = -1, kDone = -2;
   std::mutex log_mu;
-  std::map<uint64_t, std::vector<std::string>> log;  // per request: "p<steps>", "v", "done"
-  auto note = [&](uint64_t id, std::string what) {
+  std::map<uint64_t, std::vector<int>> log;
+  auto note = [&](uint64_t id, int what) {
     std::lock_guard lock(log_mu);
-    log[id].push_back(std::move(what));
+    log[id].push_back(what);
   };
   constexpr int kRequests = 6;
   for (uint64_t id = 1; id <= kRequests; ++id) {
@@ -170,12 +172,12 @@ TEST_CASE("a request's callbacks arrive in order and none after its completion",
     // A slow first progress callback: a later callback run on another pool thread would finish first.
     r.on_progress = [&, id](const RequestProgress& p) {
       if (p.steps_done == 1) std::this_thread::sleep_for(std::chrono::milliseconds(80));
-      note(id, "p" + std::to_string(p.steps_done));
+      note(id, p.steps_done);
     };
-    r.on_preview = [&](uint64_t rid, int, const at::Tensor&) { note(rid, "v"); };
+    r.on_preview = [&](uint64_t rid, int, const at::Tensor&) { note(rid, kPreview); };
     auto done = r.on_complete;
     r.on_complete = [&, done](const RequestResult& res) {
-      note(res.id, "done");
+      note(res.id, kDone);
       done(res);
     };
     REQUIRE(rt->submit(std::move(r)).ok());
@@ -194,14 +196,13 @@ TEST_CASE("a request's callbacks arrive in order and none after its completion",
   for (const auto& [id, events] : log) {
     INFO("request " << id);
     REQUIRE_FALSE(events.empty());
-    CHECK(events.back() == "done");
-    CHECK(std::count(events.begin(), events.end(), "done") == 1);
+    CHECK(events.back() == kDone);
+    CHECK(std::count(events.begin(), events.end(), kDone) == 1);
     int last_step = 0;
-    for (const auto& e : events) {
-      if (e[0] != 'p') continue;
-      const int step = std::stoi(e.substr(1));
-      CHECK(step == last_step + 1);
-      last_step = step;
+    for (int e : events) {
+      if (e <= 0) continue;
+      CHECK(e == last_step + 1);
+      last_step = e;
     }
     CHECK(last_step == 4);
   }
