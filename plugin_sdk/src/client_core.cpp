@@ -218,7 +218,8 @@ void ClientCore::on_event(const std::string& type, const std::string& data) {
     if (submits_in_flight_.load() > 0) unclaimed_[id].emplace_back(type, data);
     return;
   }
-  dispatch(it->second, type, j);
+  const std::shared_ptr<Job> job = it->second;  // a copy: finish() erases the map's
+  dispatch(job, type, j);
 }
 
 void ClientCore::dispatch(const std::shared_ptr<Job>& job, const std::string& type, const json& data) {
@@ -322,8 +323,9 @@ void ClientCore::reconcile() {
   }
 }
 
-void ClientCore::finish(const std::shared_ptr<Job>& job, infill_job_state state, std::optional<Error> error, std::string png,
-                        uint32_t steps_run, double total_ms) {
+void ClientCore::finish(const std::shared_ptr<Job>& job_ref, infill_job_state state, std::optional<Error> error,
+                        std::string png, uint32_t steps_run, double total_ms) {
+  const std::shared_ptr<Job> job = job_ref;  // `job_ref` may be the entry erased below
   if (job->done_called) return;
   job->done_called = true;
   {

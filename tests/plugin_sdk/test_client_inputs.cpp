@@ -1,0 +1,311 @@
+// libinfill_client without an engine: versions, enum names, endpoints, and every bad input
+// (NULL pointers, wrong struct_size, bad values, unreachable engines) answered by an error
+// object with a message naming the input, never a crash.
+#include "support/catch.h"
+
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "infill/infill_client.h"
+#include "support/temp_dir.h"
+
+namespace {
+
+// Takes ownership of `e`: its code and message ("" / 0 when NULL).
+struct Err {
+  bool failed = false;
+  infill_error_code code{};
+  std::string message;
+  int http = 0;
+  explicit Err(infill_error* e) {
+    if (!e) return;
+    failed = true;
+    code = infill_error_get_code(e);
+    message = infill_error_message(e);
+    http = infill_error_http_status(e);
+    infill_error_delete(e);
+  }
+  bool contains(const std::string& s) const { return message.find(s) != std::string::npos; }
+};
+
+infill_client* make_client(const char* endpoint, uint32_t connect_timeout_ms = 2000) {
+  infill_client_options o;
+  infill_client_options_init(&o);
+  o.endpoint = endpoint;
+  o.token = "secret";
+  o.connect_timeout_ms = connect_timeout_ms;
+  infill_client* c = nullptr;
+  infill_error* e = infill_client_create(&o, &c);
+  if (e) {
+    FAIL(infill_error_message(e));
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("sdk: API version, library version and enum names", "[sdk]") {
+  CHECK(infill_api_version() == INFILL_CLIENT_API_VERSION);
+  CHECK(std::strlen(infill_library_version()) > 0);
+  CHECK(std::string(infill_error_code_name(INFILL_ERROR_INVALID_ARGUMENT)) == "invalid_argument");
+  CHECK(std::string(infill_error_code_name(INFILL_ERROR_ENGINE_LOST)) == "engine_lost");
+  CHECK(std::string(infill_error_code_name(static_cast<infill_error_code>(999))) == "unknown");
+  CHECK(std::string(infill_job_state_name(INFILL_JOB_CANCELLED)) == "cancelled");
+  CHECK(std::string(infill_job_state_name(static_cast<infill_job_state>(0))) == "unknown");
+  // Error accessors tolerate NULL.
+  CHECK(infill_error_http_status(nullptr) == 0);
+  CHECK(std::string(infill_error_engine_code(nullptr)).empty());
+  infill_error_delete(nullptr);
+}
+
+TEST_CASE("sdk: create checks the options: version, struct_size, endpoint, client name", "[sdk]") {
+  infill_client* c = reinterpret_cast<infill_client*>(0x1);
+  infill_client_options o;
+  infill_client_options_init(&o);
+  CHECK(o.struct_size == sizeof o);
+  CHECK(o.connect_timeout_ms == 5000);
+  CHECK(o.cancel_on_destroy == 1);
+
+  Err null_options(infill_client_create(nullptr, &c));
+  CHECK(null_options.code == INFILL_ERROR_INVALID_ARGUMENT);
+  CHECK(null_options.contains("options is NULL"));
+  CHECK(c == nullptr);
+  Err null_out(infill_client_create(&o, nullptr));
+  CHECK(null_out.contains("out_client is NULL"));
+
+  infill_client_options small = o;
+  small.struct_size = 8;
+  Err size(infill_client_create(&small, &c));
+  CHECK(size.code == INFILL_ERROR_INVALID_ARGUMENT);
+  CHECK(size.contains("infill_client_options.struct_size is 8"));
+  CHECK(size.contains("infill_client_options_init"));
+
+  infill_client_options newer = o;
+  newer.api_version = INFILL_CLIENT_API_VERSION + 1;  // a newer minor than the library's
+  Err minor(infill_client_create(&newer, &c));
+  CHECK(minor.code == INFILL_ERROR_VERSION_MISMATCH);
+  CHECK(minor.contains("API 1.1"));
+  newer.api_version = (INFILL_CLIENT_API_VERSION_MAJOR + 1u) << 16;
+  CHECK(Err(infill_client_create(&newer, &c)).code == INFILL_ERROR_VERSION_MISMATCH);
+
+  struct Case {
+    const char* endpoint;
+    const char* expect;
+  };
+  for (const Case& k : {Case{"ftp://host:21", "not understood"}, Case{"http://127.0.0.1", "has no port"},
+                        Case{"http://127.0.0.1:99999", "1..65535"}, Case{"http://:80", "no host"},
+                        Case{"https://127.0.0.1:80", "https is not supported"}, Case{"unix:", "no socket path"},
+                        Case{"http://127.0.0.1:80/v1", "has a path"}, Case{"engine.sock", "not understood"}}) {
+    INFO(k.endpoint);
+    infill_client_options bad = o;
+    bad.endpoint = k.endpoint;
+    Err e(infill_client_create(&bad, &c));
+    CHECK(e.code == INFILL_ERROR_INVALID_ARGUMENT);
+    CHECK(e.contains(k.expect));
+    CHECK(c == nullptr);
+  }
+  infill_client_options bad_name = o;
+  bad_name.client_name = "no spaces allowed";
+  Err name(infill_client_create(&bad_name, &c));
+  CHECK(name.code == INFILL_ERROR_INVALID_ARGUMENT);
+  CHECK(name.contains("client_name"));
+  infill_client_options bad_token = o;
+  bad_token.endpoint = "http://127.0.0.1:9";
+  bad_token.token = "abc\r\nX-Evil: 1";
+  CHECK(Err(infill_client_create(&bad_token, &c)).contains("control character"));
+  infill_client_options missing_file = o;
+  missing_file.endpoint = "http://127.0.0.1:9";
+  missing_file.token_file = "/nonexistent/infill/token";
+  Err file(infill_client_create(&missing_file, &c));
+  CHECK(file.code == INFILL_ERROR_IO);
+  CHECK(file.contains("/nonexistent/infill/token"));
+
+  // Good forms.
+  for (const char* ep : {"unix:/tmp/x.sock", "unix:///tmp/x.sock", "http://127.0.0.1:7860", "http://[::1]:7860/",
+                         "http://localhost:7860"}) {
+    INFO(ep);
+    infill_client_options good = o;
+    good.endpoint = ep;
+    good.token = "t";
+    infill_client* ok = nullptr;
+    CHECK_FALSE(Err(infill_client_create(&good, &ok)).failed);
+    REQUIRE(ok != nullptr);
+    CHECK(std::string(infill_client_name(ok)).rfind("sdk-", 0) == 0);
+    infill_client_destroy(ok);
+  }
+  infill_client_destroy(nullptr);
+}
+
+TEST_CASE("sdk: the default endpoint follows XDG_RUNTIME_DIR as the engine does, INFILL_ENDPOINT overrides", "[sdk]") {
+  const char* old_runtime = std::getenv("XDG_RUNTIME_DIR");
+  const std::string saved = old_runtime ? old_runtime : "";
+  ::unsetenv("INFILL_ENDPOINT");
+  ::setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
+  char buf[256];
+  const size_t n = infill_default_endpoint(buf, sizeof buf);
+  CHECK(std::string(buf) == "unix:/run/user/4242/infill/engine.sock");
+  CHECK(n == std::strlen(buf));
+  char tiny[6];
+  CHECK(infill_default_endpoint(tiny, sizeof tiny) == n);
+  CHECK(std::string(tiny) == "unix:");
+  CHECK(infill_default_endpoint(nullptr, 0) == n);
+  infill_client* c = make_client(nullptr);
+  CHECK(std::string(infill_client_endpoint(c)) == "unix:/run/user/4242/infill/engine.sock");
+  infill_client_destroy(c);
+  ::setenv("INFILL_ENDPOINT", "http://10.0.0.1:7860", 1);
+  infill_default_endpoint(buf, sizeof buf);
+  CHECK(std::string(buf) == "http://10.0.0.1:7860");
+  ::unsetenv("INFILL_ENDPOINT");
+  if (old_runtime) ::setenv("XDG_RUNTIME_DIR", saved.c_str(), 1);
+  else ::unsetenv("XDG_RUNTIME_DIR");
+}
+
+TEST_CASE("sdk: NULL handles and wrong struct sizes are errors, not crashes", "[sdk]") {
+  infill_health h;
+  infill_health_init(&h);
+  CHECK(Err(infill_client_health(nullptr, &h)).contains("client is NULL"));
+  infill_client* c = make_client("unix:/nonexistent/engine.sock");
+  CHECK(Err(infill_client_health(c, nullptr)).code == INFILL_ERROR_INVALID_ARGUMENT);
+  infill_health small_health = h;
+  small_health.struct_size = 4;
+  CHECK(Err(infill_client_health(c, &small_health)).contains("infill_health.struct_size is 4"));
+
+  infill_model_list* list = reinterpret_cast<infill_model_list*>(0x1);
+  CHECK(Err(infill_client_list_models(c, nullptr)).contains("out_list is NULL"));
+  CHECK(Err(infill_client_list_models(nullptr, &list)).code == INFILL_ERROR_INVALID_ARGUMENT);
+  CHECK(list == nullptr);
+  CHECK(infill_model_list_count(nullptr) == 0);
+  CHECK(infill_model_list_get(nullptr, 0) == nullptr);
+  infill_model_list_delete(nullptr);
+
+  infill_template_info t;
+  infill_template_info_init(&t);
+  CHECK(Err(infill_client_upload_template(c, nullptr, 10, "x", &t)).contains("bytes is NULL"));
+  CHECK(Err(infill_client_upload_template(c, "x", 0, "x", &t)).contains("size is 0"));
+  infill_template_info small_t = t;
+  small_t.struct_size = 1;
+  CHECK(Err(infill_client_upload_template(c, "x", 1, "x", &small_t)).contains("infill_template_info.struct_size"));
+  CHECK(Err(infill_client_upload_template_file(c, nullptr, &t)).contains("path is NULL"));
+  Err missing(infill_client_upload_template_file(c, "/nonexistent/picture.png", &t));
+  CHECK(missing.code == INFILL_ERROR_IO);
+  CHECK(missing.contains("/nonexistent/picture.png"));
+  CHECK(Err(infill_client_get_template(c, nullptr, &t)).contains("template_id is NULL"));
+  CHECK(Err(infill_client_get_template(c, "abc", nullptr)).code == INFILL_ERROR_INVALID_ARGUMENT);
+
+  // Jobs.
+  CHECK(infill_job_id(nullptr) == 0);
+  CHECK(Err(infill_job_cancel(nullptr)).contains("job is NULL"));
+  CHECK(Err(infill_job_wait(nullptr, 10)).contains("job is NULL"));
+  const void* png = nullptr;
+  size_t size = 0;
+  CHECK(Err(infill_job_result(nullptr, &png, &size)).code == INFILL_ERROR_INVALID_ARGUMENT);
+  CHECK(infill_job_error(nullptr) == nullptr);
+  CHECK(Err(infill_job_write_result(nullptr, "/tmp/x.png")).code == INFILL_ERROR_INVALID_ARGUMENT);
+  infill_job_release(nullptr);
+  infill_client_destroy(c);
+}
+
+TEST_CASE("sdk: edit parameters are checked before anything is sent, each message names the field", "[sdk]") {
+  // The endpoint does not exist: every case below must fail before connecting.
+  infill_client* c = make_client("unix:/nonexistent/engine.sock");
+  int callbacks = 0;
+  auto base = [&] {
+    infill_edit_params p;
+    infill_edit_params_init(&p);
+    p.template_id = "0123";
+    p.mask_rect[2] = p.mask_rect[3] = 8;
+    p.user_data = &callbacks;
+    p.on_done = [](void* user, const infill_done*) { ++*static_cast<int*>(user); };
+    return p;
+  };
+  infill_job* job = reinterpret_cast<infill_job*>(0x1);
+  CHECK(Err(infill_client_submit_edit(c, nullptr, &job)).contains("params is NULL"));
+  CHECK(job == nullptr);
+  CHECK(Err(infill_client_submit_edit(nullptr, nullptr, &job)).contains("client is NULL"));
+
+  struct Case {
+    const char* expect;
+    std::function<void(infill_edit_params&)> change;
+  };
+  static const uint8_t pixels[4] = {0, 255, 255, 0};
+  static const char png[] = "not really a png";
+  const std::vector<Case> cases = {
+      {"struct_size is 16", [](infill_edit_params& p) { p.struct_size = 16; }},
+      {"template_id is required", [](infill_edit_params& p) { p.template_id = nullptr; }},
+      {"template_id is required", [](infill_edit_params& p) { p.template_id = ""; }},
+      {"mask: give one of", [](infill_edit_params& p) { p.mask_rect[2] = p.mask_rect[3] = 0; }},
+      {"give only one of", [](infill_edit_params& p) { p.mask_png = png; p.mask_png_size = sizeof png; }},
+      {"mask_png is NULL", [](infill_edit_params& p) { p.mask_rect[2] = p.mask_rect[3] = 0; p.mask_png_size = 10; }},
+      {"mask_png_size is 0", [](infill_edit_params& p) { p.mask_rect[2] = p.mask_rect[3] = 0; p.mask_png = png; }},
+      {"mask_pixels is NULL", [](infill_edit_params& p) { p.mask_rect[2] = p.mask_rect[3] = 0; p.mask_width = 2; p.mask_height = 2; }},
+      {"mask_width x mask_height is 2x0",
+       [](infill_edit_params& p) { p.mask_rect[2] = p.mask_rect[3] = 0; p.mask_pixels = pixels; p.mask_width = 2; }},
+      {"mask_stride is 1, less than mask_width 2",
+       [](infill_edit_params& p) {
+         p.mask_rect[2] = p.mask_rect[3] = 0;
+         p.mask_pixels = pixels;
+         p.mask_width = p.mask_height = 2;
+         p.mask_stride = 1;
+       }},
+      {"mask_rect is {-1, 0, 8, 8}", [](infill_edit_params& p) { p.mask_rect[0] = -1; }},
+      {"mask_rect is {0, 0, 8, -3}", [](infill_edit_params& p) { p.mask_rect[3] = -3; }},
+      {"steps is 5000", [](infill_edit_params& p) { p.steps = 5000; }},
+      {"strength is 2", [](infill_edit_params& p) { p.strength = 2; }},
+      {"strength is nan", [](infill_edit_params& p) { p.strength = std::nan(""); }},
+      {"guidance is 30", [](infill_edit_params& p) { p.guidance = 30; }},
+      {"guidance is 0.5", [](infill_edit_params& p) { p.guidance = 0.5; }},
+      {"edit_class is 9", [](infill_edit_params& p) { p.edit_class = static_cast<infill_edit_class>(9); }},
+      {"deadline_ms is -5", [](infill_edit_params& p) { p.deadline_ms = -5; }},
+      {"preview_every_steps is 2000", [](infill_edit_params& p) { p.preview_every_steps = 2000; }},
+      {"halo_tokens is 65", [](infill_edit_params& p) { p.halo_tokens = 65; }},
+      {"feather_px is 300", [](infill_edit_params& p) { p.feather_px = 300; }},
+      {"seed is 18446744073709551615", [](infill_edit_params& p) { p.seed = UINT64_MAX; }},
+  };
+  for (const Case& k : cases) {
+    INFO(k.expect);
+    infill_edit_params p = base();
+    k.change(p);
+    Err e(infill_client_submit_edit(c, &p, &job));
+    CHECK(e.code == INFILL_ERROR_INVALID_ARGUMENT);
+    CHECK(e.contains(k.expect));
+    CHECK(e.contains("infill_edit_params."));
+    CHECK(job == nullptr);
+  }
+  // A valid request to a missing engine: a connection error, and no callback.
+  infill_edit_params p = base();
+  Err down(infill_client_submit_edit(c, &p, &job));
+  CHECK(down.code == INFILL_ERROR_CONNECTION);
+  CHECK(down.contains("cannot connect"));
+  CHECK(down.contains("/nonexistent/engine.sock"));
+  infill_client_destroy(c);
+  CHECK(callbacks == 0);
+}
+
+TEST_CASE("sdk: an unreachable engine is a connection error on every call", "[sdk]") {
+  infill::test::TempDir dir("infill-sdk");
+  infill_client* c = make_client(("unix:" + dir.file("engine.sock")).c_str());
+  infill_health h;
+  infill_health_init(&h);
+  Err health(infill_client_health(c, &h));
+  CHECK(health.code == INFILL_ERROR_CONNECTION);
+  CHECK(health.contains("is infill-engine running?"));
+  CHECK(health.http == 0);
+  Err ready(infill_client_wait_ready(c, 300));
+  CHECK(ready.code == INFILL_ERROR_TIMEOUT);
+  CHECK(ready.contains("was not ready within 300 ms"));
+  infill_client_destroy(c);
+
+  // TCP: a closed port on loopback (port 9, discard, is never served here).
+  infill_client* tcp = make_client("http://127.0.0.1:9");
+  infill_model_list* list = nullptr;
+  Err models(infill_client_list_models(tcp, &list));
+  CHECK(models.code == INFILL_ERROR_CONNECTION);
+  CHECK(models.contains("127.0.0.1:9"));
+  CHECK(list == nullptr);
+  infill_client_destroy(tcp);
+}
