@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <vector>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -34,7 +35,8 @@ options:
   --socket PATH       Unix socket (default: $XDG_RUNTIME_DIR/infill/engine.sock)
   --listen HOST:PORT  also listen on TCP (bearer token required; use 127.0.0.1 unless you mean it)
   --token-file PATH   TCP bearer token, created on first use (default: $XDG_CONFIG_HOME/infill/token)
-  --config PATH       JSON config (default: $XDG_CONFIG_HOME/infill/engine.json when present)
+  --config PATH       JSON config (default: the first of $XDG_CONFIG_HOME/infill/engine.json,
+                      $XDG_CONFIG_DIRS/infill/engine.json, <prefix>/share/infill/engine.json)
   --model PATH        model folder (default: the bundled infill-tiny, else the build's random model)
   --workers N         step-loop workers (default 1)
   --threads N         compute threads per worker (default: cores / workers)
@@ -69,6 +71,26 @@ std::string default_model(const char* argv0) {
   for (const auto& candidate : {dir / "../models/infill-random", std::filesystem::path(INFILL_RANDOM_MODEL_DIR)}) {
     if (has_manifest(candidate)) return std::filesystem::weakly_canonical(candidate, ec).string();
   }
+  return "";
+}
+
+// The first engine.json of: the user's ($XDG_CONFIG_HOME/infill), the system's
+// ($XDG_CONFIG_DIRS, default /etc/xdg), the package's default next to the binary.
+std::string default_config_file(const char* argv0) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> candidates = {std::filesystem::path(infill::default_config_dir()) / "engine.json"};
+  const char* dirs = std::getenv("XDG_CONFIG_DIRS");
+  std::string list = dirs && *dirs ? dirs : "/etc/xdg";
+  for (size_t start = 0; start <= list.size();) {
+    const size_t colon = std::min(list.find(':', start), list.size());
+    if (colon > start) candidates.push_back(std::filesystem::path(list.substr(start, colon - start)) / "infill/engine.json");
+    start = colon + 1;
+  }
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) exe = std::filesystem::absolute(argv0, ec);
+  candidates.push_back(exe.parent_path() / "../share/infill/engine.json");
+  for (const auto& c : candidates)
+    if (std::filesystem::exists(c, ec)) return std::filesystem::weakly_canonical(c, ec).string();
   return "";
 }
 
@@ -107,11 +129,10 @@ int main(int argc, char** argv) {
 
   // Config file, then flags over it.
   infill::EngineConfig config;
-  const std::string config_path =
-      opts.count("--config") ? opts["--config"] : infill::default_config_dir() + "/engine.json";
+  const std::string config_path = opts.count("--config") ? opts["--config"] : default_config_file(argv[0]);
   {
     std::error_code ec;
-    if (opts.count("--config") || std::filesystem::exists(config_path, ec)) {
+    if (opts.count("--config") || (!config_path.empty() && std::filesystem::exists(config_path, ec))) {
       auto loaded = infill::load_engine_config(config_path);
       if (!loaded.ok()) return fail(loaded.status().message(), 2);
       config = std::move(*loaded);

@@ -50,6 +50,7 @@ std::vector<std::string> candidate_paths() {
   if (!dir.empty()) {
     paths.push_back((dir / kLibraryName).string());
     paths.push_back((dir / ".." / "lib" / kLibraryName).lexically_normal().string());
+    paths.push_back((dir / ".." / "lib" / "infill" / kLibraryName).lexically_normal().string());  // packages
   }
   return paths;
 }

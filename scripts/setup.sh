@@ -12,6 +12,8 @@ packages=(
   catch2
   nlohmann-json3-dev
   libsqlite3-dev        # the engine's journal of accepted batch edits
+  # Packaging (installer/, scripts/package_check.sh): icons rendered from SVG, metadata checks.
+  librsvg2-bin desktop-file-utils appstream systemd
   # Training data of the bundled model (infill-train, bench_model_quality): wallpapers and
   # photos with their licences in /usr/share/doc/<package>/copyright.
   gnome-backgrounds mate-backgrounds plasma-workspace-wallpapers

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Builds the DEB packages from a built tree, installs them (dpkg + apt for dependencies), checks
+# the installed files work, removes them and verifies nothing of ours is left behind.
+# Needs root (or sudo). Usage: scripts/package_check.sh [build dir, default build/ci]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build/ci}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+
+step() { echo "package_check: $*"; }
+
+rm -rf "$build/packages"
+(cd "$build" && cpack -G DEB >/dev/null)
+mapfile -t debs < <(ls "$build"/packages/*.deb)
+[ ${#debs[@]} -gt 0 ] || { echo "package_check: no packages were built" >&2; exit 1; }
+names=()
+for deb in "${debs[@]}"; do
+  names+=("$(dpkg-deb -f "$deb" Package)")
+  step "built $(basename "$deb"): $(dpkg-deb -f "$deb" Depends)"
+done
+
+step "installing ${names[*]}"
+"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "$(realpath "${debs[0]}")" \
+  $(for d in "${debs[@]:1}"; do realpath "$d"; done) >/dev/null
+# Every file the packages installed, to check the removal against.
+installed=$(mktemp)
+for n in "${names[@]}"; do dpkg -L "$n"; done | sort -u > "$installed"
+
+work=$(mktemp -d)
+engine_pid=""
+cleanup() {
+  [ -n "$engine_pid" ] && kill "$engine_pid" 2>/dev/null || true
+  rm -rf "$work" "$installed"
+}
+trap cleanup EXIT
+
+step "infill-engine --check"
+/usr/bin/infill-engine --check --journal off | tee "$work/check.json" | grep -q '"ok": true'
+grep -q '/usr/share/infill/models/infill-tiny' "$work/check.json"
+
+step "systemd-analyze verify the user unit"
+systemd-analyze verify /usr/lib/systemd/user/infill-engine.service
+[ -L /etc/systemd/user/default.target.wants/infill-engine.service ] || {
+  echo "package_check: the user unit was not enabled globally" >&2
+  exit 1
+}
+
+if dpkg -s infill >/dev/null 2>&1; then
+  step "appstreamcli validate, desktop-file-validate"
+  appstreamcli validate --no-net /usr/share/metainfo/io.github.infill.Infill.metainfo.xml
+  desktop-file-validate /usr/share/applications/infill.desktop
+  [ -f /usr/share/icons/hicolor/48x48/apps/infill.png ] && [ -f /usr/share/icons/hicolor/scalable/apps/infill.svg ]
+  /usr/bin/infill --version
+fi
+
+step "infill-render on the installed sample job"
+mkdir -p "$work/share/jobs" "$work/share/templates"
+cp /usr/share/infill/jobs/sample.json "$work/share/jobs/"
+cp /usr/share/infill/templates/sample.png /usr/share/infill/templates/sample_mask.png "$work/share/templates/"
+(cd "$work" && /usr/bin/infill-render share/jobs/sample.json) | tee "$work/render.log"
+grep -q '^Saved: ' "$work/render.log"
+
+if dpkg -s libinfill-dev >/dev/null 2>&1; then
+  step "an external C program against the installed SDK (pkg-config infill_client)"
+  cc -std=c99 -Wall -Werror $(pkg-config --cflags infill_client) \
+    /usr/share/doc/infill_client/examples/infill_edit.c -o "$work/infill_edit" $(pkg-config --libs infill_client)
+  ! ldd "$work/infill_edit" | grep -E 'torch|Qt' >/dev/null
+  /usr/bin/infill-engine --socket "$work/run/engine.sock" --journal off --no-calibrate --threads 1 \
+    2> "$work/engine.log" &
+  engine_pid=$!
+  for _ in $(seq 1 200); do [ -S "$work/run/engine.sock" ] && break; sleep 0.1; done
+  (cd "$work" && ./infill_edit -e "unix:$work/run/engine.sock" -w 60 -s 4 \
+    share/templates/sample.png share/templates/sample_mask.png "$work/edited.png")
+  [ -s "$work/edited.png" ]
+  kill -TERM "$engine_pid"
+  wait "$engine_pid" || true
+  engine_pid=""
+fi
+
+step "removing ${names[*]}"
+"${sudo_cmd[@]}" apt-get purge -y -q "${names[@]}" >/dev/null
+left=0
+while read -r path; do
+  # Directories shared with other packages (/usr, /usr/share, ...) stay; our files must not.
+  if [ -e "$path" ] && [ ! -d "$path" ]; then
+    echo "package_check: left behind: $path" >&2
+    left=1
+  fi
+done < "$installed"
+for path in /usr/share/infill /usr/lib/infill /etc/systemd/user/default.target.wants/infill-engine.service \
+  /usr/include/infill; do
+  if [ -e "$path" ] || [ -L "$path" ]; then
+    echo "package_check: left behind: $path" >&2
+    left=1
+  fi
+done
+[ "$left" -eq 0 ]
+step "ok: built, installed, checked and removed ${#names[@]} packages"
