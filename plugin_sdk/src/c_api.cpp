@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -195,12 +196,15 @@ Result<json> edit_json(const infill_edit_params& p) {
     return bad("guidance is " + std::to_string(p.guidance) + ", expected 1..20 (0 = the model's default)");
   if (p.guidance != 0) j["guidance"] = p.guidance;
   if (p.sampler && *p.sampler) j["sampler"] = p.sampler;
-  switch (p.edit_class) {
+  // Read as an integer: a C caller may pass any value, which is no valid C++ enum value.
+  std::underlying_type_t<infill_edit_class> cls = 0;
+  std::memcpy(&cls, &p.edit_class, sizeof cls);
+  switch (cls) {
     case INFILL_CLASS_DEFAULT: break;
     case INFILL_CLASS_LIVE: j["class"] = "live"; break;
     case INFILL_CLASS_INTERACTIVE: j["class"] = "interactive"; break;
     case INFILL_CLASS_BATCH: j["class"] = "batch"; break;
-    default: return bad("edit_class is " + std::to_string(int(p.edit_class)) + ", expected an infill_edit_class value");
+    default: return bad("edit_class is " + std::to_string(cls) + ", expected an infill_edit_class value");
   }
   if (!(p.deadline_ms >= 0 && std::isfinite(p.deadline_ms)))
     return bad("deadline_ms is " + std::to_string(p.deadline_ms) + ", expected >= 0 (0 = by class)");
