@@ -24,10 +24,13 @@ Result<EngineAddress> parse_engine_address(const std::string& text);
 struct RemoteOptions {
   EngineAddress address;
   std::string token_file;  ///< required for http://
+  uint32_t ready_timeout_ms = 60000;  ///< wait this long for an engine still loading its model
 };
 
-/// Connects and reads the engine's model. Errors (all mean exit 3): unreachable, token
-/// refused, no model loaded; unimplemented while the client SDK is not part of the build.
+/// Connects through the client SDK (plugin_sdk, libinfill_client) and reads the engine's
+/// model. Errors (all mean exit 3): unreachable, token refused, no model. Edits run as class
+/// `batch` (journaled by the engine); each template is uploaded once per run; the engine's
+/// progress and results come back through the SDK's callbacks. --no-cache has no effect here.
 Result<std::unique_ptr<RenderBackend>> open_remote_backend(const RemoteOptions& options);
 
 }  // namespace infill::render

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,7 +32,7 @@ options:
   --force              redo outputs even when they are up to date (same job hash)
   --engine ADDR        use a running infill-engine: unix:PATH or http://HOST:PORT
                        (default: an engine embedded in this process)
-  --token-file FILE    bearer token for an http:// engine
+  --token-file FILE    bearer token for an http:// engine (the engine's --token-file)
   --model DIR          model of the embedded engine (default: the job's "model", else the
                        bundled infill-tiny)
   --cache-dir DIR      disk tier of the activation cache (default: $XDG_CACHE_HOME/infill/activations;
@@ -122,8 +123,12 @@ std::string parse_cli(int argc, char** argv, CliOptions& o) {
     o.engine = *parsed;
     if (o.model || o.cache_dir || opts.count("--threads"))
       return "--model, --cache-dir and --threads configure the embedded engine; expected none of them with --engine";
+    if (o.no_cache) return "--no-cache is a mode of the embedded engine; expected it without --engine";
     if (!o.engine->host.empty() && o.token_file.empty())
       return "--engine " + o.engine->text + " needs --token-file (TCP engines require a bearer token)";
+    std::error_code ec;
+    if (!o.token_file.empty() && !std::filesystem::is_regular_file(o.token_file, ec))
+      return "--token-file " + o.token_file + " does not exist; expected the engine's token file";
   } else if (opts.count("--token-file")) {
     return "--token-file without --engine; expected it only with --engine http://HOST:PORT";
   }

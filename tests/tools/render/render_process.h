@@ -43,6 +43,9 @@ class RenderProcess {
   RenderProcess(const std::vector<std::string>& args, std::string log) : log_(std::move(log)) {
     std::vector<std::string> full = {render_binary()};
     full.insert(full.end(), args.begin(), args.end());
+    // Unflushed stdio buffers would be written twice (by the child's freopen too).
+    std::fflush(stdout);
+    std::fflush(stderr);
     pid_ = ::fork();
     if (pid_ == 0) {
       std::vector<char*> argv;
