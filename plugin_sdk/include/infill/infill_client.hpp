@@ -7,7 +7,9 @@
 /// thread, one at a time, and `on_done` exactly once per submitted edit. A callback that
 /// throws has its exception swallowed (it cannot cross the C ABI); catch inside it.
 ///
-///   infill::client::Client client({.endpoint = "unix:/run/user/1000/infill/engine.sock"});
+///   infill::client::ClientOptions options;
+///   options.endpoint = "unix:/run/user/1000/infill/engine.sock";
+///   infill::client::Client client(options);
 ///   auto tmpl = client.upload_template_file("photo.png");
 ///   infill::client::EditRequest req;
 ///   req.template_id = tmpl.id;
