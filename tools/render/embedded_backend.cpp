@@ -4,7 +4,6 @@
 
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include "cache/activation_store.h"

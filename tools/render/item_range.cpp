@@ -1,6 +1,5 @@
 #include "item_range.h"
 
-#include <charconv>
 
 namespace infill::render {
 namespace {
