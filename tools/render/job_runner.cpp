@@ -194,8 +194,10 @@ RunReport JobRunner::run(const std::vector<ResolvedItem>& items, const RunOption
       batch.swap(events_);
     }
     if (stop_signal || deadline_missed) {
-      // Completions already received are written first only if nothing stops us: a stop
-      // means stop, so they are dropped like later ones.
+      // A stop means stop: results that already arrived are dropped like later ones (and
+      // their edits are no longer waited for).
+      for (const Event& e : batch)
+        if (e.complete) in_flight.erase(e.id);
       break;
     }
     for (Event& e : batch) {

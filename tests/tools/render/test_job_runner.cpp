@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -36,6 +37,8 @@ class ScriptedBackend final : public RenderBackend {
  public:
   std::map<uint64_t, RenderFailure> fail;
   bool hang = false;
+  int complete_first = 0;               // with hang: this many edits still complete at once
+  std::function<void()> during_submit;  // runs at the start of every submit
   int submitted = 0, cancelled = 0;
 
   ScriptedBackend() {
@@ -46,7 +49,8 @@ class ScriptedBackend final : public RenderBackend {
   const BackendInfo& info() const override { return info_; }
   Status submit(const RenderEdit& edit, RenderEvents events, RenderFailure&) override {
     ++submitted;
-    if (hang) {
+    if (during_submit) during_submit();
+    if (hang && submitted > complete_first) {
       pending_[edit.id] = std::move(events);
       return {};
     }
@@ -195,4 +199,26 @@ TEST_CASE("write_atomically: creates folders, replaces files and leaves no tempo
   CHECK_FALSE(s.ok());
   CHECK(s.message().find(dir.file("d/e.png")) != std::string::npos);
   CHECK(std::distance(fs::directory_iterator(dir.file("d")), fs::directory_iterator()) == 1);
+}
+
+TEST_CASE("job runner: a result that arrives with the stop is dropped and not waited for", "[render][runner]") {
+  Fixture f;
+  ScriptedBackend backend;
+  backend.hang = true;
+  backend.complete_first = 1;
+  auto resolved = resolve_items(f.job, backend.info());
+  REQUIRE(resolved.ok());
+  JobRunner runner(backend, f.protocol);
+  // The stop lands while the first edit's result is already queued.
+  backend.during_submit = [&] {
+    if (backend.submitted == 1) runner.stop(SIGTERM);
+  };
+  RunOptions o;
+  o.range = {1, 4};
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunReport r = runner.run(*resolved, o);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK(r.signal == SIGTERM);
+  CHECK(r.written == 0);
+  CHECK_FALSE(fs::exists(f.dir.file("out")));
 }

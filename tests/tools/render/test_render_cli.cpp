@@ -259,7 +259,10 @@ TEST_CASE("infill-render: SIGTERM mid-job leaves no partial file and kills the p
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     REQUIRE(p.out().find("Saved: ") != std::string::npos);
     ::kill(p.pid(), SIGTERM);
+    const auto t_kill = std::chrono::steady_clock::now();
     const RenderRun r = p.wait(60000);
+    // Cancelled at the next step boundary, not after the edits in flight finish.
+    CHECK(std::chrono::steady_clock::now() - t_kill < std::chrono::seconds(10));
     INFO(r.out << r.err);
     CHECK_FALSE(r.exited);
     CHECK(r.signal == SIGTERM);
