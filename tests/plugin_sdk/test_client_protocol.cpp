@@ -1,0 +1,303 @@
+// libinfill_client against a scripted fake engine on a Unix socket: the cases a real engine
+// does not produce on demand. An edit that fails inside the engine, expired edits, duplicate,
+// late, malformed and foreign events, events that beat the POST's answer, a result that cannot
+// be fetched: on_done still comes exactly once, with the right state and error.
+#include "support/catch.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "infill/infill_client.h"
+#include "support/temp_dir.h"
+
+namespace {
+
+struct Reply {
+  int status = 404;
+  std::string body = R"({"error":{"code":"no_such_route","message":"fake engine","type":"not_found"}})";
+  std::string content_type = "application/json";
+};
+
+// One thread accepts; each request is served on its own thread. /v1/events connections stay
+// open and receive what push() sends.
+class FakeEngine {
+ public:
+  using Handler = std::function<Reply(const std::string& method, const std::string& target, const std::string& body)>;
+
+  FakeEngine(std::string path, Handler handler) : path_(std::move(path)), handler_(std::move(handler)) {
+    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+    REQUIRE(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listen_fd_, 16) == 0);
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~FakeEngine() {
+    stop_ = true;
+    acceptor_.join();
+    for (auto& t : workers_) t.join();
+    std::lock_guard lock(mu_);
+    for (int fd : streams_) ::close(fd);
+    ::close(listen_fd_);
+    ::unlink(path_.c_str());
+  }
+
+  /// Sends one SSE event to every open stream.
+  void push(const std::string& type, const std::string& data) {
+    const std::string text = "event: " + type + "\ndata: " + data + "\n\n";
+    std::lock_guard lock(mu_);
+    for (int fd : streams_) (void)::send(fd, text.data(), text.size(), MSG_NOSIGNAL);
+  }
+  bool wait_for_stream(int timeout_ms = 5000) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return !streams_.empty(); });
+  }
+
+ private:
+  void accept_loop() {
+    while (!stop_) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      workers_.emplace_back([this, fd] { serve(fd); });
+    }
+  }
+  void serve(int fd) {
+    std::string in;
+    char buf[4096];
+    size_t head_end;
+    while ((head_end = in.find("\r\n\r\n")) == std::string::npos) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) {
+        ::close(fd);
+        return;
+      }
+      in.append(buf, size_t(n));
+    }
+    const std::string head = in.substr(0, head_end);
+    const std::string method = head.substr(0, head.find(' '));
+    const size_t t0 = head.find(' ') + 1;
+    const std::string target = head.substr(t0, head.find(' ', t0) - t0);
+    size_t length = 0;
+    for (const char* key : {"Content-Length: ", "content-length: "})
+      if (auto k = head.find(key); k != std::string::npos) length = std::stoul(head.substr(k + std::strlen(key)));
+    std::string body = in.substr(head_end + 4);
+    while (body.size() < length) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      body.append(buf, size_t(n));
+    }
+    if (target.rfind("/v1/events", 0) == 0) {
+      const std::string ok = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\nretry: 1000\n: hi\n\n";
+      // Registered before the client can see the answer: a push right after reaches it.
+      std::lock_guard lock(mu_);
+      streams_.push_back(fd);
+      (void)::send(fd, ok.data(), ok.size(), MSG_NOSIGNAL);
+      cv_.notify_all();
+      return;
+    }
+    const Reply r = handler_(method, target, body);
+    const std::string out = "HTTP/1.1 " + std::to_string(r.status) + " X\r\nContent-Type: " + r.content_type +
+                            "\r\nContent-Length: " + std::to_string(r.body.size()) + "\r\nConnection: close\r\n\r\n" + r.body;
+    (void)::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+    ::shutdown(fd, SHUT_WR);
+    while (::recv(fd, buf, sizeof buf, 0) > 0) {
+    }
+    ::close(fd);
+  }
+
+  std::string path_;
+  Handler handler_;
+  int listen_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+  std::vector<std::thread> workers_;  // joined at the end (the tests are short)
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> streams_;
+};
+
+struct Seen {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<uint32_t> progress;
+  int done_calls = 0;
+  infill_job_state state{};
+  infill_error_code code{};
+  std::string message, engine_code, png;
+
+  static void on_progress(void* u, const infill_progress* p) {
+    auto* s = static_cast<Seen*>(u);
+    std::lock_guard lock(s->mu);
+    s->progress.push_back(p->steps_done);
+  }
+  static void on_done(void* u, const infill_done* d) {
+    auto* s = static_cast<Seen*>(u);
+    std::lock_guard lock(s->mu);
+    ++s->done_calls;
+    s->state = d->state;
+    if (d->error) {
+      s->code = infill_error_get_code(d->error);
+      s->message = infill_error_message(d->error);
+      s->engine_code = infill_error_engine_code(d->error);
+    }
+    if (d->png) s->png.assign(static_cast<const char*>(d->png), d->png_size);
+    s->cv.notify_all();
+  }
+  bool wait_done() {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(10), [&] { return done_calls > 0; });
+  }
+};
+
+infill_client* client_for(const std::string& sock) {
+  infill_client_options o;
+  infill_client_options_init(&o);
+  const std::string ep = "unix:" + sock;
+  o.endpoint = ep.c_str();
+  o.engine_lost_timeout_ms = 2000;
+  infill_client* c = nullptr;
+  infill_error* e = infill_client_create(&o, &c);
+  REQUIRE(e == nullptr);
+  return c;
+}
+
+infill_job* submit(infill_client* c, Seen& seen) {
+  infill_edit_params p;
+  infill_edit_params_init(&p);
+  p.template_id = "fake";
+  p.mask_rect[2] = p.mask_rect[3] = 8;
+  p.on_progress = &Seen::on_progress;
+  p.on_done = &Seen::on_done;
+  p.user_data = &seen;
+  infill_job* job = nullptr;
+  infill_error* e = infill_client_submit_edit(c, &p, &job);
+  if (e) {
+    INFO(infill_error_message(e));
+    infill_error_delete(e);
+    FAIL("submit failed");
+  }
+  return job;
+}
+
+Reply accepted(uint64_t id) { return Reply{202, R"({"id":)" + std::to_string(id) + R"(,"state":"queued"})", "application/json"}; }
+
+}  // namespace
+
+TEST_CASE("sdk protocol: an edit that fails in the engine ends once; duplicates, junk and late events are ignored",
+          "[sdk][protocol]") {
+  infill::test::TempDir dir("infill-sdk-fake");
+  FakeEngine engine(dir.file("engine.sock"), [](const std::string& m, const std::string& t, const std::string&) {
+    if (m == "POST" && t == "/v1/edits") return accepted(41);
+    return Reply{};
+  });
+  infill_client* c = client_for(dir.file("engine.sock"));
+  Seen seen;
+  infill_job* job = submit(c, seen);
+  CHECK(infill_job_id(job) == 41);
+  engine.push("queued", R"({"id":41,"type":"queued"})");
+  engine.push("started", R"({"id":41,"type":"started","steps_total":3})");
+  engine.push("progress", R"({"id":41,"type":"progress","steps_done":1,"steps_total":3})");
+  engine.push("progress", R"({"id":41,"type":"progress","steps_done":1,"steps_total":3})");  // a duplicate
+  engine.push("progress", "this is not JSON");
+  engine.push("progress", R"({"id":999,"type":"progress","steps_done":1,"steps_total":3})");  // not ours
+  engine.push("mystery", R"({"id":41,"type":"mystery"})");
+  engine.push("progress", R"({"id":41,"type":"progress","steps_done":2,"steps_total":3})");
+  engine.push("failed", R"({"id":41,"type":"failed","state":"failed","error":{"code":"internal","message":"the GPU fell off"}})");
+  engine.push("done", R"({"id":41,"type":"done","result":"/v1/edits/41/result"})");  // after the end: ignored
+  engine.push("progress", R"({"id":41,"type":"progress","steps_done":3,"steps_total":3})");
+  REQUIRE(seen.wait_done());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::lock_guard lock(seen.mu);
+  CHECK(seen.done_calls == 1);
+  CHECK(seen.state == INFILL_JOB_FAILED);
+  CHECK(seen.code == INFILL_ERROR_EDIT_FAILED);
+  CHECK(seen.engine_code == "internal");
+  CHECK(seen.message.find("the GPU fell off") != std::string::npos);
+  CHECK(seen.message.find("edit 41") != std::string::npos);
+  CHECK(seen.progress == std::vector<uint32_t>{1, 2});
+  CHECK(infill_job_get_state(job) == INFILL_JOB_FAILED);
+  infill_job_release(job);
+  infill_client_destroy(c);
+  CHECK(seen.done_calls == 1);
+}
+
+TEST_CASE("sdk protocol: events that arrive before the POST's answer are held for the edit", "[sdk][protocol]") {
+  infill::test::TempDir dir("infill-sdk-fake");
+  FakeEngine* self = nullptr;
+  FakeEngine engine(dir.file("engine.sock"), [&](const std::string& m, const std::string& t, const std::string&) {
+    if (m == "POST" && t == "/v1/edits") {
+      // The engine emits before it answers: the client must not drop these.
+      self->push("queued", R"({"id":42,"type":"queued"})");
+      self->push("progress", R"({"id":42,"type":"progress","steps_done":1,"steps_total":1})");
+      self->push("done", R"({"id":42,"type":"done","result":"/v1/edits/42/result","steps_run":1,"total_ms":12.5})");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      return accepted(42);
+    }
+    if (m == "GET" && t == "/v1/edits/42/result") return Reply{200, "PNG-BYTES", "image/png"};
+    return Reply{};
+  });
+  self = &engine;
+  infill_client* c = client_for(dir.file("engine.sock"));
+  Seen seen;
+  infill_job* job = submit(c, seen);
+  REQUIRE(seen.wait_done());
+  {
+    std::lock_guard lock(seen.mu);
+    CHECK(seen.done_calls == 1);
+    CHECK(seen.state == INFILL_JOB_DONE);
+    CHECK(seen.png == "PNG-BYTES");
+    CHECK(seen.progress == std::vector<uint32_t>{1});
+  }
+  infill_job_release(job);
+  infill_client_destroy(c);
+}
+
+TEST_CASE("sdk protocol: expired edits and results that cannot be fetched end once with the reason", "[sdk][protocol]") {
+  infill::test::TempDir dir("infill-sdk-fake");
+  std::atomic<uint64_t> next{50};
+  FakeEngine engine(dir.file("engine.sock"), [&](const std::string& m, const std::string& t, const std::string&) {
+    if (m == "POST" && t == "/v1/edits") return accepted(next++);
+    return Reply{};  // every result: 404
+  });
+  infill_client* c = client_for(dir.file("engine.sock"));
+  Seen expired, lost;
+  infill_job* a = submit(c, expired);
+  infill_job* b = submit(c, lost);
+  REQUIRE(engine.wait_for_stream());
+  engine.push("failed", R"({"id":50,"type":"failed","state":"expired","error":{"code":"out_of_range","message":"missed its deadline of 800 ms"}})");
+  engine.push("done", R"({"id":51,"type":"done","result":"/v1/edits/51/result"})");
+  REQUIRE(expired.wait_done());
+  REQUIRE(lost.wait_done());
+  CHECK(expired.state == INFILL_JOB_EXPIRED);
+  CHECK(expired.code == INFILL_ERROR_EXPIRED);
+  CHECK(lost.done_calls == 1);
+  CHECK(lost.state == INFILL_JOB_FAILED);
+  CHECK(lost.code == INFILL_ERROR_NOT_FOUND);
+  CHECK(lost.message.find("result of edit 51") != std::string::npos);
+  const void* png = nullptr;
+  size_t size = 0;
+  infill_error* e = infill_job_result(b, &png, &size);
+  REQUIRE(e != nullptr);
+  CHECK(infill_error_get_code(e) == INFILL_ERROR_CONFLICT);
+  infill_error_delete(e);
+  infill_job_release(a);
+  infill_job_release(b);
+  infill_client_destroy(c);
+  CHECK(expired.done_calls == 1);
+  CHECK(lost.done_calls == 1);
+}
