@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "cache/disk_tier.h"
@@ -82,7 +83,15 @@ std::string parse_cli(int argc, char** argv, CliOptions& o) {
     const std::string arg = argv[i];
     if (arg.size() > 1 && arg[0] == '-') {
       auto it = known.find(arg);
-      if (it == known.end()) return "unknown option " + arg + "; expected one of the options of infill-render --help";
+      if (it == known.end()) {
+        static const std::set<std::string> single_edit = {"--template", "--mask",     "--out-dir", "--prompt",
+                                                          "--seed",     "--steps",    "--strength", "--sampler",
+                                                          "--halo",     "--feather",  "--guidance", "--format"};
+        if (single_edit.count(arg))
+          return "option " + arg + " of the former single-edit command line; expected a job file that lists the "
+                 "edit (see resources/jobs/sample.json and docs/farm.md)";
+        return "unknown option " + arg + "; expected one of the options of infill-render --help";
+      }
       if (it->second) {
         if (i + 1 >= argc) return arg + " needs a value";
         opts[arg] = argv[++i];

@@ -224,6 +224,9 @@ TEST_CASE("infill-render: bad job files exit 2 naming the file, the field and wh
   CHECK(missing.code == 2);
   CHECK(missing.err.find(g.dir.file("absent.json")) != std::string::npos);
   CHECK(run_render({g.job(), "--frobnicate"}, g.dir.file("opt")).code == 2);
+  RenderRun old_cli = run_render({"--template", g.dir.file("hills_128.png")}, g.dir.file("old"));
+  CHECK(old_cli.code == 2);
+  CHECK(old_cli.err.find("expected a job file") != std::string::npos);
   CHECK(run_render({g.job(), "--engine", "ftp://x"}, g.dir.file("eng")).code == 2);
   CHECK(run_render({}, g.dir.file("none")).code == 2);
 }
