@@ -125,6 +125,13 @@ void ClientCore::submit_ended() {
 }
 
 void ClientCore::register_job(std::shared_ptr<Job> job) {
+  if (auto old = jobs_.find(job->id); old != jobs_.end()) {
+    // The engine reused the id of an edit still in flight here: it forgot the old one.
+    const std::shared_ptr<Job> stale = old->second;
+    finish(stale, INFILL_JOB_FAILED,
+           make_error(INFILL_ERROR_ENGINE_LOST, "edit " + std::to_string(stale->id) + " is no longer known to the engine at " +
+                                                    http_->endpoint.text + " (it restarted and reused the id)"));
+  }
   {
     std::lock_guard lock(mu_);
     jobs_[job->id] = job;
@@ -194,17 +201,19 @@ asio::awaitable<void> ClientCore::main_loop() {
 }
 
 void ClientCore::on_open() {
+  down_since_.reset();
+  // Reconcile before submits may go on: an engine that restarted without its journal hands
+  // out ids again, and a fresh edit must not be taken for an old one.
+  if (need_reconcile_) {
+    need_reconcile_ = false;
+    reconcile();
+  }
   {
     std::lock_guard lock(mu_);
     connected_ = true;
     last_attempt_opened_ = true;
   }
   cv_.notify_all();
-  down_since_.reset();
-  if (need_reconcile_) {
-    need_reconcile_ = false;
-    reconcile();
-  }
 }
 
 void ClientCore::on_event(const std::string& type, const std::string& data) {
@@ -310,6 +319,12 @@ void ClientCore::reconcile() {
     }
     const json j = json::parse(r->body, nullptr, false);
     if (r->status != 200 || !j.is_object() || !j.contains("state")) continue;
+    if (j.contains("client") && j["client"].is_string() && j["client"].get<std::string>() != http_->client_name) {
+      finish(job, INFILL_JOB_FAILED,
+             make_error(INFILL_ERROR_ENGINE_LOST, "edit " + std::to_string(job->id) + " is no longer known to the engine at " +
+                                                      http_->endpoint.text + " (it restarted; the id now names another edit)"));
+      continue;
+    }
     const std::string state = j["state"].is_string() ? j["state"].get<std::string>() : "";
     if (state == "done") {
       const json metrics = j.contains("metrics") ? j["metrics"] : json::object();

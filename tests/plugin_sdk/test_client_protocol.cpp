@@ -61,6 +61,16 @@ class FakeEngine {
     std::lock_guard lock(mu_);
     for (int fd : streams_) (void)::send(fd, text.data(), text.size(), MSG_NOSIGNAL);
   }
+  /// Closes every open event stream (the engine restarting, a proxy dropping it).
+  void drop_streams() {
+    std::lock_guard lock(mu_);
+    for (int fd : streams_) {
+      ::shutdown(fd, SHUT_RDWR);
+      ::close(fd);
+    }
+    streams_.clear();
+  }
+  int streams_opened() const { return opened_.load(); }
   bool wait_for_stream(int timeout_ms = 5000) {
     std::unique_lock lock(mu_);
     return cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return !streams_.empty(); });
@@ -106,6 +116,7 @@ class FakeEngine {
       // Registered before the client can see the answer: a push right after reaches it.
       std::lock_guard lock(mu_);
       streams_.push_back(fd);
+      ++opened_;
       (void)::send(fd, ok.data(), ok.size(), MSG_NOSIGNAL);
       cv_.notify_all();
       return;
@@ -129,6 +140,7 @@ class FakeEngine {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int> streams_;
+  std::atomic<int> opened_{0};
 };
 
 struct Seen {
@@ -164,11 +176,13 @@ struct Seen {
   }
 };
 
-infill_client* client_for(const std::string& sock) {
+infill_client* client_for(const std::string& sock, const char* name = nullptr) {
   infill_client_options o;
   infill_client_options_init(&o);
   const std::string ep = "unix:" + sock;
   o.endpoint = ep.c_str();
+  o.client_name = name;
+  o.reconnect_interval_ms = 100;
   o.engine_lost_timeout_ms = 2000;
   infill_client* c = nullptr;
   infill_error* e = infill_client_create(&o, &c);
@@ -300,4 +314,48 @@ TEST_CASE("sdk protocol: expired edits and results that cannot be fetched end on
   infill_client_destroy(c);
   CHECK(expired.done_calls == 1);
   CHECK(lost.done_calls == 1);
+}
+
+TEST_CASE("sdk protocol: after the stream drops, polling settles edits finished, forgotten or reused meanwhile",
+          "[sdk][protocol]") {
+  infill::test::TempDir dir("infill-sdk-fake");
+  std::atomic<uint64_t> next{60};
+  FakeEngine engine(dir.file("engine.sock"), [&](const std::string& m, const std::string& t, const std::string&) {
+    if (m == "POST" && t == "/v1/edits") return accepted(next++);
+    auto status = [](const std::string& j) { return Reply{200, j, "application/json"}; };
+    if (m == "GET" && t == "/v1/edits/60")
+      return status(R"({"id":60,"client":"painter","state":"done","steps_done":4,"steps_total":4,"metrics":{"steps_run":4,"total_ms":9}})");
+    if (m == "GET" && t == "/v1/edits/60/result") return Reply{200, "R60", "image/png"};
+    if (m == "GET" && t == "/v1/edits/62") return status(R"({"id":62,"client":"somebody-else","state":"running"})");
+    if (m == "GET" && t == "/v1/edits/63")
+      return status(R"({"id":63,"client":"painter","state":"running","steps_done":2,"steps_total":4})");
+    if (m == "GET" && t == "/v1/edits/63/result") return Reply{200, "R63", "image/png"};
+    return Reply{};  // 61: not known any more
+  });
+  infill_client* c = client_for(dir.file("engine.sock"), "painter");
+  Seen s60, s61, s62, s63;
+  std::vector<infill_job*> jobs = {submit(c, s60), submit(c, s61), submit(c, s62), submit(c, s63)};
+  REQUIRE(engine.wait_for_stream());
+  engine.push("progress", R"({"id":63,"type":"progress","steps_done":1,"steps_total":4})");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  engine.drop_streams();
+  REQUIRE(s60.wait_done());
+  REQUIRE(s61.wait_done());
+  REQUIRE(s62.wait_done());
+  CHECK(engine.streams_opened() == 2);
+  CHECK(s60.state == INFILL_JOB_DONE);
+  CHECK(s60.png == "R60");
+  CHECK(s61.code == INFILL_ERROR_ENGINE_LOST);
+  CHECK(s62.code == INFILL_ERROR_ENGINE_LOST);
+  CHECK(s62.message.find("another edit") != std::string::npos);
+  // 63 still runs: the poll brought its progress, the new stream its end.
+  REQUIRE(engine.wait_for_stream());
+  engine.push("done", R"({"id":63,"type":"done","result":"/v1/edits/63/result"})");
+  REQUIRE(s63.wait_done());
+  CHECK(s63.state == INFILL_JOB_DONE);
+  CHECK(s63.png == "R63");
+  CHECK(s63.progress == std::vector<uint32_t>{1, 2});
+  for (Seen* x : {&s60, &s61, &s62, &s63}) CHECK(x->done_calls == 1);
+  for (infill_job* j : jobs) infill_job_release(j);
+  infill_client_destroy(c);
 }
