@@ -118,6 +118,13 @@ def load_library(path=None):
     return lib
 
 
+def check_layout(struct):
+    """The library's *_init wrote its own struct_size: it must match this mirror's size."""
+    if struct.struct_size != ctypes.sizeof(struct):
+        raise RuntimeError(f"{type(struct).__name__}: the library's struct is {struct.struct_size} bytes, "
+                           f"this script's mirror {ctypes.sizeof(struct)}: update the mirror")
+
+
 def check(lib, err):
     """Raises InfillError for a non-NULL infill_error* (and frees it)."""
     if not err:
@@ -146,6 +153,7 @@ def main():
     lib = load_library(args.library)
     opts = ClientOptions()
     lib.infill_client_options_init(ctypes.byref(opts))
+    check_layout(opts)
     opts.endpoint = args.endpoint.encode() if args.endpoint else None
     opts.token = args.token.encode() if args.token else None
     client = c_void_p()
@@ -158,6 +166,7 @@ def main():
             image = f.read()
         info = TemplateInfo()
         lib.infill_template_info_init(ctypes.byref(info))
+        check_layout(info)
         check(lib, lib.infill_client_upload_template(client, image, len(image),
                                                      os.path.basename(args.template).encode(),
                                                      ctypes.byref(info)))
@@ -165,6 +174,7 @@ def main():
 
         params = EditParams()
         lib.infill_edit_params_init(ctypes.byref(params))
+        check_layout(params)
         params.template_id = info.id
         mask_bytes = None
         if args.mask.startswith("rect:"):
