@@ -6,6 +6,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <exception>
 
 #include "codec.h"
@@ -116,6 +117,11 @@ Result<std::shared_ptr<Job>> ClientCore::submit(const json& params, Callbacks ca
   job->callbacks = callbacks;
   job->http = http_;
   job->io_thread = io_thread_id_;
+  {
+    // Until the io thread registers it; a destroy meanwhile still ends it (close_remaining).
+    std::lock_guard lock(mu_);
+    pending_.push_back(job);
+  }
   asio::post(ioc_, [this, job] { register_job(job); });
   return job;
 }
@@ -135,6 +141,7 @@ void ClientCore::register_job(std::shared_ptr<Job> job) {
   {
     std::lock_guard lock(mu_);
     jobs_[job->id] = job;
+    pending_.erase(std::remove(pending_.begin(), pending_.end(), job), pending_.end());
   }
   auto held = unclaimed_.find(job->id);
   if (held != unclaimed_.end()) {
@@ -386,6 +393,8 @@ void ClientCore::close_remaining() {
   {
     std::lock_guard lock(mu_);
     for (auto& [id, job] : jobs_) jobs.push_back(job);
+    jobs.insert(jobs.end(), pending_.begin(), pending_.end());
+    pending_.clear();
   }
   if (options_.cancel_on_destroy && !jobs.empty()) {
     // Best effort and short: a gone engine must not hold up the host's shutdown.
@@ -397,7 +406,10 @@ void ClientCore::close_remaining() {
       if (!r.ok()) break;
     }
   }
-  end_all(INFILL_ERROR_CLIENT_CLOSED, "the client was destroyed while the edit was in flight");
+  for (const auto& job : jobs)
+    finish(job, INFILL_JOB_FAILED,
+           make_error(INFILL_ERROR_CLIENT_CLOSED,
+                      "edit " + std::to_string(job->id) + ": the client was destroyed while the edit was in flight"));
 }
 
 void ClientCore::destroy() {

@@ -103,7 +103,7 @@ class ClientCore {
   void finish_failed_from_json(const std::shared_ptr<Job>& job, const nlohmann::json& data);
   void end_all(infill_error_code code, const std::string& why);
   void close_remaining();
-  bool wanted() const;
+  bool wanted() const;  // edits in flight or a subscription asked for
 
   CoreOptions options_;
   std::shared_ptr<const HttpConfig> http_;
@@ -124,6 +124,7 @@ class ClientCore {
   uint64_t attempts_ = 0;  // finished connection attempts
   bool last_attempt_opened_ = false;
   Error last_error_;
+  std::vector<std::shared_ptr<Job>> pending_;  // accepted, not yet registered by the io thread
 
   // io thread only.
   std::map<uint64_t, std::shared_ptr<Job>> jobs_;

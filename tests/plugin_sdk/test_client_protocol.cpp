@@ -359,3 +359,63 @@ TEST_CASE("sdk protocol: after the stream drops, polling settles edits finished,
   for (infill_job* j : jobs) infill_job_release(j);
   infill_client_destroy(c);
 }
+
+TEST_CASE("sdk protocol: a callback may submit the next edit (live editing)", "[sdk][protocol]") {
+  infill::test::TempDir dir("infill-sdk-fake");
+  std::atomic<uint64_t> next{70};
+  FakeEngine engine(dir.file("engine.sock"), [&](const std::string& m, const std::string& t, const std::string& body) {
+    if (m == "POST" && t == "/v1/edits") {
+      if (next == 71 && body.find("\"supersedes\":70") == std::string::npos) return Reply{400, "{}", "application/json"};
+      return accepted(next++);
+    }
+    if (m == "GET" && t == "/v1/edits/71/result") return Reply{200, "R71", "image/png"};
+    return Reply{};
+  });
+  infill_client* c = client_for(dir.file("engine.sock"));
+  struct Ctx {
+    infill_client* client;
+    Seen next;
+    std::string submit_error = "not called";
+    infill_job* job = nullptr;
+  } ctx{c, {}, "not called", nullptr};
+  infill_edit_params p;
+  infill_edit_params_init(&p);
+  p.template_id = "fake";
+  p.mask_rect[2] = p.mask_rect[3] = 8;
+  p.user_data = &ctx;
+  p.on_progress = [](void* user, const infill_progress* pr) {
+    auto* x = static_cast<Ctx*>(user);
+    infill_edit_params q;
+    infill_edit_params_init(&q);
+    q.template_id = "fake";
+    q.mask_rect[2] = q.mask_rect[3] = 4;
+    q.supersedes = pr->edit_id;
+    q.on_done = &Seen::on_done;
+    q.user_data = &x->next;
+    infill_error* e = infill_client_submit_edit(x->client, &q, &x->job);
+    x->submit_error = e ? infill_error_message(e) : "";
+    infill_error_delete(e);
+  };
+  infill_job* a = nullptr;
+  infill_error* e = infill_client_submit_edit(c, &p, &a);
+  REQUIRE(e == nullptr);
+  engine.push("progress", R"({"id":70,"type":"progress","steps_done":1,"steps_total":9})");
+  infill_error* running = infill_job_wait(a, 0);  // still running: a timeout error
+  REQUIRE(running != nullptr);
+  CHECK(infill_error_get_code(running) == INFILL_ERROR_TIMEOUT);
+  infill_error_delete(running);
+  engine.push("failed", R"({"id":70,"type":"failed","state":"cancelled","error":{"code":"cancelled","message":"superseded by 71"}})");
+  REQUIRE(infill_job_wait(a, 10000) == nullptr);
+  CHECK(infill_job_get_state(a) == INFILL_JOB_CANCELLED);
+  CHECK(ctx.submit_error.empty());
+  REQUIRE(ctx.job != nullptr);
+  CHECK(infill_job_id(ctx.job) == 71);
+  engine.push("done", R"({"id":71,"type":"done","result":"/v1/edits/71/result"})");
+  REQUIRE(ctx.next.wait_done());
+  CHECK(ctx.next.state == INFILL_JOB_DONE);
+  CHECK(ctx.next.png == "R71");
+  infill_job_release(a);
+  infill_job_release(ctx.job);
+  infill_client_destroy(c);
+  CHECK(ctx.next.done_calls == 1);
+}
