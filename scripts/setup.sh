@@ -17,6 +17,8 @@ packages=(
   # Training data of the bundled model (infill-train, bench_model_quality): wallpapers and
   # photos with their licences in /usr/share/doc/<package>/copyright.
   gnome-backgrounds mate-backgrounds plasma-workspace-wallpapers
+  # The GIMP 2.10 plug-in (plugin_sdk/gimp/) and its batch-mode test.
+  libgimp2.0-dev gimp
 )
 
 missing=()

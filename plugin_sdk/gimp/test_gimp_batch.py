@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""Drives the GIMP plug-in through GIMP's batch mode against a real infill-engine.
+
+Starts infill-engine (the build's random model, a private Unix socket, no journal), gives GIMP
+a private profile (GIMP2_DIRECTORY) whose plug-ins folder holds the freshly built plug-in, and
+runs Script-Fu that loads a small PNG, selects a rectangle and calls plug-in-infill-repaint.
+Checks:
+  - the image gains one layer, named "Infill", above the original and at its offsets;
+  - the new layer equals the original outside the selection and differs inside it;
+  - error cases end with a clear message and GIMP still exits 0: no selection, a prompt word
+    the model does not know, an engine that is not running.
+Every step is bounded in time; the engine is stopped with SIGTERM and must exit 0."""
+import argparse
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+W, H = 64, 48
+RECT = (16, 12, 24, 16)  # x, y, w, h of the selection
+OFFSET = (5, 3)          # the layer's offsets in a larger canvas (second case)
+
+
+def write_png(path, width, height, pixels):
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    rows = b"".join(b"\0" + bytes(pixels[y * width * 3:(y + 1) * width * 3]) for y in range(height))
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def read_ppm(path):
+    """Binary PPM (P6, maxval 255) as written by GIMP's file-pnm-save -> (w, h, bytes)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    fields, pos = [], 0
+    while len(fields) < 4:
+        while data[pos:pos + 1].isspace():
+            pos += 1
+        if data[pos:pos + 1] == b"#":
+            pos = data.index(b"\n", pos) + 1
+            continue
+        end = pos
+        while not data[end:end + 1].isspace():
+            end += 1
+        fields.append(data[pos:end])
+        pos = end
+    assert fields[0] == b"P6" and fields[3] == b"255", f"{path}: {fields}"
+    w, h = int(fields[1]), int(fields[2])
+    return w, h, data[pos + 1:pos + 1 + w * h * 3]
+
+
+def http_get(sock_path, path, timeout=2.0):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(sock_path)
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while True:
+            part = s.recv(65536)
+            if not part:
+                break
+            answer += part
+        return answer.decode(errors="replace")
+    finally:
+        s.close()
+
+
+def wait_healthy(sock_path, engine, deadline_s):
+    end = time.time() + deadline_s
+    while time.time() < end:
+        if engine.poll() is not None:
+            raise SystemExit(f"infill-engine exited with {engine.returncode} while starting")
+        try:
+            if http_get(sock_path, "/health").startswith("HTTP/1.1 200"):
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"infill-engine did not answer /health within {deadline_s} s")
+
+
+def processes_of(binary):
+    """(pid, argv) of the running processes started from `binary`."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        if argv and argv[0] == binary:
+            found.append((int(pid), argv))
+    return found
+
+
+def kill_plugin_and_check_cancel(binary, sock_path):
+    """Waits for the plug-in's cancel watcher (the edit is submitted), SIGKILLs the plug-in as
+    GIMP's cancel does, and checks that the engine cancels the edit. Returns failures."""
+    end, watcher, plugin = time.time() + 90, None, None
+    while time.time() < end and not watcher:
+        for pid, argv in processes_of(binary):
+            if len(argv) > 3 and argv[1] == "--cancel-watch":
+                watcher = (pid, argv)
+            elif len(argv) > 1 and argv[1] == "-gimp":
+                plugin = pid
+        time.sleep(0.05)
+    if not watcher or not plugin:
+        return ["the plug-in did not start its cancel watcher within 90 s"]
+    edit_id = watcher[1][3]
+    os.kill(plugin, signal.SIGKILL)
+    print(f"killed the plug-in (pid {plugin}) during edit {edit_id}")
+    state, end = "", time.time() + 30
+    while time.time() < end:
+        answer = http_get(sock_path, f"/v1/edits/{edit_id}")
+        for candidate in ("cancelled", "done", "failed", "expired"):
+            if f'"state":"{candidate}"' in answer:
+                state = candidate
+        if state:
+            break
+        time.sleep(0.1)
+    print(f"edit {edit_id} ended {state or 'not within 30 s'}")
+    return [] if state == "cancelled" else [f"the edit of the killed plug-in ended {state or 'not at all'}, expected cancelled"]
+
+
+def scheme_string(text):
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--plugin", required=True)
+    ap.add_argument("--gimp", default="gimp")
+    ap.add_argument("--work-dir", required=True)
+    args = ap.parse_args()
+
+    work = os.path.abspath(args.work_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    # Unix socket paths are limited to 107 bytes: keep the socket in a short temporary folder.
+    sock_dir = tempfile.mkdtemp(prefix="infill-gimp-")
+    sock = os.path.join(sock_dir, "engine.sock")
+
+    # The test image: a smooth gradient, so any repaint shows.
+    pixels = bytearray()
+    for y in range(H):
+        for x in range(W):
+            pixels += bytes((x * 4 & 255, y * 5 & 255, (x + y) * 2 & 255))
+    image_in = os.path.join(work, "in.png")
+    write_png(image_in, W, H, pixels)
+
+    # A private GIMP profile holding only our plug-in (GIMP wants plug-ins/<name>/<name>).
+    profile = os.path.join(work, "profile")
+    plugin_dir = os.path.join(profile, "plug-ins", "infill-repaint")
+    os.makedirs(plugin_dir)
+    # A profile folder that exists counts as installed: create the data folders GIMP writes to.
+    for folder in ("brushes", "dynamics", "fonts", "gradients", "palettes", "patterns", "scripts",
+                   "templates", "tool-presets", "mypaint-brushes"):
+        os.makedirs(os.path.join(profile, folder))
+    shutil.copy2(args.plugin, os.path.join(plugin_dir, "infill-repaint"))
+
+    env = dict(os.environ)
+    env["GIMP2_DIRECTORY"] = profile
+    env["HOME"] = work                         # GIMP writes caches under $HOME too
+    env["XDG_CONFIG_HOME"] = os.path.join(work, "config")
+    env["XDG_CACHE_HOME"] = os.path.join(work, "cache")
+    env["XDG_RUNTIME_DIR"] = sock_dir
+    env.pop("INFILL_ENDPOINT", None)
+    env.pop("DISPLAY", None)                   # batch mode needs no display
+
+    log = open(os.path.join(work, "engine.log"), "w")
+    engine = subprocess.Popen([args.engine, "--model", args.model, "--socket", sock, "--journal", "off",
+                               "--no-calibrate", "--threads", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    failures = []
+    try:
+        wait_healthy(sock, engine, 60)
+
+        endpoint = "unix:" + sock
+        x, y, w, h = RECT
+        out = lambda name: scheme_string(os.path.join(work, name))
+
+        def repaint(image, layer, prompt, ep):
+            return (f"(plug-in-infill-repaint RUN-NONINTERACTIVE {image} {layer} {scheme_string(prompt)} 7 4 1.0 0.0 "
+                    f"{scheme_string(ep)} \"\")")
+
+        # 1. The repaint, on a layer at offsets in a larger canvas: the selection is in image
+        #    coordinates, the mask in layer coordinates.
+        ok_case = f"""
+(let* ((image (car (gimp-file-load RUN-NONINTERACTIVE {scheme_string(image_in)} "in.png")))
+       (layer (car (gimp-image-get-active-layer image))))
+  (gimp-image-resize image {W + 2 * OFFSET[0]} {H + 2 * OFFSET[1]} {OFFSET[0]} {OFFSET[1]})
+  (gimp-context-set-feather FALSE)
+  (gimp-image-select-rectangle image CHANNEL-OP-REPLACE {x + OFFSET[0]} {y + OFFSET[1]} {w} {h})
+  (let* ((result (car {repaint("image", "layer", "", endpoint)}))
+         (layers (gimp-image-get-layers image))
+         (offsets (gimp-drawable-offsets result))
+         (port (open-output-file {out("info.txt")})))
+    (file-pnm-save RUN-NONINTERACTIVE image layer {out("before.ppm")} "before.ppm" 1)
+    (file-pnm-save RUN-NONINTERACTIVE image result {out("after.ppm")} "after.ppm" 1)
+    (display (car layers) port) (newline port)
+    (display (if (= (vector-ref (cadr layers) 0) result) "top" "not-top") port) (newline port)
+    (display (car (gimp-item-get-name result)) port) (newline port)
+    (display (car offsets) port) (display " " port) (display (cadr offsets) port) (newline port)
+    (close-output-port port))
+  (gimp-image-delete image))"""
+
+        # 2. Errors: each batch command fails on its own; GIMP goes on to the next one.
+        no_selection = f"""
+(let* ((image (car (gimp-file-load RUN-NONINTERACTIVE {scheme_string(image_in)} "in.png")))
+       (layer (car (gimp-image-get-active-layer image))))
+  (gimp-selection-none image)
+  {repaint("image", "layer", "", endpoint)})"""
+        bad_word = f"""
+(let* ((image (car (gimp-file-load RUN-NONINTERACTIVE {scheme_string(image_in)} "in.png")))
+       (layer (car (gimp-image-get-active-layer image))))
+  (gimp-image-select-rectangle image CHANNEL-OP-REPLACE 1 1 8 8)
+  {repaint("image", "layer", "banana", endpoint)})"""
+        unreachable = f"""
+(let* ((image (car (gimp-file-load RUN-NONINTERACTIVE {scheme_string(image_in)} "in.png")))
+       (layer (car (gimp-image-get-active-layer image))))
+  (gimp-image-select-rectangle image CHANNEL-OP-REPLACE 1 1 8 8)
+  {repaint("image", "layer", "", "unix:" + os.path.join(sock_dir, "nobody.sock"))})"""
+
+        cmd = [args.gimp, "-i", "-d", "-f", "--no-interface", "--console-messages"]
+        for script in (ok_case, no_selection, bad_word, unreachable):
+            cmd += ["-b", script]
+        cmd += ["-b", "(gimp-quit 0)"]
+        t0 = time.time()
+        try:
+            run = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True, timeout=240)
+        except subprocess.TimeoutExpired as e:
+            raise SystemExit(f"gimp did not finish within 240 s\n{e.stdout}\n{e.stderr}")
+        output = run.stdout + run.stderr
+        with open(os.path.join(work, "gimp.log"), "w") as f:
+            f.write(output)
+        print(f"gimp ran {time.time() - t0:.1f} s, exit {run.returncode}")
+        if run.returncode != 0:
+            failures.append(f"gimp exited {run.returncode}")
+
+        # The repaint.
+        try:
+            info = open(os.path.join(work, "info.txt")).read().split("\n")
+        except OSError:
+            info = []
+            failures.append("the repaint did not finish (no info.txt)")
+        if info:
+            if info[0] != "2":
+                failures.append(f"the image has {info[0]} layers, expected 2")
+            if info[1] != "top":
+                failures.append("the new layer is not above the original")
+            if info[2] != "Infill":
+                failures.append(f"the new layer is named {info[2]!r}, expected 'Infill'")
+            if info[3] != f"{OFFSET[0]} {OFFSET[1]}":
+                failures.append(f"the new layer is at {info[3]}, expected the original's offsets {OFFSET}")
+            bw, bh, before = read_ppm(os.path.join(work, "before.ppm"))
+            aw, ah, after = read_ppm(os.path.join(work, "after.ppm"))
+            if (bw, bh) != (W, H) or (aw, ah) != (W, H):
+                failures.append(f"layers are {bw}x{bh} and {aw}x{ah}, expected {W}x{H}")
+            elif before != bytes(pixels):
+                failures.append("the original layer changed")
+            else:
+                outside = inside = 0
+                for py in range(H):
+                    for px in range(W):
+                        i = (py * W + px) * 3
+                        if before[i:i + 3] != after[i:i + 3]:
+                            if x <= px < x + w and y <= py < y + h:
+                                inside += 1
+                            else:
+                                outside += 1
+                print(f"changed pixels: {inside} inside the selection ({w * h}), {outside} outside")
+                if outside:
+                    failures.append(f"{outside} pixels outside the selection changed")
+                if inside < w * h // 4:
+                    failures.append(f"only {inside} of {w * h} pixels inside the selection changed")
+
+        # The errors: a message each, the procedure failed, GIMP went on.
+        for what, text in (("no selection", "select the region to repaint first"),
+                           ("unknown prompt word", "takes no prompt"),
+                           ("engine not running", "cannot reach the Infill engine"),
+                           ("engine not running", "nobody.sock")):
+            if text not in output:
+                failures.append(f"{what}: no message containing {text!r}")
+        if output.count("plug-in-infill-repaint") < 3:
+            failures.append("expected three failed calls of plug-in-infill-repaint in GIMP's output")
+        if "terminated" in output.lower() or "crashed" in output.lower():
+            failures.append("the plug-in crashed")
+
+        # 3. GIMP's progress cancel button kills the plug-in (a quit message, then SIGKILL): the
+        #    plug-in's watcher process must cancel the edit on the engine. 1000 steps on a
+        #    template not prepared for them take several seconds.
+        kill_case = f"""
+(let* ((image (car (gimp-file-load RUN-NONINTERACTIVE {scheme_string(image_in)} "in.png")))
+       (layer (car (gimp-image-get-active-layer image))))
+  (gimp-image-select-rectangle image CHANNEL-OP-REPLACE 1 1 8 8)
+  (plug-in-infill-repaint RUN-NONINTERACTIVE image layer "" 7 1000 1.0 0.0 {scheme_string(endpoint)} ""))"""
+        kill_log = open(os.path.join(work, "gimp_kill.log"), "w")
+        gimp = subprocess.Popen([args.gimp, "-i", "-d", "-f", "--console-messages", "-b", kill_case, "-b", "(gimp-quit 0)"],
+                                env=env, cwd=work, stdout=kill_log, stderr=subprocess.STDOUT)
+        try:
+            failures += kill_plugin_and_check_cancel(os.path.join(plugin_dir, "infill-repaint"), sock)
+            try:
+                code = gimp.wait(timeout=120)
+                if code != 0:
+                    failures.append(f"gimp exited {code} after its plug-in was killed")
+            except subprocess.TimeoutExpired:
+                failures.append("gimp did not exit within 120 s after its plug-in was killed")
+        finally:
+            if gimp.poll() is None:
+                gimp.kill()
+                gimp.wait()
+            kill_log.close()
+    finally:
+        engine.send_signal(signal.SIGTERM)
+        try:
+            code = engine.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            code = "killed"
+        log.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    if code != 0:
+        failures.append(f"infill-engine exited {code}")
+
+    if failures:
+        print("GIMP output:\n" + open(os.path.join(work, "gimp.log")).read() if os.path.exists(os.path.join(work, "gimp.log")) else "")
+        for f in failures:
+            print("FAIL:", f)
+        return 1
+    print("ok: repaint inside the selection only, a new layer above; errors reported, GIMP exited 0")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
