@@ -312,8 +312,8 @@ typedef struct infill_done {
   size_t struct_size;
   uint64_t edit_id;
   infill_job_state state;  ///< DONE, FAILED, CANCELLED or EXPIRED
-  /// NULL when state is DONE; otherwise why (owned by the library, valid during the callback;
-  /// the job keeps a copy, see infill_job_error).
+  /// NULL when state is DONE; otherwise why. Owned by the job: the same object
+  /// infill_job_error returns, valid while a handle of the job lives (else during the callback).
   const infill_error* error;
   /// state DONE: the result, a PNG of the template's size; every pixel outside the mask is
   /// the template's own. Otherwise NULL / 0.
