@@ -96,6 +96,11 @@ def main():
     for a in ("--engine", "--model", "--c-example", "--python-example", "--library", "--work-dir"):
         ap.add_argument(a, required=True)
     args = ap.parse_args()
+    for what, path in (("infill-engine", args.engine), ("the random model", os.path.join(args.model, "manifest.json")),
+                       ("the C example", args.c_example), ("libinfill_client", args.library)):
+        if not os.path.exists(path):
+            print(f"{what} is not built ({path}); build the targets infill-engine, infill_edit_example, infill_client")
+            return 1
     shutil.rmtree(args.work_dir, ignore_errors=True)
     os.makedirs(args.work_dir)
     d = lambda *p: os.path.join(args.work_dir, *p)  # noqa: E731
