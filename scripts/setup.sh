@@ -19,6 +19,8 @@ packages=(
   gnome-backgrounds mate-backgrounds plasma-workspace-wallpapers
   # The GIMP 2.10 plug-in (plugin_sdk/gimp/) and its batch-mode test.
   libgimp2.0-dev gimp
+  # The Qt 6 editor (ui/) and its screenshot test under a virtual X server.
+  qt6-base-dev xvfb xauth
 )
 
 missing=()

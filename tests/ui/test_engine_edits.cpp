@@ -1,0 +1,203 @@
+// The editor against a real engine, which the editor's own connection starts (the build's
+// infill-engine with the bundled model, on a socket in a temp folder): Generate streams
+// progress and previews and returns a result that differs from the template only inside the
+// feathered mask; live mode supersedes earlier strokes' edits and shows one final result; an
+// unreachable engine gives a message without blocking.
+#include <catch2/catch.hpp>
+
+#include <QElapsedTimer>
+#include <QTemporaryDir>
+
+#include <cmath>
+
+#include "tests/ui/ui_test_support.h"
+#include "ui/edit_controller.h"
+#include "ui/engine_connection.h"
+#include "ui/image_io.h"
+#include "ui/mask_document.h"
+
+using infill::test::source_path;
+using infill::test::ui_app;
+using infill::test::wait_until;
+using infill::ui::EditController;
+using infill::ui::EngineConnection;
+using infill::ui::GenerationResult;
+using infill::ui::MaskDocument;
+
+namespace {
+
+struct Session {
+  QTemporaryDir dir;
+  MaskDocument mask;
+  EngineConnection engine;
+  EditController controller{&engine, &mask};
+  QImage image;
+
+  Session() {
+    ui_app();
+    engine.connectToEngine(infill::test::test_engine_options(dir));
+    wait_until([&] {
+      return engine.state() == EngineConnection::State::Connected || engine.state() == EngineConnection::State::Failed;
+    }, 150000);
+    INFO(engine.stateMessage().toStdString());
+    REQUIRE(engine.state() == EngineConnection::State::Connected);
+    REQUIRE(engine.startedEngine());
+    const QString path = source_path(QStringLiteral("resources/jobs/hills_256.png"));
+    infill::ui::LoadedImage loaded = infill::ui::load_image(path);
+    REQUIRE(loaded.error.isEmpty());
+    image = loaded.image;
+    mask.reset(image.size());
+    controller.setImage(image, path);
+    REQUIRE(wait_until([&] { return !controller.templateId().isEmpty(); }, 30000));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Generate streams progress and previews; the result differs only inside the feathered mask", "[ui][engine]") {
+  Session s;
+  REQUIRE_FALSE(s.engine.models().isEmpty());
+  CHECK(s.engine.models().front().vocabulary.contains(QStringLiteral("green")));
+
+  // A brush stroke and a rectangle: the mask the engine gets.
+  s.mask.beginStroke(QPointF(40, 60), infill::ui::BrushShape{24, 0.7}, false);
+  s.mask.continueStroke(QPointF(120, 90));
+  s.mask.endStroke();
+  s.mask.fillRect(QRectF(150, 140, 60, 50));
+  const QImage mask = s.mask.mask().copy();
+
+  infill::ui::GenerationParams p;
+  p.prompt = QStringLiteral("green bright");
+  p.seed = 7;
+  p.steps = 8;
+  p.feather_px = 4;
+  s.controller.setParameters(p);
+
+  std::vector<GenerationResult> results;
+  int previews = 0, progress_calls = 0, last_done = -1;
+  bool monotonic = true;
+  QRect preview_rect;
+  QObject::connect(&s.controller, &EditController::resultArrived, [&](const GenerationResult& r) { results.push_back(r); });
+  QObject::connect(&s.controller, &EditController::previewArrived, [&](const QImage& img, const QRect& where) {
+    previews += !img.isNull();
+    preview_rect = where;
+  });
+  QObject::connect(&s.controller, &EditController::progressChanged, [&](int done, int total, double) {
+    ++progress_calls;
+    monotonic = monotonic && done > last_done && done <= total;
+    last_done = done;
+  });
+  QString last_message;
+  QObject::connect(&s.controller, &EditController::message, [&](const QString& m, bool) { last_message = m; });
+
+  REQUIRE(s.controller.generate());
+  CHECK(s.controller.busy());
+  // The GUI thread stays free while the engine works: this loop keeps turning.
+  int loop_turns = 0;
+  REQUIRE(wait_until([&] {
+    ++loop_turns;
+    return !results.empty() || !s.controller.busy();
+  }, 180000));
+  INFO(last_message.toStdString());
+  REQUIRE(results.size() == 1);
+  CHECK(loop_turns > 10);
+  CHECK(progress_calls >= 1);
+  CHECK(monotonic);
+  CHECK(previews >= 1);
+  CHECK(preview_rect.intersects(infill::ui::mask_bounds(mask)));
+
+  const QImage& out = results[0].image;
+  REQUIRE(out.size() == s.image.size());
+  CHECK(results[0].seed == 7);
+  // The feathered mask: the painted mask grown by the feather's reach (plus a pixel of
+  // rounding). Outside it, every pixel is the template's own, bit for bit.
+  QImage reach = mask.copy();
+  infill::ui::grow_mask(reach, static_cast<int>(std::ceil(3 * p.feather_px)) + 1);
+  int changed_inside = 0, changed_outside = 0;
+  for (int y = 0; y < out.height(); ++y) {
+    const QRgb* a = reinterpret_cast<const QRgb*>(s.image.constScanLine(y));
+    const QRgb* b = reinterpret_cast<const QRgb*>(out.constScanLine(y));
+    for (int x = 0; x < out.width(); ++x) {
+      if (a[x] == b[x]) continue;
+      if (reach.constScanLine(y)[x] > 0) ++changed_inside;
+      else ++changed_outside;
+    }
+  }
+  CHECK(changed_outside == 0);
+  CHECK(changed_inside > 500);
+}
+
+TEST_CASE("Live mode: three quick strokes give superseded edits and one final result", "[ui][engine][live]") {
+  Session s;
+  infill::ui::GenerationParams p;
+  p.prompt = QStringLiteral("blue");
+  p.seed = 3;
+  p.steps = 8;
+  s.controller.setParameters(p);
+  s.controller.setLiveMode(true);
+  s.controller.setLiveDebounceMs(20);
+
+  std::vector<GenerationResult> results;
+  QObject::connect(&s.controller, &EditController::resultArrived, [&](const GenerationResult& r) { results.push_back(r); });
+  double shown_latency = -1;
+  QObject::connect(&s.controller, &EditController::liveLatency, [&](double ms) { shown_latency = ms; });
+
+  // Each stroke ends, the debounce fires and submits, and the next stroke follows while that
+  // edit still runs (the first one waits for the template's preparation).
+  for (int i = 0; i < 3; ++i) {
+    s.mask.beginStroke(QPointF(40 + 50 * i, 60), infill::ui::BrushShape{30, 0.8}, false);
+    s.mask.continueStroke(QPointF(60 + 50 * i, 180));
+    s.mask.endStroke();
+    REQUIRE(wait_until([&] { return s.controller.liveStats().submitted == i + 1; }, 5000));
+    infill::test::pump(60);
+  }
+  REQUIRE(wait_until([&] {
+    const auto& st = s.controller.liveStats();
+    return st.results + st.superseded + st.stale == 3;
+  }, 180000));
+  const auto& st = s.controller.liveStats();
+  CHECK(st.submitted == 3);
+  CHECK(st.results == 1);
+  CHECK(st.superseded + st.stale == 2);
+  CHECK(st.superseded >= 1);
+  REQUIRE(results.size() == 1);
+  CHECK(results[0].live);
+  CHECK(results[0].mask == s.mask.mask());  // the final result answers the final mask
+  CHECK(shown_latency > 0);
+  CHECK(shown_latency == Approx(st.last_latency_ms));
+}
+
+TEST_CASE("An engine that does not answer gives a clear message and does not block", "[ui][engine]") {
+  ui_app();
+  QTemporaryDir dir;
+  EngineConnection engine;
+  infill::ui::EngineOptions o;
+  o.endpoint = QStringLiteral("unix:") + dir.filePath(QStringLiteral("nobody.sock"));
+  o.auto_start = false;
+  QElapsedTimer clock;
+  clock.start();
+  engine.connectToEngine(o);
+  CHECK(clock.elapsed() < 500);  // returns at once; the probe runs off the GUI thread
+  REQUIRE(wait_until([&] { return engine.state() == EngineConnection::State::Failed; }, 20000));
+  CHECK(engine.stateMessage().contains(QStringLiteral("nobody.sock")));
+
+  // A missing engine binary is named in the message.
+  o.auto_start = true;
+  o.engine_program = dir.filePath(QStringLiteral("no-such-engine"));
+  engine.connectToEngine(o);
+  REQUIRE(wait_until([&] { return engine.state() == EngineConnection::State::Failed; }, 20000));
+  CHECK(engine.stateMessage().contains(QStringLiteral("no-such-engine")));
+
+  // Edits while disconnected are refused with the reason, not lost.
+  MaskDocument mask;
+  mask.reset(QSize(32, 32));
+  EditController controller(&engine, &mask);
+  QImage image(32, 32, QImage::Format_RGBA8888);
+  image.fill(Qt::gray);
+  controller.setImage(image);
+  mask.fillRect(QRectF(4, 4, 8, 8));
+  QString message;
+  QObject::connect(&controller, &EditController::message, [&](const QString& m, bool) { message = m; });
+  CHECK_FALSE(controller.generate());
+  CHECK(message.contains(QStringLiteral("not connected")));
+}

@@ -1,0 +1,127 @@
+// The parameters panel (vocabulary completions, invalid words flagged before submission) and
+// image files through OpenImageIO (PNG, TIFF, EXR, PSD-style reads, export with a mask).
+#include <catch2/catch.hpp>
+
+#include <QAbstractItemView>
+#include <QCompleter>
+#include <QLineEdit>
+#include <QSettings>
+#include <QTemporaryDir>
+
+#include "tests/ui/ui_test_support.h"
+#include "ui/image_io.h"
+#include "ui/main_window.h"
+#include "ui/parameters_panel.h"
+
+using infill::test::source_path;
+using infill::test::ui_app;
+
+TEST_CASE("Prompt words outside the model's vocabulary are flagged, as the engine splits them", "[ui][params]") {
+  ui_app();
+  const QStringList vocabulary{QStringLiteral("red"), QStringLiteral("green"), QStringLiteral("dark")};
+  CHECK(infill::ui::invalid_prompt_words(QStringLiteral("Red, dark  green"), vocabulary).isEmpty());
+  CHECK(infill::ui::invalid_prompt_words(QStringLiteral("red purple,blu red"), vocabulary) ==
+        QStringList{QStringLiteral("purple"), QStringLiteral("blu")});
+  CHECK(infill::ui::invalid_prompt_words(QString(), vocabulary).isEmpty());
+  CHECK(infill::ui::invalid_prompt_words(QStringLiteral("red"), {}) == QStringList{QStringLiteral("red")});
+
+  infill::ui::ParametersPanel panel;
+  infill::ui::ModelDescription model;
+  model.id = QStringLiteral("infill-tiny-1");
+  model.name = QStringLiteral("infill-tiny");
+  model.vocabulary = vocabulary;
+  model.default_steps = 12;
+  model.default_guidance = 2.5;
+  panel.setModels({model});
+  CHECK(panel.params().steps == 12);
+  CHECK(panel.params().guidance == Approx(2.5));
+  bool last_valid = true;
+  QObject::connect(&panel, &infill::ui::ParametersPanel::validityChanged, [&](bool v) { last_valid = v; });
+  panel.promptEdit()->setText(QStringLiteral("green purple"));
+  CHECK_FALSE(last_valid);
+  CHECK(panel.invalidWords() == QStringList{QStringLiteral("purple")});
+  panel.promptEdit()->setText(QStringLiteral("GREEN, dark"));
+  CHECK(last_valid);
+  CHECK(panel.params().prompt == QStringLiteral("green dark"));
+
+  // Completions come from the vocabulary.
+  QCompleter* completer = panel.promptEdit()->findChild<QCompleter*>();
+  if (!completer) completer = panel.findChild<QCompleter*>();
+  REQUIRE(completer);
+  completer->setCompletionPrefix(QStringLiteral("da"));
+  CHECK(completer->currentCompletion() == QStringLiteral("dark"));
+}
+
+TEST_CASE("The Generate action refuses an invalid prompt before anything is submitted", "[ui][params]") {
+  ui_app();
+  infill::ui::MainWindow window;
+  infill::ui::ModelDescription model;
+  model.vocabulary = {QStringLiteral("blue")};
+  window.parameters()->setModels({model});
+  window.parameters()->promptEdit()->setText(QStringLiteral("blue sky"));
+  REQUIRE(window.openImage(source_path(QStringLiteral("resources/jobs/hills_256.png"))));
+  CHECK_FALSE(window.action(QStringLiteral("generate"))->isEnabled());
+  window.parameters()->promptEdit()->setText(QStringLiteral("blue"));
+  CHECK(window.action(QStringLiteral("generate"))->isEnabled());
+}
+
+TEST_CASE("Images read through OpenImageIO and export as PNG, TIFF and EXR", "[ui][io]") {
+  ui_app();
+  QTemporaryDir dir;
+  infill::ui::LoadedImage png = infill::ui::load_image(source_path(QStringLiteral("resources/jobs/hills_256.png")));
+  REQUIRE(png.error.isEmpty());
+  REQUIRE(png.image.size() == QSize(256, 256));
+  CHECK(png.channels == 3);
+  CHECK(png.image.format() == QImage::Format_RGBA8888);
+  // The same pixels Qt's own PNG reader sees.
+  const QImage reference = QImage(source_path(QStringLiteral("resources/jobs/hills_256.png"))).convertToFormat(QImage::Format_RGBA8888);
+  CHECK(png.image == reference);
+
+  for (const char* ext : {"png", "tif", "exr"}) {
+    const QString path = dir.filePath(QStringLiteral("out.") + QLatin1String(ext));
+    INFO(path.toStdString());
+    REQUIRE(infill::ui::save_image(png.image, path).isEmpty());
+    infill::ui::LoadedImage back = infill::ui::load_image(path);
+    REQUIRE(back.error.isEmpty());
+    REQUIRE(back.image.size() == png.image.size());
+    if (QLatin1String(ext) != QLatin1String("exr")) {
+      CHECK(back.image == png.image);  // lossless 8-bit
+    } else {
+      CHECK(back.pixel_type == QStringLiteral("half"));
+      // Half floats hold every 8-bit level to within rounding.
+      const QColor a = png.image.pixelColor(100, 100), b = back.image.pixelColor(100, 100);
+      CHECK(std::abs(a.red() - b.red()) <= 1);
+      CHECK(std::abs(a.blue() - b.blue()) <= 1);
+    }
+  }
+
+  infill::ui::LoadedImage missing = infill::ui::load_image(dir.filePath(QStringLiteral("nope.png")));
+  CHECK(missing.image.isNull());
+  CHECK(missing.error.contains(QStringLiteral("nope.png")));
+}
+
+TEST_CASE("Export writes the result and, on request, the mask as a separate PNG", "[ui][io]") {
+  ui_app();
+  QTemporaryDir dir;
+  infill::ui::MainWindow window;
+  REQUIRE(window.openImage(source_path(QStringLiteral("resources/jobs/hills_256.png"))));
+  window.maskDocument()->fillRect(QRectF(10, 20, 30, 40));
+  const QString out = dir.filePath(QStringLiteral("result.tif"));
+  REQUIRE(window.exportImage(window.canvas()->image(), out, true).isEmpty());
+  CHECK(QFileInfo::exists(out));
+  const QImage mask(dir.filePath(QStringLiteral("result_mask.png")));
+  REQUIRE(!mask.isNull());
+  CHECK(mask.convertToFormat(QImage::Format_Grayscale8) == window.maskDocument()->mask());
+  REQUIRE(window.exportImage(window.canvas()->image(), dir.filePath(QStringLiteral("plain.png")), false).isEmpty());
+  CHECK_FALSE(QFileInfo::exists(dir.filePath(QStringLiteral("plain_mask.png"))));
+}
+
+TEST_CASE("Opening an image records it in the recent files; a bad file gives a message, not a dialog", "[ui][io]") {
+  ui_app();
+  infill::ui::MainWindow window;
+  const QString path = source_path(QStringLiteral("resources/jobs/dusk_256.png"));
+  REQUIRE(window.openImage(path));
+  CHECK(QSettings().value(QStringLiteral("recent_files")).toStringList().value(0) == QFileInfo(path).absoluteFilePath());
+  CHECK_FALSE(window.openImage(QStringLiteral("/nonexistent/picture.exr")));
+  CHECK(window.currentPath() == path);  // the open image stays
+}

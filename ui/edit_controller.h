@@ -1,0 +1,143 @@
+#pragma once
+/// @file
+/// Generate and live mode: turns the image, the mask and the parameters into edits.
+
+#include <QElapsedTimer>
+#include <QImage>
+#include <QObject>
+#include <QRect>
+#include <QTimer>
+
+#include <map>
+#include <set>
+
+#include "ui/engine_connection.h"
+#include "ui/mask_document.h"
+
+namespace infill::ui {
+
+/// What the parameters panel sets.
+struct GenerationParams {
+  QString prompt;
+  quint64 seed = 0;
+  bool random_seed = false;  ///< a new seed per Generate (the one used is reported)
+  int steps = 0;             ///< 0 = the model's default
+  double strength = 1.0;
+  double guidance = 0.0;     ///< 0 = the model's default
+  int variations = 1;        ///< edits per Generate, seeds seed, seed + 1, ...
+  double feather_px = 4.0;
+};
+
+/// One finished variation.
+struct GenerationResult {
+  QImage image;  ///< the template's size; outside the (feathered) mask, the template's pixels
+  QImage mask;   ///< the mask it was made with
+  QString prompt;
+  quint64 seed = 0;
+  bool live = false;
+  double latency_ms = 0;  ///< Generate click (or stroke end, live) to result, on this side
+  double engine_ms = 0;
+};
+
+/// Runs on the GUI thread. Registers the image as a template, submits Generate batches
+/// (previews, progress with ETA, cancel) and, in live mode, one edit per finished mask edit
+/// (debounced), each superseding the previous one so only the last result is shown.
+class EditController : public QObject {
+  Q_OBJECT
+
+ public:
+  EditController(EngineConnection* engine, MaskDocument* mask, QObject* parent = nullptr);
+
+  /// The picture edits start from. `source_path` (optional) is uploaded as is; otherwise the
+  /// image is uploaded as PNG. Registers it with the engine now or once connected.
+  void setImage(const QImage& image, const QString& source_path = {});
+  const QImage& image() const { return image_; }
+  QString templateId() const { return template_.id; }
+  /// "not registered", "uploading", "ready", "preparing", "prepared".
+  QString templateStateText() const;
+
+  void setParameters(const GenerationParams& params) { params_ = params; }
+  const GenerationParams& parameters() const { return params_; }
+
+  /// Submits `variations` edits. False (with message()) when it cannot: no image, empty
+  /// mask, engine not connected. Waits for the template upload when it is still running.
+  bool generate();
+  /// Cancels the running Generate batch and the live edit.
+  void cancel();
+  bool busy() const { return !batch_.empty(); }
+
+  void setLiveMode(bool on);
+  bool liveMode() const { return live_; }
+  void setLiveDebounceMs(int ms) { debounce_.setInterval(ms); }
+  int liveDebounceMs() const { return debounce_.interval(); }
+
+  /// Live-mode counters since the last setLiveMode(true).
+  struct LiveStats {
+    int submitted = 0;
+    int superseded = 0;  ///< ended cancelled because a newer edit replaced them
+    int stale = 0;       ///< finished, but a newer edit was already on its way: not shown
+    int results = 0;     ///< shown
+    double last_latency_ms = 0;
+  };
+  const LiveStats& liveStats() const { return live_stats_; }
+
+ signals:
+  void templateStateChanged(const QString& text);
+  /// A preview of the masked region; `where` is in image coordinates.
+  void previewArrived(const QImage& preview, const QRect& where);
+  void progressChanged(int steps_done, int steps_total, double eta_s);
+  void resultArrived(const infill::ui::GenerationResult& result);
+  void busyChanged(bool busy);
+  /// Something the user should read in the status bar; error = true for failures.
+  void message(const QString& text, bool error);
+  void liveLatency(double ms);
+
+ private:
+  struct Pending {
+    GenerationResult result;
+    QElapsedTimer clock;
+    int steps_done = 0, steps_total = 0;
+    bool live = false;
+  };
+  void uploadTemplate();
+  void onEngineState(EngineConnection::State state);
+  void onTemplateRegistered(quint64 tag, const TemplateStatus& status);
+  void onTemplateFailed(quint64 tag, const QString& message);
+  void onTemplateStatus(const TemplateStatus& status);
+  void onProgress(quint64 tag, int done, int total);
+  void onPreview(quint64 tag, int done, const QImage& preview);
+  void onFinished(quint64 tag, const EditOutcome& outcome);
+  void onRejected(quint64 tag, const QString& message);
+  void onMaskEdited();
+  void submitLive();
+  bool submitBatch();
+  EditSubmission baseSubmission(quint64 seed) const;
+  QRect previewRect(const QImage& preview) const;
+  void finishTag(quint64 tag);
+
+  EngineConnection* engine_;
+  MaskDocument* mask_;
+  QImage image_;
+  QString source_path_;
+  QByteArray encoded_;
+  TemplateStatus template_;
+  quint64 template_tag_ = 0;  // upload in flight
+  bool template_dirty_ = true;
+  bool generate_waiting_ = false;  // Generate pressed while the upload runs
+  GenerationParams params_;
+
+  std::map<quint64, Pending> pending_;  // every edit in flight, by tag
+  std::set<quint64> batch_;             // tags of the running Generate
+  QElapsedTimer batch_clock_;
+
+  bool live_ = false;
+  quint64 live_tag_ = 0;  // the newest live edit
+  QElapsedTimer live_edit_clock_;  // since the mask edit the live edit answers
+  QTimer debounce_;
+  LiveStats live_stats_;
+  QTimer template_poll_;
+};
+
+}  // namespace infill::ui
+
+Q_DECLARE_METATYPE(infill::ui::GenerationResult)

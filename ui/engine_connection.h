@@ -1,0 +1,158 @@
+#pragma once
+/// @file
+/// The editor's link to an engine, through libinfill_client only.
+
+#include <QImage>
+#include <QList>
+#include <QObject>
+#include <QPointer>
+#include <QProcess>
+#include <QString>
+#include <QStringList>
+#include <QThreadPool>
+
+#include <atomic>
+#include <map>
+#include <memory>
+
+#include "infill/infill_client.hpp"
+
+namespace infill::ui {
+
+/// Where the engine is and what to do when none answers.
+struct EngineOptions {
+  /// "unix:/path/engine.sock" or "http://host:port"; "" = $INFILL_ENDPOINT or the local
+  /// engine's default socket.
+  QString endpoint;
+  /// Bearer token for TCP endpoints; "" = the library's default lookup.
+  QString token;
+  /// Start a local engine (the bundled model) when nothing answers on a Unix socket.
+  bool auto_start = true;
+  /// The engine binary; "" = infill-engine next to the editor's binary, else on PATH.
+  QString engine_program;
+  /// Extra arguments for a started engine (the socket is always passed).
+  QStringList engine_arguments;
+  /// How long a started (or loading) engine may take to become ready.
+  int ready_timeout_ms = 60000;
+};
+
+/// One model the engine serves.
+struct ModelDescription {
+  QString id, name, description;
+  int default_steps = 0;
+  double default_guidance = 1.0;
+  QStringList vocabulary;
+};
+
+/// A template as the engine knows it.
+struct TemplateStatus {
+  QString id;
+  QSize size, model_size;
+  infill_template_state state = INFILL_TEMPLATE_READY;
+  int edits_waiting = 0;
+};
+
+/// One edit to submit. The mask is copied (implicitly shared) and read on a worker thread.
+struct EditSubmission {
+  QString template_id;
+  QImage mask;  ///< Grayscale8, the template's size
+  QString prompt;
+  quint64 seed = 0;
+  int steps = 0;           ///< 0 = the model's default
+  double strength = 1.0;
+  double guidance = 0.0;   ///< 0 = the model's default
+  double feather_px = -1;  ///< < 0 = the engine's default
+  infill_edit_class edit_class = INFILL_CLASS_INTERACTIVE;
+  double deadline_ms = 0;  ///< 0 = by class
+  int preview_every_steps = 0;
+  quint64 supersedes_tag = 0;  ///< an earlier submission (by tag) this one replaces
+};
+
+/// How an edit ended.
+struct EditOutcome {
+  quint64 edit_id = 0;
+  infill_job_state state = INFILL_JOB_FAILED;
+  QImage result;  ///< DONE: the template's size, RGBA8888
+  QString error;  ///< otherwise: why
+  double engine_ms = 0;
+  int steps_run = 0;
+};
+
+/// Owns one libinfill_client client and, when it started one, the local engine process.
+///
+/// Threading: lives on the GUI thread and emits every signal there. Calls that wait on the
+/// network (health, upload, submit, cancel) run on a private one-thread pool, so the UI
+/// never blocks on the engine and those calls keep their order; the SDK's callbacks (its
+/// own thread) only decode images and post to the GUI thread with queued invocations. The
+/// job handles live in `jobs_`, touched only by tasks on that pool.
+class EngineConnection : public QObject {
+  Q_OBJECT
+
+ public:
+  enum class State { Disconnected, Connecting, StartingEngine, Connected, Failed };
+  Q_ENUM(State)
+
+  explicit EngineConnection(QObject* parent = nullptr);
+  ~EngineConnection() override;
+
+  /// (Re)connects; reports through stateChanged(). Returns at once.
+  void connectToEngine(const EngineOptions& options);
+  State state() const { return state_; }
+  QString stateMessage() const { return state_message_; }
+  QString endpoint() const { return endpoint_; }
+  const QList<ModelDescription>& models() const { return models_; }
+  /// True when this connection started the engine it talks to.
+  bool startedEngine() const { return process_ != nullptr; }
+
+  /// Uploads a template: the file itself when `path` is given (the engine decodes it with
+  /// its own OpenImageIO), else `encoded` (e.g. a PNG). Returns a tag that
+  /// templateRegistered() / templateFailed() repeat.
+  quint64 registerTemplate(const QString& path, const QByteArray& encoded, const QString& name);
+  /// Asks for a template's state; answered by templateStatus().
+  void refreshTemplate(const QString& template_id);
+
+  /// Submits an edit; returns its tag (never 0), which every later signal of it carries.
+  quint64 submitEdit(const EditSubmission& edit);
+  /// Cancels a submitted edit (no-op once it ended).
+  void cancelEdit(quint64 tag);
+
+ signals:
+  void stateChanged(infill::ui::EngineConnection::State state, const QString& message);
+  void templateRegistered(quint64 tag, const infill::ui::TemplateStatus& status);
+  void templateFailed(quint64 tag, const QString& message);
+  void templateStatus(const infill::ui::TemplateStatus& status);
+  void editAccepted(quint64 tag, quint64 edit_id);
+  void editRejected(quint64 tag, const QString& message);
+  void editProgress(quint64 tag, int steps_done, int steps_total);
+  void editPreview(quint64 tag, int steps_done, const QImage& preview);
+  void editFinished(quint64 tag, const infill::ui::EditOutcome& outcome);
+
+ private:
+  void setState(State state, const QString& message);
+  void probe(bool after_start);
+  void startLocalEngine();
+  void stopLocalEngine();
+  QString findEngineProgram() const;
+  /// Runs `task` on the pool with the current client.
+  void run(std::function<void(client::Client&)> task);
+
+  EngineOptions options_;
+  State state_ = State::Disconnected;
+  QString state_message_;
+  QString endpoint_;
+  QList<ModelDescription> models_;
+  std::shared_ptr<client::Client> client_;
+  QThreadPool pool_;
+  quint64 next_tag_ = 1;
+  // Bumps on reconnect, on a started engine's failure and on destruction: answers for an
+  // older generation are dropped, and a task waiting for readiness gives up.
+  std::atomic<int> generation_{0};
+  std::map<quint64, std::shared_ptr<client::Job>> jobs_;  // pool thread only
+  QProcess* process_ = nullptr;
+  QString process_output_;
+};
+
+}  // namespace infill::ui
+
+Q_DECLARE_METATYPE(infill::ui::TemplateStatus)
+Q_DECLARE_METATYPE(infill::ui::EditOutcome)
