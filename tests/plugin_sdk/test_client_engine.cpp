@@ -775,3 +775,34 @@ TEST_CASE("sdk C++ wrapper: RAII handles, exceptions, std::function callbacks", 
     CHECK(e.code() == INFILL_ERROR_CANCELLED);
   }
 }
+
+TEST_CASE("sdk: an engine that is loading answers health with ready = 0 and other calls with unavailable", "[sdk][engine]") {
+  ServerFixture f(/*load=*/false);
+  infill_client* c = make_client({unix_endpoint(f)});
+  infill_health h;
+  infill_health_init(&h);
+  REQUIRE_OK(infill_client_health(c, &h));
+  CHECK(h.ready == 0);
+  CHECK(std::string(h.model_id).empty());
+  Err waiting(infill_client_wait_ready(c, 300));
+  CHECK(waiting.code == INFILL_ERROR_TIMEOUT);
+  CHECK(waiting.contains("loading"));
+  infill_model_list* list = nullptr;
+  infill_error* raw = infill_client_list_models(c, &list);
+  REQUIRE(raw != nullptr);
+  CHECK(infill_error_retry_after_s(raw) == 1);
+  Err loading(raw);
+  CHECK(loading.code == INFILL_ERROR_UNAVAILABLE);
+  CHECK(loading.http == 503);
+  CHECK(loading.engine_code == "not_ready");
+  std::atomic<bool> loaded{false};
+  std::thread loader([&] { loaded = f.service->load().ok(); });  // no Catch macros off the test thread
+  Err ready(infill_client_wait_ready(c, 60000));
+  loader.join();
+  REQUIRE(loaded);
+  INFO(ready.message);
+  REQUIRE_FALSE(ready.failed);
+  REQUIRE_OK(infill_client_health(c, &h));
+  CHECK(h.ready == 1);
+  infill_client_destroy(c);
+}
