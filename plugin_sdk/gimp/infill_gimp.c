@@ -158,24 +158,29 @@ static gchar* open_engine(const RepaintValues* v, infill_client** out) {
 /* Checks `prompt` against the model's vocabulary; NULL when fine or when the model list is not
  * available (the engine checks again), else a message naming the unknown words. */
 static gchar* check_prompt(const infill_model_info* model, const char* prompt) {
+  /* Words as the engine splits them: at ASCII white space and commas, compared in lower case. */
   gchar** words;
   GString* unknown;
   gchar* msg = NULL;
-  size_t i, k;
+  size_t i, k, count = 0;
 
-  if (!model || !prompt || !prompt[0]) return NULL;
-  if (model->vocabulary_count == 0)
-    return g_strdup_printf("the model %s takes no prompt; leave the prompt empty", model->name);
-  words = g_strsplit_set(prompt, " \t\n,", -1);
+  if (!model || !prompt) return NULL;
+  words = g_strsplit_set(prompt, " \t\n\v\f\r,", -1);
   unknown = g_string_new(NULL);
   for (i = 0; words[i]; ++i) {
+    gchar* word = g_ascii_strdown(words[i], -1);
     int found = 0;
-    if (!words[i][0]) continue;
-    for (k = 0; k < model->vocabulary_count && !found; ++k)
-      found = strcmp(words[i], model->vocabulary[k]) == 0;
-    if (!found) g_string_append_printf(unknown, "%s'%s'", unknown->len ? ", " : "", words[i]);
+    if (word[0]) {
+      ++count;
+      for (k = 0; k < model->vocabulary_count && !found; ++k)
+        found = strcmp(word, model->vocabulary[k]) == 0;
+      if (!found) g_string_append_printf(unknown, "%s'%s'", unknown->len ? ", " : "", word);
+    }
+    g_free(word);
   }
-  if (unknown->len)
+  if (count > 0 && model->vocabulary_count == 0)
+    msg = g_strdup_printf("the model %s takes no prompt; leave the prompt empty", model->name);
+  else if (unknown->len)
     msg = g_strdup_printf("the prompt uses words the model %s does not know: %s", model->name,
                           unknown->str);
   g_string_free(unknown, TRUE);
@@ -560,7 +565,10 @@ typedef struct {
   GtkWidget* prompt;
   GtkWidget* endpoint;
   GtkWidget* status;
+  GtkWidget* steps_hint;
+  GtkWidget* guidance_hint;
   infill_model_list* models;
+  gchar* model_text; /* what the status label says about the engine's model */
 } DialogState;
 
 /* Describes the model behind the endpoint (its vocabulary) in the dialog. */
@@ -575,9 +583,8 @@ static void show_model(DialogState* s, const RepaintValues* v) {
   e = connect_client(v, 2000, &client);
   if (!e) e = infill_client_list_models(client, &s->models);
   if (e) {
-    text = g_strdup_printf("Engine not reachable at %s: %s",
-                           client ? infill_client_endpoint(client) : v->endpoint,
-                           infill_error_message(e));
+    /* The SDK's message names the endpoint. */
+    text = g_strdup_printf("Engine not reachable: %s", infill_error_message(e));
     infill_error_delete(e);
   } else if (!(m = infill_model_list_get(s->models, 0))) {
     text = g_strdup("The engine serves no model.");
@@ -594,8 +601,29 @@ static void show_model(DialogState* s, const RepaintValues* v) {
     g_string_free(words, TRUE);
   }
   gtk_label_set_text(GTK_LABEL(s->status), text);
-  g_free(text);
+  g_free(s->model_text);
+  s->model_text = text;
+  if ((m = infill_model_list_get(s->models, 0))) {
+    text = g_strdup_printf("0 = the model's %u", (unsigned)m->default_steps);
+    gtk_label_set_text(GTK_LABEL(s->steps_hint), text);
+    g_free(text);
+    text = g_strdup_printf("0 = the model's %.1f", m->default_guidance);
+    gtk_label_set_text(GTK_LABEL(s->guidance_hint), text);
+    g_free(text);
+  } else {
+    gtk_label_set_text(GTK_LABEL(s->steps_hint), "0 = the model's default");
+    gtk_label_set_text(GTK_LABEL(s->guidance_hint), "0 = the model's default");
+  }
   infill_client_destroy(client);
+}
+
+/* A grey hint right of a spin button in `row` of the dialog's table. */
+static GtkWidget* attach_hint(GtkWidget* table, int row) {
+  GtkWidget* label = gtk_label_new(NULL);
+  gtk_misc_set_alignment(GTK_MISC(label), 0.0, 0.5);
+  gimp_label_set_attributes(GTK_LABEL(label), PANGO_ATTR_STYLE, PANGO_STYLE_ITALIC, -1);
+  gtk_table_attach(GTK_TABLE(table), label, 2, 3, row, row + 1, GTK_FILL, GTK_FILL, 0, 0);
+  return label;
 }
 
 static void on_int_changed(GtkAdjustment* adj, gint32* value) {
@@ -608,7 +636,7 @@ static void on_double_changed(GtkAdjustment* adj, gdouble* value) {
 static gboolean repaint_dialog(RepaintValues* v) {
   GtkWidget *dialog, *vbox, *table, *seed_box, *steps_spin, *guidance_spin, *token_entry;
   GtkObject *steps_adj, *strength_adj, *guidance_adj;
-  DialogState s = {NULL, NULL, NULL, NULL};
+  DialogState s = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
   guint32 seed = v->seed >= 0 ? (guint32)v->seed : 0;
   gboolean random_seed = v->random_seed || v->seed < 0;
   gboolean ok = FALSE;
@@ -644,6 +672,7 @@ static gboolean repaint_dialog(RepaintValues* v) {
   steps_spin = gtk_spin_button_new(GTK_ADJUSTMENT(steps_adj), 1, 0);
   gimp_help_set_help_data(steps_spin, "0 = the model's default", NULL);
   gimp_table_attach_aligned(GTK_TABLE(table), 0, 2, "S_teps:", 0.0, 0.5, steps_spin, 1, TRUE);
+  s.steps_hint = attach_hint(table, 2);
   g_signal_connect(steps_adj, "value-changed", G_CALLBACK(on_int_changed), &v->steps);
 
   strength_adj = gimp_scale_entry_new(GTK_TABLE(table), 0, 3, "St_rength:", 150, 6,
@@ -656,6 +685,7 @@ static gboolean repaint_dialog(RepaintValues* v) {
   gimp_help_set_help_data(guidance_spin,
                           "How closely to follow the prompt, 1..20; 0 = the model's default", NULL);
   gimp_table_attach_aligned(GTK_TABLE(table), 0, 4, "_Guidance:", 0.0, 0.5, guidance_spin, 1, TRUE);
+  s.guidance_hint = attach_hint(table, 4);
   g_signal_connect(guidance_adj, "value-changed", G_CALLBACK(on_double_changed), &v->guidance);
 
   s.endpoint = gtk_entry_new();
@@ -680,7 +710,9 @@ static gboolean repaint_dialog(RepaintValues* v) {
   gtk_misc_set_alignment(GTK_MISC(s.status), 0.0, 0.5);
   gtk_box_pack_start(GTK_BOX(vbox), s.status, FALSE, FALSE, 0);
 
+  gtk_dialog_set_default_response(GTK_DIALOG(dialog), GTK_RESPONSE_OK);
   gtk_widget_show_all(dialog);
+  gtk_widget_grab_focus(s.prompt);
   show_model(&s, v);
 
   for (;;) {
@@ -694,22 +726,26 @@ static gboolean repaint_dialog(RepaintValues* v) {
     g_strlcpy(v->token_file, gtk_entry_get_text(GTK_ENTRY(token_entry)), sizeof v->token_file);
     g_strstrip(v->prompt);
     g_strstrip(v->endpoint);
-    if (endpoint_changed || !s.models) {
-      /* Another engine: show its model and let the user check the prompt against it. */
-      show_model(&s, v);
-      if (endpoint_changed && s.models) continue;
-    }
+    /* Another engine, or one that was down: check the prompt against its model. An engine
+     * that still does not answer is reported by the repaint itself. */
+    if (endpoint_changed || !s.models) show_model(&s, v);
     problem = check_prompt(infill_model_list_get(s.models, 0), v->prompt);
     if (!problem) {
       ok = TRUE;
       break;
     }
-    gtk_label_set_text(GTK_LABEL(s.status), problem);
+    {
+      /* The problem first, then the vocabulary to fix it with. */
+      gchar* text = g_strdup_printf("%s.\n\n%s", problem, s.model_text ? s.model_text : "");
+      gtk_label_set_text(GTK_LABEL(s.status), text);
+      g_free(text);
+    }
     g_free(problem);
   }
   v->seed = (gint32)(seed & 0x7fffffff);
   v->random_seed = random_seed;
   infill_model_list_delete(s.models);
+  g_free(s.model_text);
   gtk_widget_destroy(dialog);
   return ok;
 }
