@@ -207,10 +207,13 @@ void MainWindow::createActions() {
           &QAction::triggered, this, [this] { changeBrushSize(1 / 1.2); });
   connect(makeAction(QStringLiteral("brush_larger"), tr("Brush l&arger"), QKeySequence(Qt::Key_BracketRight)),
           &QAction::triggered, this, [this] { changeBrushSize(1.2); });
-  connect(makeAction(QStringLiteral("brush_softer"), tr("Brush softer"), QKeySequence(Qt::SHIFT | Qt::Key_BraceLeft)),
-          &QAction::triggered, this, [this] { changeHardness(-0.1); });
-  connect(makeAction(QStringLiteral("brush_harder"), tr("Brush harder"), QKeySequence(Qt::SHIFT | Qt::Key_BraceRight)),
-          &QAction::triggered, this, [this] { changeHardness(0.1); });
+  // Shift+[ arrives as "{" (with or without the Shift modifier, by keyboard layout): bind both.
+  QAction* softer = makeAction(QStringLiteral("brush_softer"), tr("Brush softer"));
+  softer->setShortcuts({QKeySequence(Qt::Key_BraceLeft), QKeySequence(Qt::SHIFT | Qt::Key_BraceLeft)});
+  connect(softer, &QAction::triggered, this, [this] { changeHardness(-0.1); });
+  QAction* harder = makeAction(QStringLiteral("brush_harder"), tr("Brush harder"));
+  harder->setShortcuts({QKeySequence(Qt::Key_BraceRight), QKeySequence(Qt::SHIFT | Qt::Key_BraceRight)});
+  connect(harder, &QAction::triggered, this, [this] { changeHardness(0.1); });
 
   connect(makeAction(QStringLiteral("fit"), tr("&Fit to window"), QKeySequence(tr("Ctrl+0"))), &QAction::triggered, canvas_,
           &CanvasView::fitToWindow);

@@ -38,7 +38,7 @@ QImage test_image(int w, int h) {
 
 }  // namespace
 
-TEST_CASE("Mouse strokes on the canvas paint the mask under the pointer only, one undo step each", "[ui][canvas]") {
+TEST_CASE("Mouse strokes on the canvas paint the mask under the pointer only with one undo step each", "[ui][canvas]") {
   ui_app();
   MaskDocument doc;
   doc.reset(QSize(200, 100));
@@ -83,7 +83,7 @@ TEST_CASE("Mouse strokes on the canvas paint the mask under the pointer only, on
   CHECK(doc.mask().constScanLine(70)[30] == 0);
 }
 
-TEST_CASE("Zoom follows the wheel around the pointer; space-drag and fit keep the image placed", "[ui][canvas]") {
+TEST_CASE("Zoom follows the wheel around the pointer and space-drag pans without painting", "[ui][canvas]") {
   ui_app();
   MaskDocument doc;
   doc.reset(QSize(300, 200));
@@ -119,7 +119,7 @@ TEST_CASE("Zoom follows the wheel around the pointer; space-drag and fit keep th
   CHECK(doc.undoStack()->count() == 0);
 }
 
-TEST_CASE("Painter shortcuts: B, E, X, [ and ], Ctrl+Z", "[ui][canvas]") {
+TEST_CASE("Painter shortcuts B E X brackets and Ctrl+Z", "[ui][canvas]") {
   ui_app();
   infill::ui::MainWindow window;
   window.show();

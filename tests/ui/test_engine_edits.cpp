@@ -54,7 +54,7 @@ struct Session {
 
 }  // namespace
 
-TEST_CASE("Generate streams progress and previews; the result differs only inside the feathered mask", "[ui][engine]") {
+TEST_CASE("Generate streams progress and previews and the result differs only inside the feathered mask", "[ui][engine]") {
   Session s;
   REQUIRE_FALSE(s.engine.models().isEmpty());
   CHECK(s.engine.models().front().vocabulary.contains(QStringLiteral("green")));
@@ -127,7 +127,7 @@ TEST_CASE("Generate streams progress and previews; the result differs only insid
   CHECK(changed_inside > 500);
 }
 
-TEST_CASE("Live mode: three quick strokes give superseded edits and one final result", "[ui][engine][live]") {
+TEST_CASE("Live mode turns three quick strokes into superseded edits and one final result", "[ui][engine][live]") {
   Session s;
   infill::ui::GenerationParams p;
   p.prompt = QStringLiteral("blue");

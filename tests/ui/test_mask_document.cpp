@@ -34,7 +34,7 @@ int count_nonzero(const QImage& m) {
 
 }  // namespace
 
-TEST_CASE("A brush stroke paints along its path and nowhere else; undo and redo are exact", "[ui][mask]") {
+TEST_CASE("A brush stroke paints along its path and nowhere else and undo restores it exactly", "[ui][mask]") {
   ui_app();
   MaskDocument doc;
   doc.reset(QSize(120, 90));
@@ -103,7 +103,7 @@ TEST_CASE("The eraser removes only under its path", "[ui][mask]") {
   CHECK(doc.mask() == filled);
 }
 
-TEST_CASE("Rectangle and lasso fill inside only; Alt-style subtract clears", "[ui][mask]") {
+TEST_CASE("Rectangle and lasso fill inside only and subtract clears", "[ui][mask]") {
   ui_app();
   MaskDocument doc;
   doc.reset(QSize(64, 48));
@@ -127,7 +127,7 @@ TEST_CASE("Rectangle and lasso fill inside only; Alt-style subtract clears", "[u
   CHECK(doc.mask().constScanLine(5)[60] == 0);
 }
 
-TEST_CASE("Invert, clear, grow, shrink, feather, each one undo step restoring exactly", "[ui][mask]") {
+TEST_CASE("Invert clear grow shrink and feather are each one undo step restoring exactly", "[ui][mask]") {
   ui_app();
   MaskDocument doc;
   doc.reset(QSize(80, 60));
@@ -171,7 +171,7 @@ TEST_CASE("A no-op tool leaves no history entry", "[ui][mask]") {
   CHECK(doc.undoStack()->count() == 0);
 }
 
-TEST_CASE("Masks load and save as PNG; a mask of the wrong size is refused with both sizes", "[ui][mask]") {
+TEST_CASE("Masks load and save as PNG and a mask of the wrong size is refused naming both sizes", "[ui][mask]") {
   ui_app();
   QTemporaryDir dir;
   MaskDocument doc;

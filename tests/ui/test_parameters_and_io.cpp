@@ -16,7 +16,7 @@
 using infill::test::source_path;
 using infill::test::ui_app;
 
-TEST_CASE("Prompt words outside the model's vocabulary are flagged, as the engine splits them", "[ui][params]") {
+TEST_CASE("Prompt words outside the model vocabulary are flagged as the engine splits them", "[ui][params]") {
   ui_app();
   const QStringList vocabulary{QStringLiteral("red"), QStringLiteral("green"), QStringLiteral("dark")};
   CHECK(infill::ui::invalid_prompt_words(QStringLiteral("Red, dark  green"), vocabulary).isEmpty());
@@ -65,7 +65,7 @@ TEST_CASE("The Generate action refuses an invalid prompt before anything is subm
   CHECK(window.action(QStringLiteral("generate"))->isEnabled());
 }
 
-TEST_CASE("Images read through OpenImageIO and export as PNG, TIFF and EXR", "[ui][io]") {
+TEST_CASE("Images read through OpenImageIO and export as PNG TIFF and EXR", "[ui][io]") {
   ui_app();
   QTemporaryDir dir;
   infill::ui::LoadedImage png = infill::ui::load_image(source_path(QStringLiteral("resources/jobs/hills_256.png")));
@@ -100,7 +100,7 @@ TEST_CASE("Images read through OpenImageIO and export as PNG, TIFF and EXR", "[u
   CHECK(missing.error.contains(QStringLiteral("nope.png")));
 }
 
-TEST_CASE("Export writes the result and, on request, the mask as a separate PNG", "[ui][io]") {
+TEST_CASE("Export writes the result and on request the mask as a separate PNG", "[ui][io]") {
   ui_app();
   QTemporaryDir dir;
   infill::ui::MainWindow window;
@@ -116,7 +116,7 @@ TEST_CASE("Export writes the result and, on request, the mask as a separate PNG"
   CHECK_FALSE(QFileInfo::exists(dir.filePath(QStringLiteral("plain_mask.png"))));
 }
 
-TEST_CASE("Opening an image records it in the recent files; a bad file gives a message, not a dialog", "[ui][io]") {
+TEST_CASE("Opening an image records it in the recent files and a bad file gives a message", "[ui][io]") {
   ui_app();
   infill::ui::MainWindow window;
   const QString path = source_path(QStringLiteral("resources/jobs/dusk_256.png"));
