@@ -6,9 +6,12 @@ a private profile (GIMP2_DIRECTORY) whose plug-ins folder holds the freshly buil
 runs Script-Fu that loads a small PNG, selects a rectangle and calls plug-in-infill-repaint.
 Checks:
   - the image gains one layer, named "Infill", above the original and at its offsets;
-  - the new layer equals the original outside the selection and differs inside it;
+  - the new layer equals the original outside the selection and differs inside it, for an RGB
+    layer with offsets and for a greyscale layer with alpha;
   - error cases end with a clear message and GIMP still exits 0: no selection, a prompt word
-    the model does not know, an engine that is not running.
+    the model does not know, an engine that is not running;
+  - killing the plug-in mid-edit, as GIMP's progress cancel button does, cancels the edit on
+    the engine (the plug-in's watcher process).
 Every step is bounded in time; the engine is stopped with SIGTERM and must exit 0."""
 import argparse
 import os
@@ -36,8 +39,9 @@ def write_png(path, width, height, pixels):
                 + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 
 
-def read_ppm(path):
-    """Binary PPM (P6, maxval 255) as written by GIMP's file-pnm-save -> (w, h, bytes)."""
+def read_pnm(path):
+    """Binary PGM / PPM (P5 / P6, maxval 255) as written by GIMP's file-pnm-save ->
+    (w, h, channels, bytes)."""
     with open(path, "rb") as f:
         data = f.read()
     fields, pos = [], 0
@@ -52,9 +56,24 @@ def read_ppm(path):
             end += 1
         fields.append(data[pos:end])
         pos = end
-    assert fields[0] == b"P6" and fields[3] == b"255", f"{path}: {fields}"
-    w, h = int(fields[1]), int(fields[2])
-    return w, h, data[pos + 1:pos + 1 + w * h * 3]
+    assert fields[0] in (b"P5", b"P6") and fields[3] == b"255", f"{path}: {fields}"
+    w, h, channels = int(fields[1]), int(fields[2]), 3 if fields[0] == b"P6" else 1
+    return w, h, channels, data[pos + 1:pos + 1 + w * h * channels]
+
+
+def changed_pixels(before, after, channels, rect):
+    """(inside, outside): pixels of two W x H images that differ inside / outside rect."""
+    x, y, w, h = rect
+    inside = outside = 0
+    for py in range(H):
+        for px in range(W):
+            i = (py * W + px) * channels
+            if before[i:i + channels] != after[i:i + channels]:
+                if x <= px < x + w and y <= py < y + h:
+                    inside += 1
+                else:
+                    outside += 1
+    return inside, outside
 
 
 def http_get(sock_path, path, timeout=2.0):
@@ -216,6 +235,26 @@ def main():
     (close-output-port port))
   (gimp-image-delete image))"""
 
+        # 1b. A greyscale image whose layer has alpha: the plug-in sends RGBA and writes the
+        #     result back into a grey layer.
+        grey_case = f"""
+(let* ((image (car (gimp-file-load RUN-NONINTERACTIVE {scheme_string(image_in)} "in.png")))
+       (layer (car (gimp-image-get-active-layer image))))
+  (gimp-image-convert-grayscale image)
+  (gimp-layer-add-alpha layer)
+  (gimp-context-set-feather FALSE)
+  (gimp-image-select-rectangle image CHANNEL-OP-REPLACE {x} {y} {w} {h})
+  (let* ((result (car {repaint("image", "layer", "", endpoint)}))
+         (port (open-output-file {out("grey_info.txt")})))
+    (display (car (gimp-drawable-type result)) port) (newline port)
+    (close-output-port port)
+    ; PNM has no alpha: drop it (both layers are opaque) before exporting.
+    (gimp-layer-flatten layer)
+    (gimp-layer-flatten result)
+    (file-pnm-save RUN-NONINTERACTIVE image layer {out("grey_before.pgm")} "grey_before.pgm" 1)
+    (file-pnm-save RUN-NONINTERACTIVE image result {out("grey_after.pgm")} "grey_after.pgm" 1))
+  (gimp-image-delete image))"""
+
         # 2. Errors: each batch command fails on its own; GIMP goes on to the next one.
         no_selection = f"""
 (let* ((image (car (gimp-file-load RUN-NONINTERACTIVE {scheme_string(image_in)} "in.png")))
@@ -234,7 +273,7 @@ def main():
   {repaint("image", "layer", "", "unix:" + os.path.join(sock_dir, "nobody.sock"))})"""
 
         cmd = [args.gimp, "-i", "-d", "-f", "--no-interface", "--console-messages"]
-        for script in (ok_case, no_selection, bad_word, unreachable):
+        for script in (ok_case, grey_case, no_selection, bad_word, unreachable):
             cmd += ["-b", script]
         cmd += ["-b", "(gimp-quit 0)"]
         t0 = time.time()
@@ -264,27 +303,37 @@ def main():
                 failures.append(f"the new layer is named {info[2]!r}, expected 'Infill'")
             if info[3] != f"{OFFSET[0]} {OFFSET[1]}":
                 failures.append(f"the new layer is at {info[3]}, expected the original's offsets {OFFSET}")
-            bw, bh, before = read_ppm(os.path.join(work, "before.ppm"))
-            aw, ah, after = read_ppm(os.path.join(work, "after.ppm"))
+            bw, bh, _, before = read_pnm(os.path.join(work, "before.ppm"))
+            aw, ah, _, after = read_pnm(os.path.join(work, "after.ppm"))
             if (bw, bh) != (W, H) or (aw, ah) != (W, H):
                 failures.append(f"layers are {bw}x{bh} and {aw}x{ah}, expected {W}x{H}")
             elif before != bytes(pixels):
                 failures.append("the original layer changed")
             else:
-                outside = inside = 0
-                for py in range(H):
-                    for px in range(W):
-                        i = (py * W + px) * 3
-                        if before[i:i + 3] != after[i:i + 3]:
-                            if x <= px < x + w and y <= py < y + h:
-                                inside += 1
-                            else:
-                                outside += 1
-                print(f"changed pixels: {inside} inside the selection ({w * h}), {outside} outside")
+                inside, outside = changed_pixels(before, after, 3, RECT)
+                print(f"RGB: {inside} pixels changed inside the selection ({w * h}), {outside} outside")
                 if outside:
-                    failures.append(f"{outside} pixels outside the selection changed")
+                    failures.append(f"RGB: {outside} pixels outside the selection changed")
                 if inside < w * h // 4:
-                    failures.append(f"only {inside} of {w * h} pixels inside the selection changed")
+                    failures.append(f"RGB: only {inside} of {w * h} pixels inside the selection changed")
+
+        # The greyscale image.
+        try:
+            grey_type = open(os.path.join(work, "grey_info.txt")).read().split()[0]
+            _, _, gc, before = read_pnm(os.path.join(work, "grey_before.pgm"))
+            _, _, _, after = read_pnm(os.path.join(work, "grey_after.pgm"))
+            inside, outside = changed_pixels(before, after, gc, RECT)
+            print(f"grey: {inside} pixels changed inside the selection ({w * h}), {outside} outside")
+            if grey_type != "3":  # GRAYA-IMAGE
+                failures.append(f"grey: the new layer's type is {grey_type}, expected 3 (GRAYA-IMAGE)")
+            if gc != 1:
+                failures.append("grey: the result was not exported as PGM")
+            if outside:
+                failures.append(f"grey: {outside} pixels outside the selection changed")
+            if inside < w * h // 4:
+                failures.append(f"grey: only {inside} of {w * h} pixels inside the selection changed")
+        except (OSError, IndexError):
+            failures.append("the greyscale repaint did not finish (no grey_info.txt)")
 
         # The errors: a message each, the procedure failed, GIMP went on.
         for what, text in (("no selection", "select the region to repaint first"),
