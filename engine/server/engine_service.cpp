@@ -32,14 +32,6 @@ using nlohmann::json;
 
 // Plausible coefficients for when the cost model is not calibrated (tests, --check): the
 // router and scheduler need one, and only their ordering decisions depend on it.
-Result<StepCostModel> fixed_cost_model() {
-  std::vector<StepSample> s;
-  for (double t : {4.0, 16.0, 64.0})
-    for (double b : {1.0, 2.0, 4.0})
-      for (double a : {50.0, 500.0, 4000.0}) s.push_back({t, b, a, 0.5 + 0.01 * t + 0.05 * b + 0.0001 * a});
-  return StepCostModel::fit(s);
-}
-
 std::string bytes_to_string(const std::vector<std::byte>& b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
@@ -274,9 +266,7 @@ Status EngineService::load() {
     if (!cal.ok()) return fail(cal.status());
     cost = std::make_shared<const StepCostModel>(cal->model);
   } else {
-    auto fixed = fixed_cost_model();
-    if (!fixed.ok()) return fail(fixed.status());
-    cost = std::make_shared<const StepCostModel>(*fixed);
+    cost = std::make_shared<const StepCostModel>(StepCostModel::plausible());
   }
   RuntimeOptions ro;
   ro.workers = s.options.workers;

@@ -59,6 +59,10 @@ class StepCostModel {
   std::string to_json() const;
   /// Inverse of to_json; errors name the missing or malformed field.
   static Result<StepCostModel> from_json(std::string_view text);
+  /// Made-up but plausible coefficients (0.5 ms + 0.01 ms per token + 0.05 ms per request +
+  /// 0.0001 ms per unit of attention work), for when no calibration is wanted: tests, --check,
+  /// and single-worker runs where only the ordering of one class of requests depends on it.
+  static StepCostModel plausible();
 
  private:
   std::array<double, 4> coef_{};

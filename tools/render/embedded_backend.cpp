@@ -20,17 +20,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The runtime's router and scheduler need a step cost model, but with one worker and requests
-// of one class only their ordering depends on it: fixed plausible coefficients (as the
-// engine uses without calibration) spare a start-up timing run per farm task.
-Result<StepCostModel> fixed_cost_model() {
-  std::vector<StepSample> s;
-  for (double t : {4.0, 16.0, 64.0})
-    for (double b : {1.0, 2.0, 4.0})
-      for (double a : {50.0, 500.0, 4000.0}) s.push_back({t, b, a, 0.5 + 0.01 * t + 0.05 * b + 0.0001 * a});
-  return StepCostModel::fit(s);
-}
-
 RenderFailure failure_of(const Status& s) {
   switch (s.code()) {
     case ErrorCode::kInvalidArgument:
@@ -168,14 +157,14 @@ Result<std::unique_ptr<RenderBackend>> open_embedded_backend(const EmbeddedOptio
   so.disk_budget_bytes = uint64_t{16} << 30;
   auto store = ActivationStore::open(so);
   if (!store.ok()) return store.status();
-  auto cost = fixed_cost_model();
-  if (!cost.ok()) return cost.status();
   RuntimeOptions ro;
   ro.workers = 1;
   ro.threads_per_worker = threads;
   ro.pool_threads = 1;
+  // With one worker and one class of requests only their order depends on the cost model:
+  // the plausible one spares a start-up timing run per farm task.
   auto runtime = ServingRuntime::create(*model, std::shared_ptr<ActivationStore>(std::move(*store)),
-                                        std::make_shared<const StepCostModel>(*cost), ro);
+                                        std::make_shared<const StepCostModel>(StepCostModel::plausible()), ro);
   if (!runtime.ok()) return runtime.status();
 
   BackendInfo info;
