@@ -2,10 +2,18 @@
 // infill-engine with the bundled model, on a socket in a temp folder): Generate streams
 // progress and previews and returns a result that differs from the template only inside the
 // feathered mask; live mode supersedes earlier strokes' edits and shows one final result; an
-// unreachable engine gives a message without blocking.
+// unreachable engine gives a message without blocking; a remote engine needs its token.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <QElapsedTimer>
+#include <QFile>
+#include <QFileInfo>
+#include <QProcess>
 #include <QTemporaryDir>
 
 #include <cmath>
@@ -200,4 +208,85 @@ TEST_CASE("An engine that does not answer gives a clear message and does not blo
   QObject::connect(&controller, &EditController::message, [&](const QString& m, bool) { message = m; });
   CHECK_FALSE(controller.generate());
   CHECK(message.contains(QStringLiteral("not connected")));
+}
+
+namespace {
+
+// A TCP port nobody listens on right now (the kernel's pick for port 0).
+int free_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+}  // namespace
+
+TEST_CASE("A remote engine over TCP is used with its token and refused without it", "[ui][engine][remote]") {
+  ui_app();
+  QTemporaryDir dir;
+  const int port = free_tcp_port();
+  REQUIRE(port > 0);
+  const QString token_file = dir.filePath(QStringLiteral("token"));
+  infill::ui::EngineOptions local = infill::test::test_engine_options(dir);
+  QProcess engine_process;
+  engine_process.setProcessChannelMode(QProcess::ForwardedChannels);
+  QStringList args = local.engine_arguments;
+  args << QStringLiteral("--socket") << local.endpoint.mid(5) << QStringLiteral("--listen")
+       << QStringLiteral("127.0.0.1:%1").arg(port) << QStringLiteral("--token-file") << token_file;
+  engine_process.start(local.engine_program, args);
+  REQUIRE(engine_process.waitForStarted(10000));
+  REQUIRE(wait_until([&] { return QFileInfo(token_file).size() >= 32; }, 60000));
+  QFile f(token_file);
+  REQUIRE(f.open(QIODevice::ReadOnly));
+  const QString token = QString::fromLatin1(f.readAll()).trimmed();
+
+  infill::ui::EngineOptions remote;
+  remote.endpoint = QStringLiteral("http://127.0.0.1:%1").arg(port);
+  remote.token = token;
+  remote.auto_start = false;  // never start a local engine for a remote address
+  EngineConnection engine;
+  // The engine may still be loading: try until it answers.
+  REQUIRE(wait_until([&] {
+    if (engine.state() == EngineConnection::State::Connected) return true;
+    if (engine.state() != EngineConnection::State::Connecting) engine.connectToEngine(remote);
+    return false;
+  }, 60000));
+  CHECK_FALSE(engine.startedEngine());
+  CHECK_FALSE(engine.models().isEmpty());
+
+  // An edit through the remote engine.
+  MaskDocument mask;
+  EditController controller(&engine, &mask);
+  const QString path = source_path(QStringLiteral("resources/jobs/dusk_256.png"));
+  const QImage image = infill::ui::load_image(path).image;
+  mask.reset(image.size());
+  controller.setImage(image, path);
+  REQUIRE(wait_until([&] { return !controller.templateId().isEmpty(); }, 30000));
+  mask.fillRect(QRectF(64, 64, 64, 64));
+  infill::ui::GenerationParams p;
+  p.steps = 4;
+  controller.setParameters(p);
+  int results = 0;
+  QObject::connect(&controller, &EditController::resultArrived, [&](const GenerationResult&) { ++results; });
+  REQUIRE(controller.generate());
+  CHECK(wait_until([&] { return results == 1; }, 120000));
+
+  // A wrong token: a clear refusal.
+  EngineConnection refused;
+  remote.token = QString(64, QLatin1Char('0'));
+  refused.connectToEngine(remote);
+  REQUIRE(wait_until([&] { return refused.state() == EngineConnection::State::Failed; }, 20000));
+  CHECK(refused.stateMessage().contains(QStringLiteral("unauthorized")));
+
+  engine_process.terminate();
+  CHECK(engine_process.waitForFinished(20000));
 }

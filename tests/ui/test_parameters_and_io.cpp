@@ -125,3 +125,31 @@ TEST_CASE("Opening an image records it in the recent files and a bad file gives 
   CHECK_FALSE(window.openImage(QStringLiteral("/nonexistent/picture.exr")));
   CHECK(window.currentPath() == path);  // the open image stays
 }
+
+TEST_CASE("Applying a result puts it into the canvas as one undoable step", "[ui][results]") {
+  ui_app();
+  infill::ui::MainWindow window;
+  REQUIRE(window.openImage(source_path(QStringLiteral("resources/jobs/hills_256.png"))));
+  const QImage original = window.canvas()->image();
+  window.maskDocument()->fillRect(QRectF(10, 10, 50, 50));
+  infill::ui::GenerationResult r;
+  r.image = original.copy();
+  for (int y = 10; y < 60; ++y)
+    for (int x = 10; x < 60; ++x) r.image.setPixelColor(x, y, QColor(20, 200, 40));
+  r.seed = 5;
+  window.results()->addResult(r);
+  window.results()->setCurrentRow(0);
+  CHECK(window.action(QStringLiteral("apply"))->isEnabled());
+  const int undo_before = window.undoStack()->count();
+  window.action(QStringLiteral("apply"))->trigger();
+  CHECK(window.canvas()->image() == r.image);
+  CHECK(window.controller()->image() == r.image);  // the next edit starts from the result
+  CHECK(window.undoStack()->count() == undo_before + 1);
+  window.undoStack()->undo();
+  CHECK(window.canvas()->image() == original);
+  window.undoStack()->undo();  // and the mask step before it
+  CHECK(window.maskDocument()->isEmpty());
+  window.undoStack()->redo();
+  window.undoStack()->redo();
+  CHECK(window.canvas()->image() == r.image);
+}
