@@ -170,7 +170,7 @@ asio::awaitable<void> ClientCore::main_loop() {
     Status st;
     try {
       st = co_await run_event_stream(
-          *http_, options_.stream_idle_timeout_ms, [this] { on_open(); },
+          *http_, options_.stream_idle_timeout_ms, [this] { return on_open(); },
           [this](const std::string& type, const std::string& data) { on_event(type, data); });
     } catch (const std::exception& e) {
       st = make_error(INFILL_ERROR_INTERNAL, std::string("event stream: ") + e.what());
@@ -207,20 +207,23 @@ asio::awaitable<void> ClientCore::main_loop() {
   }
 }
 
-void ClientCore::on_open() {
-  down_since_.reset();
+Status ClientCore::on_open() {
   // Reconcile before submits may go on: an engine that restarted without its journal hands
-  // out ids again, and a fresh edit must not be taken for an old one.
+  // out ids again, and a fresh edit must not be taken for an old one. A poll that fails gives
+  // the stream up, so that the next connection reconciles again.
   if (need_reconcile_) {
+    Status st = reconcile();
+    if (!st.ok()) return st;
     need_reconcile_ = false;
-    reconcile();
   }
+  down_since_.reset();
   {
     std::lock_guard lock(mu_);
     connected_ = true;
     last_attempt_opened_ = true;
   }
   cv_.notify_all();
+  return Status();
 }
 
 void ClientCore::on_event(const std::string& type, const std::string& data) {
@@ -311,21 +314,24 @@ void ClientCore::fetch_result_and_finish(const std::shared_ptr<Job>& job, uint32
   finish(job, INFILL_JOB_DONE, std::nullopt, std::move(r->body), steps_run, total_ms);
 }
 
-void ClientCore::reconcile() {
+Status ClientCore::reconcile() {
   std::vector<std::shared_ptr<Job>> jobs;
   for (auto& [id, job] : jobs_) jobs.push_back(job);
   for (const auto& job : jobs) {
     if (stopping_ || job->done_called) continue;
     auto r = http_call(*http_, "GET", "/v1/edits/" + std::to_string(job->id));
-    if (!r.ok()) return;  // the stream will drop too; the next reconnect tries again
+    if (!r.ok()) return r.error();
     if (r->status == 404) {
       finish(job, INFILL_JOB_FAILED,
              make_error(INFILL_ERROR_ENGINE_LOST, "edit " + std::to_string(job->id) + " is no longer known to the engine at " +
                                                       http_->endpoint.text + " (it restarted, or the result expired)"));
       continue;
     }
+    // Not ready yet (a restarted engine loading its model) or another hiccup: try again with
+    // the next connection.
+    if (r->status != 200) return response_error(*http_, *r, "polling edit " + std::to_string(job->id));
     const json j = json::parse(r->body, nullptr, false);
-    if (r->status != 200 || !j.is_object() || !j.contains("state")) continue;
+    if (!j.is_object() || !j.contains("state")) continue;
     if (j.contains("client") && j["client"].is_string() && j["client"].get<std::string>() != http_->client_name) {
       finish(job, INFILL_JOB_FAILED,
              make_error(INFILL_ERROR_ENGINE_LOST, "edit " + std::to_string(job->id) + " is no longer known to the engine at " +
@@ -343,6 +349,7 @@ void ClientCore::reconcile() {
       dispatch(job, "progress", p);
     }
   }
+  return Status();
 }
 
 void ClientCore::finish(const std::shared_ptr<Job>& job_ref, infill_job_state state, std::optional<Error> error,

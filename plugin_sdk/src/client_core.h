@@ -91,12 +91,12 @@ class ClientCore {
   bool on_io_thread() const { return std::this_thread::get_id() == io_thread_id_; }
   Status ensure_stream();
   boost::asio::awaitable<void> main_loop();
-  void on_open();
+  Status on_open();
   void on_event(const std::string& type, const std::string& data);
   void dispatch(const std::shared_ptr<Job>& job, const std::string& type, const nlohmann::json& data);
   void register_job(std::shared_ptr<Job> job);
   void submit_ended();
-  void reconcile();
+  Status reconcile();
   void fetch_result_and_finish(const std::shared_ptr<Job>& job, uint32_t steps_run, double total_ms);
   void finish(const std::shared_ptr<Job>& job, infill_job_state state, std::optional<Error> error, std::string png = {},
               uint32_t steps_run = 0, double total_ms = 0);

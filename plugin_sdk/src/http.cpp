@@ -154,7 +154,7 @@ class SseParser {
 };
 
 template <class Stream>
-awaitable<Status> stream_events(Stream& s, const HttpConfig& c, uint32_t idle_timeout_ms, std::function<void()> on_open,
+awaitable<Status> stream_events(Stream& s, const HttpConfig& c, uint32_t idle_timeout_ms, std::function<Status()> on_open,
                                 std::function<void(const std::string&, const std::string&)> on_event) {
   Status st = co_await connect(s, c);
   if (!st.ok()) co_return st;
@@ -178,7 +178,7 @@ awaitable<Status> stream_events(Stream& s, const HttpConfig& c, uint32_t idle_ti
     r.body = parser.get().body();
     co_return response_error(c, r, "subscribing to the engine's events");
   }
-  on_open();
+  if (Status opened = on_open(); !opened.ok()) co_return opened;
   SseParser sse(std::move(on_event));
   // Bytes read past the header belong to the stream (it has no length and no chunking).
   sse.feed(std::string_view(static_cast<const char*>(buffer.data().data()), buffer.size()));
@@ -267,7 +267,7 @@ Error response_error(const HttpConfig& c, const HttpResponse& r, const std::stri
   return e;
 }
 
-awaitable<Status> run_event_stream(const HttpConfig& c, uint32_t idle_timeout_ms, std::function<void()> on_open,
+awaitable<Status> run_event_stream(const HttpConfig& c, uint32_t idle_timeout_ms, std::function<Status()> on_open,
                                    std::function<void(const std::string&, const std::string&)> on_event) {
   auto ex = co_await asio::this_coro::executor;
   if (c.endpoint.is_unix()) {

@@ -45,10 +45,11 @@ Result<HttpResponse> http_call(const HttpConfig& config, const std::string& meth
 Error response_error(const HttpConfig& config, const HttpResponse& response, const std::string& what);
 
 /// Subscribes to /v1/events for config.client_name on `ioc` and reads until the stream ends.
-/// `on_open` runs once the engine answered 200; `on_event(type, data)` per event. Returns the
-/// reason the stream ended (never ok: a stream ends only by an error or the engine closing).
+/// `on_open` runs once the engine answered 200 and returns the reason to give up the stream
+/// (ok: go on); `on_event(type, data)` runs per event. Returns the reason the stream ended
+/// (never ok: a stream ends only by an error or the engine closing).
 boost::asio::awaitable<Status> run_event_stream(const HttpConfig& config, uint32_t idle_timeout_ms,
-                                                std::function<void()> on_open,
+                                                std::function<Status()> on_open,
                                                 std::function<void(const std::string&, const std::string&)> on_event);
 
 }  // namespace infill::sdk

@@ -419,3 +419,31 @@ TEST_CASE("sdk protocol: a callback may submit the next edit (live editing)", "[
   infill_client_destroy(c);
   CHECK(ctx.next.done_calls == 1);
 }
+
+TEST_CASE("sdk protocol: polling retries while a restarted engine is still loading", "[sdk][protocol]") {
+  infill::test::TempDir dir("infill-sdk-fake");
+  std::atomic<int> polls{0};
+  FakeEngine engine(dir.file("engine.sock"), [&](const std::string& m, const std::string& t, const std::string&) {
+    if (m == "POST" && t == "/v1/edits") return accepted(80);
+    if (m == "GET" && t == "/v1/edits/80") {
+      if (polls++ < 2)
+        return Reply{503, R"({"error":{"code":"not_ready","message":"the model is loading","type":"unavailable"}})", "application/json"};
+      return Reply{200, R"({"id":80,"state":"done","steps_done":2,"steps_total":2})", "application/json"};
+    }
+    if (m == "GET" && t == "/v1/edits/80/result") return Reply{200, "R80", "image/png"};
+    return Reply{};
+  });
+  infill_client* c = client_for(dir.file("engine.sock"));
+  Seen seen;
+  infill_job* job = submit(c, seen);
+  REQUIRE(engine.wait_for_stream());
+  engine.drop_streams();
+  REQUIRE(seen.wait_done());
+  CHECK(seen.done_calls == 1);
+  CHECK(seen.state == INFILL_JOB_DONE);
+  CHECK(seen.png == "R80");
+  CHECK(polls.load() == 3);
+  CHECK(engine.streams_opened() == 4);  // the first, two given up after a 503, the last
+  infill_job_release(job);
+  infill_client_destroy(c);
+}

@@ -132,7 +132,9 @@ typedef struct infill_client_options {
   /// While the event stream is down and edits are in flight, the client reconnects every
   /// `reconnect_interval_ms` (default 500) and, once back, polls each edit's state. If the
   /// engine stays unreachable for `engine_lost_timeout_ms` (default 10000), every edit in
-  /// flight ends with INFILL_ERROR_ENGINE_LOST.
+  /// flight ends with INFILL_ERROR_ENGINE_LOST (an engine restarting counts as unreachable
+  /// until it answers again with its model loaded: raise this for engines that resume
+  /// journaled batch edits after a restart).
   uint32_t reconnect_interval_ms;
   uint32_t engine_lost_timeout_ms;
   /// Nonzero (default): infill_client_destroy asks the engine to cancel the edits still in
