@@ -490,6 +490,8 @@ bool MainWindow::openImage(const QString& path) {
     showMessage(loaded.error, true);
     return false;
   }
+  // Edits of the previous picture would come back as results that fit nothing.
+  controller_->cancel();
   path_ = path;
   mask_->reset(loaded.image.size());
   results_->clearResults();

@@ -4,7 +4,11 @@
 
 #include <QAbstractItemView>
 #include <QCompleter>
+#include <QDragEnterEvent>
+#include <QDropEvent>
 #include <QLineEdit>
+#include <QMimeData>
+#include <QUrl>
 #include <QSettings>
 #include <QTemporaryDir>
 
@@ -152,4 +156,27 @@ TEST_CASE("Applying a result puts it into the canvas as one undoable step", "[ui
   window.undoStack()->redo();
   window.undoStack()->redo();
   CHECK(window.canvas()->image() == r.image);
+}
+
+TEST_CASE("Dropping an image file on the window opens it", "[ui][io]") {
+  ui_app();
+  infill::ui::MainWindow window;
+  window.show();
+  const QString path = source_path(QStringLiteral("resources/jobs/dusk_256.png"));
+  QMimeData data;
+  data.setUrls({QUrl::fromLocalFile(path)});
+  QDragEnterEvent enter(QPoint(100, 100), Qt::CopyAction, &data, Qt::LeftButton, Qt::NoModifier);
+  QCoreApplication::sendEvent(&window, &enter);
+  CHECK(enter.isAccepted());
+  QDropEvent drop(QPointF(100, 100), Qt::CopyAction, &data, Qt::LeftButton, Qt::NoModifier);
+  QCoreApplication::sendEvent(&window, &drop);
+  CHECK(window.currentPath() == path);
+  CHECK(window.canvas()->image().size() == QSize(256, 256));
+
+  QMimeData text;
+  text.setUrls({QUrl::fromLocalFile(source_path(QStringLiteral("README.md")))});
+  QDragEnterEvent refuse(QPoint(100, 100), Qt::CopyAction, &text, Qt::LeftButton, Qt::NoModifier);
+  refuse.setAccepted(false);
+  QCoreApplication::sendEvent(&window, &refuse);
+  CHECK_FALSE(refuse.isAccepted());
 }
