@@ -301,6 +301,7 @@ void ClientCore::finish_failed_from_json(const std::shared_ptr<Job>& job, const 
 void ClientCore::fetch_result_and_finish(const std::shared_ptr<Job>& job, uint32_t steps_run, double total_ms) {
   const std::string target = "/v1/edits/" + std::to_string(job->id) + "/result";
   auto r = http_call(*http_, "GET", target);
+  if (!r.ok() && r.error().code == INFILL_ERROR_CONNECTION) r = http_call(*http_, "GET", target);  // once more
   if (!r.ok()) {
     Error e = r.error();
     e.message = "edit " + std::to_string(job->id) + " is done but its result could not be fetched: " + e.message;
