@@ -29,7 +29,7 @@ namespace {
 void usage() {
   std::fprintf(stderr,
                "usage: infill-train --out DIR [--work DIR] [--seed N] [--steps N] [--small-steps N] [--batch N] [--threads N]\n"
-               "                    [--hidden N] [--depth N] [--heads N] [--channels N] [--lr X]\n"
+               "                    [--hidden N] [--depth N] [--heads N] [--channels N] [--lr X] [--recolour-share X]\n"
                "Trains infill-tiny into DIR (manifest.json, dit.safetensors, codec.safetensors, training.json,\n"
                "loss.png). Resumes from the checkpoint in --work (default $XDG_CACHE_HOME/infill/train).\n");
 }
@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
     else if (a == "--heads") heads = static_cast<int>(number());
     else if (a == "--channels") channels = static_cast<int>(number());
     else if (a == "--lr") options.lr = std::atof(value().c_str());
+    else if (a == "--recolour-share") options.recolour_share = std::atof(value().c_str());
     else if (a == "--help" || a == "-h") {
       usage();
       return 0;
@@ -182,6 +183,7 @@ int main(int argc, char** argv) {
   record["small_steps"] = options.small_steps;
   record["small_batch"] = options.small_batch;
   record["small_crop"] = options.small_crop;
+  record["recolour_share"] = options.recolour_share;
   record["loss"] = curve;
   record["held_out_loss"] = held;
   nlohmann::json sources = nlohmann::json::array();

@@ -11,6 +11,7 @@
 
 #include "colour_words.h"
 #include "random_masks.h"
+#include "recolour.h"
 #include "train_dit.h"
 
 namespace infill::train {
@@ -25,7 +26,7 @@ std::array<double, 3> masked_mean_colour(const at::Tensor& crop, const at::Tenso
 }
 
 Batch make_batch(const std::vector<SourceImage>& images, const LatentSpace& latents, const DitConfig& config,
-                 int batch, int crop, int halo_tokens, bool augment, at::Generator& gen) {
+                 int batch, int crop, int halo_tokens, bool augment, at::Generator& gen, double recolour_share) {
   torch::NoGradGuard no_grad;
   Batch b;
   CropOptions crop_options;
@@ -37,6 +38,17 @@ Batch make_batch(const std::vector<SourceImage>& images, const LatentSpace& late
   std::vector<at::Tensor> masks;
   for (int i = 0; i < batch; ++i) masks.push_back(random_mask(mask_options, gen));
   b.masks = torch::stack(masks);
+  if (recolour_share > 0) {
+    const at::Tensor draw = at::rand({batch}, gen);
+    const at::Tensor words = at::randint(kColourWords, {batch}, gen);
+    std::vector<at::Tensor> crops;
+    for (int i = 0; i < batch; ++i) {
+      crops.push_back(draw[i].item<double>() < recolour_share
+                          ? recolour_masked_region(b.crops[i], b.masks[i], static_cast<int>(words[i].item<int64_t>()))
+                          : b.crops[i]);
+    }
+    b.crops = torch::stack(crops);
+  }
   const int f = latents.codec->factor();
   b.latents = (latents.codec->encode(b.crops) - latents.shift) * latents.scale;
   b.latent_masks = torch::max_pool2d(b.masks.unsqueeze(1), f, f);
@@ -165,7 +177,8 @@ Result<TrainResult> train_dit(const DitConfig& config, const Dataset& data, cons
     at::Generator gen = step_generator(options.seed, state.step);
     const bool small = state.step < options.small_steps;
     const Batch b = make_batch(data.train, latents, config, small ? options.small_batch : options.batch,
-                               small ? options.small_crop : options.crop, options.halo_tokens, true, gen);
+                               small ? options.small_crop : options.crop, options.halo_tokens, true, gen,
+                               options.recolour_share);
     // Warm-up, then a constant rate, then a linear decay over the last fifth.
     double lr = options.lr * std::min(1.0, (state.step + 1.0) / options.warmup_steps);
     const double decay_from = 0.8 * options.steps;

@@ -34,6 +34,9 @@ struct TrainOptions {
   double ema_decay = 0.999;
   double prompt_dropout = 0.1;  ///< share of samples trained with the null prompt (CFG)
   int halo_tokens = 1;          ///< prompted tokens = masked tokens dilated by this (engine default)
+  /// Share of training samples whose masked region is recoloured to a random colour word
+  /// (recolour.h), so that the prompt, not the context, decides the region's colour.
+  double recolour_share = 0.5;
   int checkpoint_every = 200;
   std::string work_dir;         ///< checkpoints and the loss log live here
 };
@@ -73,8 +76,10 @@ struct Batch {
   at::Tensor prompts;   ///< [B, V] multi-hot words describing the masked region
   at::Tensor prompted;  ///< bool [B, L] tokens receiving the prompt
 };
+/// `recolour_share` of the samples get their masked region recoloured (recolour.h) before
+/// they are encoded and labelled.
 Batch make_batch(const std::vector<SourceImage>& images, const LatentSpace& latents, const DitConfig& config,
-                 int batch, int crop, int halo_tokens, bool augment, at::Generator& gen);
+                 int batch, int crop, int halo_tokens, bool augment, at::Generator& gen, double recolour_share = 0.0);
 
 /// Mean RGB of `crop` [3, S, S] under `mask` [S, S] (weights), or of the whole crop when the
 /// mask is empty.

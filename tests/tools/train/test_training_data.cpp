@@ -10,6 +10,8 @@
 #include "tools/train/image_metrics.h"
 #include "tools/train/patch_pca_fit.h"
 #include "tools/train/random_masks.h"
+#include "tools/train/recolour.h"
+#include "tools/train/trainer.h"
 #include "tools/train/wallpaper_dataset.h"
 
 using namespace infill;
@@ -97,4 +99,21 @@ TEST_CASE("SSIM and PSNR: identical images score 1 and 100 dB, noise lowers both
   CHECK(ssim(a, c) < ssim(a, b));
   CHECK(psnr(a, b) == Approx(20.0).margin(1.5));
   CHECK(psnr(a, c) < psnr(a, b));
+}
+
+TEST_CASE("recolouring moves the masked region to the word's colour and leaves the rest bit-exact", "[train][colour]") {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor crop = at::rand({3, 32, 32}, gen) * 0.3 + 0.2;  // a dull, textured picture
+  at::Tensor mask = at::zeros({32, 32});
+  mask.narrow(0, 8, 12).narrow(1, 4, 20).fill_(1.0);
+  for (int word = 0; word < kColourWords; ++word) {
+    INFO("word " << vocabulary()[word]);
+    const at::Tensor out = recolour_masked_region(crop, mask, word);
+    CHECK(at::equal(out * (1 - mask), crop * (1 - mask)));  // outside: untouched
+    CHECK(nearest_colour_word(masked_mean_colour(out, mask)) == word);
+    // The texture survives, scaled: the region is not a flat fill.
+    const at::Tensor inside = out.masked_select(mask.unsqueeze(0).expand({3, 32, 32}) > 0);
+    CHECK(inside.std().item<double>() > 0.02);
+  }
+  CHECK(at::equal(recolour_masked_region(crop, at::zeros({32, 32}), 0), crop));  // empty mask: unchanged
 }
