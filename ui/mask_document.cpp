@@ -1,6 +1,5 @@
 #include "ui/mask_document.h"
 
-#include <QFileInfo>
 #include <QImageReader>
 #include <QUndoCommand>
 
