@@ -14,6 +14,7 @@
 
 #include "engine/server/http_test_client.h"
 #include "engine/serving/serving_fixture.h"
+#include "machine_info.h"
 #include "server/engine_service.h"
 #include "server/http_server.h"
 
@@ -34,7 +35,7 @@ json summary(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int n = argc > 1 ? std::max(1, std::atoi(argv[1])) : 30;
+  const int n = argc > 1 ? std::max(1, std::atoi(argv[1])) : 200;
   c10::InferenceMode guard;
   test::TempDir dir("infill-bench-api");
   if (!write_random_model(dir.file("model"), test::tiny_serving_dit(), 16, 42).ok()) return 5;
@@ -137,7 +138,8 @@ int main(int argc, char** argv) {
   (*server)->stop();
 
   auto med = [](std::vector<double> v) { return summary(std::move(v))["median_ms"].get<double>(); };
-  json out = {{"edits_per_path", n},
+  json out = {{"machine", bench::machine_info()},
+              {"edits_per_path", n},
               {"model", "tiny random DiT (hidden 64, depth 2), 64x48 template, 4 steps"},
               {"in_process", {{"submit_to_first_event", summary(in_first)}, {"submit_to_done", summary(in_done)}}},
               {"unix_socket", {{"submit_to_first_event", summary(unix_first)}, {"submit_to_done", summary(unix_done)}}},
