@@ -12,6 +12,7 @@ packages=(
   catch2
   nlohmann-json3-dev
   libsqlite3-dev        # the engine's journal of accepted batch edits
+  zlib1g-dev            # CRCs of the PNG text chunks infill-render stamps the job hash in
   # Packaging (installer/, scripts/package_check.sh): icons rendered from SVG, metadata checks.
   librsvg2-bin desktop-file-utils appstream systemd
   # Training data of the bundled model (infill-train, bench_model_quality): wallpapers and

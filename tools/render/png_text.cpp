@@ -1,29 +1,15 @@
 #include "png_text.h"
 
-#include <array>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+
+#include <zlib.h>
 
 namespace infill::render {
 namespace {
 
 constexpr unsigned char kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-
-uint32_t crc32(const unsigned char* data, size_t n, uint32_t crc = 0) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  crc = ~crc;
-  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
-}
 
 uint32_t be32(const unsigned char* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
@@ -64,7 +50,7 @@ Result<std::vector<std::byte>> add_png_text(const std::vector<std::byte>& png,
     body.insert(body.end(), text.begin(), text.end());
     put_be32(chunks, static_cast<uint32_t>(body.size() - 4));
     chunks.insert(chunks.end(), body.begin(), body.end());
-    put_be32(chunks, crc32(body.data(), body.size()));
+    put_be32(chunks, static_cast<uint32_t>(::crc32(0L, body.data(), static_cast<uInt>(body.size()))));
   }
   std::vector<std::byte> out;
   out.reserve(png.size() + chunks.size());
