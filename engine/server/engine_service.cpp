@@ -605,7 +605,12 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     it->second.last_used_ms = now_ms();
   }
   auto mask = decode_mask(sub, p.contains("mask_rect") ? p["mask_rect"] : json(), *tmpl);
-  if (!mask.ok()) return status_reply(mask.status(), true);
+  if (!mask.ok()) {
+    // A mask that decodes but does not fit (size, rectangle) is the documented invalid_mask;
+    // undecodable bytes and pixel limits keep their own codes.
+    if (mask.status().code() == ErrorCode::kInvalidArgument) return error_reply(400, "invalid_mask", mask.status().message());
+    return status_reply(mask.status(), true);
+  }
   auto prompt_tensor = encode_prompt(model->manifest, prompt);
   if (!prompt_tensor.ok()) return error_reply(400, "invalid_prompt", "prompt: " + prompt_tensor.status().message());
 

@@ -423,7 +423,7 @@ TEST_CASE("sdk: edits the engine refuses are submit errors with its message, and
   Err size(infill_client_submit_edit(c, &p, nullptr));
   CHECK(size.code == INFILL_ERROR_REJECTED);
   CHECK(size.http == 400);
-  CHECK_FALSE(size.engine_code.empty());  // the engine says invalid_argument here (docs/api.md: invalid_mask)
+  CHECK(size.engine_code == "invalid_mask");
   CHECK(size.contains("mask is 63x48, template is 64x48"));
 
   // A mask that is no image.

@@ -235,6 +235,7 @@ TEST_CASE("malformed requests get a 4xx with a JSON error naming the input", "[s
 
   Response rect_outside = post_json(json({{"template", tmpl}, {"mask_rect", {60, 0, 8, 8}}}).dump());
   CHECK(rect_outside.status == 400);
+  CHECK(is_error_body(rect_outside, "invalid_mask"));
 
   Response no_mask = post_json(json({{"template", tmpl}}).dump());
   CHECK(no_mask.status == 400);
@@ -246,6 +247,7 @@ TEST_CASE("malformed requests get a 4xx with a JSON error naming the input", "[s
   Response wrong_size = request(f.unix_ep, "POST", "/v1/edits", body, {ct});
   CHECK(wrong_size.status == 400);
   CHECK(message_of(wrong_size) == "mask is 63x48, template is 64x48");
+  CHECK(is_error_body(wrong_size, "invalid_mask"));
 
   // A mask that is not an image.
   auto [ct2, body2] = multipart_body({{"template", "", "", tmpl}, {"mask", "m.png", "image/png", "not a png at all"}});
