@@ -41,6 +41,18 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
   return pid;
 }
 
+// Kills the engine a test started when the test ends early (a failed REQUIRE), so that no
+// engine outlives its test; wait_exit reaps a finished one first.
+struct ReapOnExit {
+  pid_t& pid;
+  ~ReapOnExit() {
+    if (pid > 0 && ::waitpid(pid, nullptr, WNOHANG) == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
 // Polls /health on the socket until it answers 200 (true) or `timeout_ms` passes.
 bool wait_healthy(const std::string& sock, int timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -97,7 +109,8 @@ TEST_CASE("infill-engine: --check, bad config, start, serve, SIGTERM exits 0", "
   CHECK(wait_exit(spawn(with({"--config", dir.file("bad.json"), "--check"}), dir.file("bad.log")), 30000) == 2);
   CHECK(wait_exit(spawn(with({"--model", dir.file("missing"), "--check"}), dir.file("missing.log")), 30000) == 2);
 
-  const pid_t pid = spawn(with({"--listen", "127.0.0.1:0"}), dir.file("engine.log"));
+  pid_t pid = spawn(with({"--listen", "127.0.0.1:0"}), dir.file("engine.log"));
+  ReapOnExit reap{pid};
   int status = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
@@ -134,6 +147,7 @@ TEST_CASE("infill-engine killed with SIGKILL resumes its queued batch edits on r
                                          "--threads", "1", "--journal", dir.file("state/journal.sqlite")};
   const Endpoint ep{sock, 0};
   pid_t pid = spawn(args, dir.file("engine1.log"));
+  ReapOnExit reap{pid};
   REQUIRE(wait_healthy(sock, 30000));
   Response t = request(ep, "POST", "/v1/templates?name=picture.png", png_string(serving_picture(0)), {"Content-Type: image/png"});
   REQUIRE(t.status == 201);
