@@ -220,6 +220,14 @@ struct EngineService::Impl {
   }
 
   ApiReply make_template_now(const std::string& bytes, const std::string& name);
+  /// Takes back an edit that submit_now had counted but could not hand to the runtime.
+  void unaccept(uint64_t id, const std::string& client, const std::string& template_id) {
+    std::lock_guard lock(mu);
+    edits.erase(id);
+    --live_per_client[client];
+    --live_total;
+    if (auto t = templates.find(template_id); t != templates.end()) --t->second.waiting;
+  }
   /// `replay_id` != 0: an edit resumed from the journal, under its old id and past the limits.
   ApiReply submit_now(EditSubmission s, uint64_t replay_id = 0);
   Status resume_journal();
@@ -707,13 +715,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
       st = journal->add_edit(je);
     }
     if (!st.ok()) {
-      {
-        std::lock_guard lock(mu);
-        edits.erase(id);
-        --live_per_client[sub.client];
-        --live_total;
-        if (auto t = templates.find(template_id); t != templates.end()) --t->second.waiting;
-      }
+      unaccept(id, sub.client, template_id);
       return error_reply(503, "journal_unavailable", "the batch edit was not accepted: " + st.message());
     }
   }
@@ -727,13 +729,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   emit(client, "queued", {{"id", id}, {"template", template_id}, {"class", request_class_name(cls)}});
   Status st = runtime->submit(std::move(req));
   if (!st.ok()) {
-    {
-      std::lock_guard lock(mu);
-      edits.erase(id);
-      --live_per_client[client];
-      --live_total;
-      if (auto t = templates.find(template_id); t != templates.end()) --t->second.waiting;
-    }
+    unaccept(id, client, template_id);
     if (journal_edit) (void)journal->forget_edit(id);
     emit(client, "failed", {{"id", id}, {"state", "failed"}, {"error", {{"code", error_code_name(st.code())}, {"message", st.message()}}}});
     return status_reply(st);

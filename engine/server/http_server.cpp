@@ -100,12 +100,29 @@ struct Gate {
 };
 
 struct Subscriber {
-  explicit Subscriber(asio::any_io_executor ex, std::string c) : timer(ex), client(std::move(c)) {}
+  Subscriber(asio::any_io_executor ex, std::string c, bool ws) : timer(ex), client(std::move(c)), websocket(ws) {}
   asio::steady_timer timer;
   std::string client;  // "*" = every client's events
   bool websocket = false;  // queue holds JSON messages, not SSE text
   std::deque<std::string> queue;
   bool closed = false;
+};
+
+// A subscriber on the server's list for as long as its connection serves events.
+class Subscription {
+ public:
+  Subscription(std::list<std::shared_ptr<Subscriber>>& list, std::shared_ptr<Subscriber> sub)
+      : list_(list), sub_(std::move(sub)) {
+    list_.push_back(sub_);
+  }
+  ~Subscription() { list_.remove(sub_); }
+  Subscription(const Subscription&) = delete;
+  Subscription& operator=(const Subscription&) = delete;
+  const std::shared_ptr<Subscriber>& get() const { return sub_; }
+
+ private:
+  std::list<std::shared_ptr<Subscriber>>& list_;
+  std::shared_ptr<Subscriber> sub_;
 };
 
 // The reader half of a WebSocket subscription: Beast answers pings and the close handshake
@@ -388,13 +405,8 @@ awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& 
 template <class Stream>
 awaitable<void> HttpServer::Impl::serve_events(Stream& stream, const Request& req, const std::string& client) {
   auto ex = co_await asio::this_coro::executor;
-  auto sub = std::make_shared<Subscriber>(ex, client);
-  subscribers.push_back(sub);
-  struct Unregister {
-    Impl* s;
-    std::shared_ptr<Subscriber> sub;
-    ~Unregister() { s->subscribers.remove(sub); }
-  } unregister{this, sub};
+  const Subscription subscription(subscribers, std::make_shared<Subscriber>(ex, client, false));
+  const std::shared_ptr<Subscriber>& sub = subscription.get();
 
   http::response<http::empty_body> res{http::status::ok, req.version()};
   res.set(http::field::server, "infill-engine");
@@ -433,14 +445,8 @@ template <class Stream>
 awaitable<void> HttpServer::Impl::serve_events_websocket(Stream& stream, const Request& req, const std::string& client) {
   namespace websocket = beast::websocket;
   auto ex = co_await asio::this_coro::executor;
-  auto sub = std::make_shared<Subscriber>(ex, client);
-  sub->websocket = true;
-  subscribers.push_back(sub);
-  struct Unregister {
-    Impl* s;
-    std::shared_ptr<Subscriber> sub;
-    ~Unregister() { s->subscribers.remove(sub); }
-  } unregister{this, sub};
+  const Subscription subscription(subscribers, std::make_shared<Subscriber>(ex, client, true));
+  const std::shared_ptr<Subscriber>& sub = subscription.get();
 
   // The WebSocket layer keeps its own deadlines: pings when idle, and a peer that answers
   // nothing for two heartbeats is dropped.
