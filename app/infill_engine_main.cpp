@@ -37,7 +37,9 @@ options:
   --token-file PATH   TCP bearer token, created on first use (default: $XDG_CONFIG_HOME/infill/token)
   --config PATH       JSON config (default: the first of $XDG_CONFIG_HOME/infill/engine.json,
                       $XDG_CONFIG_DIRS/infill/engine.json, <prefix>/share/infill/engine.json)
-  --model PATH        model folder (default: the bundled infill-tiny, else the build's random model)
+  --model PATH        model folder (default: the bundled infill-tiny, else the build's random model);
+                      repeat to serve several models: the first is the default, an edit's
+                      "model" picks another
   --workers N         step-loop workers (default 1)
   --threads N         compute threads per worker (default: cores / workers)
   --journal PATH      SQLite journal of accepted batch edits, resumed after a crash
@@ -106,6 +108,7 @@ bool parse_int(const std::string& text, int lo, int hi, int& out) {
 
 int main(int argc, char** argv) {
   std::map<std::string, std::string> opts;
+  std::vector<std::string> model_flags;  // --model may be repeated
   const std::map<std::string, bool> known = {{"--socket", true},  {"--listen", true},  {"--token-file", true},
                                              {"--config", true},  {"--model", true},   {"--workers", true},
                                              {"--threads", true}, {"--check", false},  {"--help", false},
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
     if (it->second) {
       if (i + 1 >= argc) return fail(arg + " needs a value", 2);
       opts[arg] = argv[++i];
+      if (arg == "--model") model_flags.push_back(opts[arg]);
     } else {
       // emplace, not operator= with a literal: g++ 12 raises a false -Wrestrict on the latter.
       opts.emplace(arg, std::string());
@@ -141,7 +145,7 @@ int main(int argc, char** argv) {
   if (opts.count("--socket")) config.socket_path = opts["--socket"];
   if (opts.count("--listen")) config.listen = opts["--listen"];
   if (opts.count("--token-file")) config.token_file = opts["--token-file"];
-  if (opts.count("--model")) config.model = opts["--model"];
+  if (!model_flags.empty()) config.models = model_flags;  // flags replace the config's list
   if (opts.count("--no-calibrate")) config.calibrate = false;
   if (opts.count("--journal")) config.journal = opts["--journal"];
   if (config.journal.empty()) config.journal = infill::default_state_dir() + "/journal.sqlite";
@@ -151,8 +155,11 @@ int main(int argc, char** argv) {
     return fail("--threads is " + opts["--threads"] + ", expected 1..1024", 2);
   if (config.socket_path.empty()) config.socket_path = infill::default_runtime_dir() + "/engine.sock";
   if (config.token_file.empty()) config.token_file = infill::default_config_dir() + "/token";
-  if (config.model.empty()) config.model = default_model(argv[0]);
-  if (config.model.empty()) return fail("no model: pass --model PATH (no bundled or generated model was found)", 2);
+  if (config.models.empty()) {
+    const std::string bundled = default_model(argv[0]);
+    if (bundled.empty()) return fail("no model: pass --model PATH (no bundled or generated model was found)", 2);
+    config.models.push_back(bundled);
+  }
   if (config.threads <= 0)
     config.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / config.workers);
   std::pair<std::string, uint16_t> tcp;
@@ -165,11 +172,20 @@ int main(int argc, char** argv) {
   infill::set_compute_threads(config.threads);
   c10::InferenceMode guard;
   if (opts.count("--check")) {
-    auto model = infill::load_model(config.model);
-    if (!model.ok()) return fail("model " + config.model + ": " + model.status().message(), 2);
+    nlohmann::json models = nlohmann::json::array();
+    std::string default_id;
+    for (const std::string& path : config.models) {
+      auto model = infill::load_model(path);
+      if (!model.ok()) return fail("model " + path + ": " + model.status().message(), 2);
+      for (const auto& m : models)
+        if (m["id"] == (*model)->id) return fail("models " + m["path"].get<std::string>() + " and " + path + " are the same model", 2);
+      if (default_id.empty()) default_id = (*model)->id;
+      models.push_back({{"path", path}, {"id", (*model)->id}});
+    }
     nlohmann::json summary = {{"config", config_path},
-                              {"model", config.model},
-                              {"model_id", (*model)->id},
+                              {"model", config.models.front()},
+                              {"model_id", default_id},
+                              {"models", models},
                               {"socket", config.socket_path},
                               {"listen", config.listen},
                               {"workers", config.workers},
@@ -189,7 +205,8 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   infill::ServiceOptions so;
-  so.model_path = config.model;
+  so.model_path = config.models.front();
+  so.extra_model_paths.assign(config.models.begin() + 1, config.models.end());
   so.workers = config.workers;
   so.threads_per_worker = config.threads;
   so.pool_threads = 1;
@@ -216,7 +233,9 @@ int main(int argc, char** argv) {
   if (!server.ok()) return fail(server.status().message(), 5);
   std::cerr << "infill-engine: listening on unix:" << config.socket_path;
   if (!config.listen.empty()) std::cerr << " and tcp:" << tcp.first << ":" << (*server)->tcp_port();
-  std::cerr << "; loading " << config.model << std::endl;
+  std::cerr << "; loading";
+  for (const std::string& m : config.models) std::cerr << " " << m;
+  std::cerr << std::endl;
 
   // /health answers 503 while the model loads.
   std::atomic<int> load_failed{0};

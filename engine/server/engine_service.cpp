@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <variant>
 
 #include "cache/activation_store.h"
 #include "model/model.h"
@@ -76,12 +77,16 @@ double percentile(std::vector<double> v, double q) {
 }
 
 struct TemplateRecord {
-  std::shared_ptr<const TemplateImage> tmpl;
+  std::shared_ptr<const TemplateImage> tmpl;  // encoded by the default model
+  // Encoded by another model, keyed by its id: made on the first edit that names the model
+  // (see Impl::template_for), dropped with the template.
+  std::map<std::string, std::shared_ptr<const TemplateImage>> other_models;
   std::string name;
   double last_used_ms = 0;
   int waiting = 0;       // edits on it that have not run a step yet
   bool prepared = false; // an edit on it ran a step (its prepare job finished)
-  // With a journal: the uploaded file, written to the journal with its first batch edit.
+  // With a journal or several models: the uploaded file, written to the journal with its
+  // first batch edit and encoded again for another model.
   std::shared_ptr<const std::string> bytes;
   bool journaled = false;
 };
@@ -90,6 +95,8 @@ struct EditRecord {
   uint64_t id = 0;
   std::string client;
   std::string template_id;
+  std::string model_id;  // the model it runs on
+  size_t slot = 0;       // that model's index in Impl::slots
   RequestState state = RequestState::kQueued;
   bool started = false;
   int steps_done = 0;
@@ -102,6 +109,19 @@ struct EditRecord {
   bool journaled = false;  // a batch edit in the job journal
 };
 
+// One loaded model and the runtime whose workers run its edits.
+struct ModelSlot {
+  std::shared_ptr<const Model> model;
+  std::unique_ptr<ServingRuntime> runtime;
+};
+
+// The model id a journaled edit was submitted to ("" for edits journaled before edits named
+// their model: those ran on the default model).
+std::string journaled_model_id(const std::string& params_json) {
+  const json p = json::parse(params_json, nullptr, false);
+  return p.is_object() && p.contains("model") && p["model"].is_string() ? p["model"].get<std::string>() : std::string();
+}
+
 }  // namespace
 
 struct EngineService::Impl {
@@ -111,10 +131,11 @@ struct EngineService::Impl {
 
   std::atomic<bool> ready{false};
   std::atomic<bool> loading{false};
-  // Written once by load() before `ready` is set; read-only afterwards.
-  std::shared_ptr<const Model> model;
+  // Written once by load() before `ready` is set; read-only afterwards (the runtimes' own
+  // methods are thread-safe).
+  std::vector<ModelSlot> slots;        // slots[0] is the default model
+  std::shared_ptr<const Model> model;  // the default model, slots[0].model
   std::shared_ptr<ActivationStore> store;
-  std::unique_ptr<ServingRuntime> runtime;
   std::unique_ptr<JobJournal> journal;  // null without options.journal_path
   uint64_t edits_resumed = 0;
   uint64_t ids_reserved = 0;  // with a journal: ids up to here are recorded as handed out
@@ -210,6 +231,7 @@ struct EngineService::Impl {
     json j = {{"id", e.id},
               {"client", e.client},
               {"template", e.template_id},
+              {"model", e.model_id},
               {"state", request_state_name(e.state)},
               {"steps_done", e.steps_done},
               {"steps_total", e.steps_total}};
@@ -219,7 +241,22 @@ struct EngineService::Impl {
     return j;
   }
 
+  /// The slot of the model with `id`, or -1.
+  int find_slot(const std::string& id) const {
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].model->id == id) return static_cast<int>(i);
+    return -1;
+  }
+  /// "a, b" (for messages).
+  std::string model_ids() const {
+    std::string ids;
+    for (const ModelSlot& m : slots) ids += (ids.empty() ? "" : ", ") + m.model->id;
+    return ids;
+  }
+
   ApiReply make_template_now(const std::string& bytes, const std::string& name);
+  /// The template as model `slot` sees it, or the reply that says why not.
+  std::variant<std::shared_ptr<const TemplateImage>, ApiReply> template_for(const std::string& template_id, size_t slot);
   /// Takes back an edit that submit_now had counted but could not hand to the runtime.
   void unaccept(uint64_t id, const std::string& client, const std::string& template_id) {
     std::lock_guard lock(mu);
@@ -245,10 +282,24 @@ EngineService::EngineService(ServiceOptions options) : impl_(std::make_shared<Im
 EngineService::~EngineService() {
   // The runtime first: its callbacks reach into the records below.
   impl_->shutting_down.store(true);
-  impl_->runtime.reset();
+  for (ModelSlot& m : impl_->slots) m.runtime.reset();
   impl_->pool.reset();
   set_event_sink({});
 }
+
+namespace {
+
+// The calibration cache of the model at `index`: the configured path for the default model,
+// "<stem>.<index><ext>" for the others (each file holds one model's timings).
+std::string calibration_path_for(const std::string& path, size_t index) {
+  if (path.empty() || index == 0) return path;
+  const size_t slash = path.find_last_of('/');
+  const size_t dot = path.find_last_of('.');
+  const size_t cut = dot != std::string::npos && (slash == std::string::npos || dot > slash) ? dot : path.size();
+  return path.substr(0, cut) + "." + std::to_string(index) + path.substr(cut);
+}
+
+}  // namespace
 
 Status EngineService::load() {
   Impl& s = *impl_;
@@ -258,34 +309,49 @@ Status EngineService::load() {
     s.load_error = st.message();
     return st;
   };
-  auto model = load_model(s.options.model_path);
-  if (!model.ok()) return fail(model.status());
+  std::vector<std::string> paths = {s.options.model_path};
+  paths.insert(paths.end(), s.options.extra_model_paths.begin(), s.options.extra_model_paths.end());
+  std::vector<std::shared_ptr<const Model>> models;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    auto model = load_model(paths[i]);
+    if (!model.ok()) return fail(paths.size() == 1 ? model.status() : Status(model.status().code(), paths[i] + ": " + model.status().message()));
+    for (size_t j = 0; j < models.size(); ++j) {
+      if (models[j]->id == (*model)->id)
+        return fail(invalid_argument("models " + paths[j] + " and " + paths[i] + " are the same model (" + (*model)->id +
+                                     "); give each model once"));
+    }
+    models.push_back(*model);
+  }
   ActivationStoreOptions store_options;
   store_options.ram_budget_bytes = s.options.ram_cache_bytes;
   store_options.disk_dir = s.options.cache_dir;
   auto store = ActivationStore::open(store_options);
   if (!store.ok()) return fail(store.status());
-  std::shared_ptr<const StepCostModel> cost;
-  if (s.options.calibrate) {
-    CalibrationOptions co;
-    co.threads = s.options.threads_per_worker;
-    co.cache_path = s.options.calibration_path;
-    auto cal = load_or_calibrate(**model, co);
-    if (!cal.ok()) return fail(cal.status());
-    cost = std::make_shared<const StepCostModel>(cal->model);
-  } else {
-    cost = std::make_shared<const StepCostModel>(StepCostModel::plausible());
-  }
-  RuntimeOptions ro;
-  ro.workers = s.options.workers;
-  ro.threads_per_worker = s.options.threads_per_worker;
-  ro.pool_threads = std::max(1, s.options.pool_threads);
   std::shared_ptr<ActivationStore> shared_store(std::move(*store));
-  auto runtime = ServingRuntime::create(*model, shared_store, cost, ro);
-  if (!runtime.ok()) return fail(runtime.status());
-  s.model = *model;
+  std::vector<ModelSlot> slots;
+  for (size_t i = 0; i < models.size(); ++i) {
+    std::shared_ptr<const StepCostModel> cost;
+    if (s.options.calibrate) {
+      CalibrationOptions co;
+      co.threads = s.options.threads_per_worker;
+      co.cache_path = calibration_path_for(s.options.calibration_path, i);
+      auto cal = load_or_calibrate(*models[i], co);
+      if (!cal.ok()) return fail(cal.status());
+      cost = std::make_shared<const StepCostModel>(cal->model);
+    } else {
+      cost = std::make_shared<const StepCostModel>(StepCostModel::plausible());
+    }
+    RuntimeOptions ro;
+    ro.workers = s.options.workers;
+    ro.threads_per_worker = s.options.threads_per_worker;
+    ro.pool_threads = std::max(1, s.options.pool_threads);
+    auto runtime = ServingRuntime::create(models[i], shared_store, cost, ro);
+    if (!runtime.ok()) return fail(runtime.status());
+    slots.push_back({models[i], std::move(*runtime)});
+  }
+  s.slots = std::move(slots);
+  s.model = s.slots.front().model;
   s.store = shared_store;
-  s.runtime = std::move(*runtime);
   if (!s.options.journal_path.empty()) {
     auto journal = JobJournal::open(s.options.journal_path);
     if (!journal.ok()) return fail(journal.status());
@@ -321,6 +387,8 @@ Status EngineService::Impl::resume_journal() {
       e.id = je.id;
       e.client = je.client;
       e.template_id = je.template_id;
+      e.model_id = journaled_model_id(je.params_json);
+      if (e.model_id.empty()) e.model_id = model->id;
       e.state = state.ok() ? *state : RequestState::kFailed;
       e.started = true;
       e.png = std::move(je.result_png);
@@ -330,11 +398,30 @@ Status EngineService::Impl::resume_journal() {
       e.journaled = true;
       continue;
     }
-    // Unfinished: decode its template again (once) and submit it under its old id.
+    // Unfinished: decode its template again (once) and submit it under its old id, on the
+    // model it was submitted to.
+    const std::string model_id = journaled_model_id(je.params_json);
     auto fail_resume = [&](const Status& why) {
-      (void)journal->finish_edit(je.id, "failed", "", error_code_name(why.code()),
-                                 "could not be resumed after a restart: " + why.message(), unix_now);
+      const std::string message = "could not be resumed after a restart: " + why.message();
+      (void)journal->finish_edit(je.id, "failed", "", error_code_name(why.code()), message, unix_now);
+      // Its client learns why from GET /v1/edits/{id}, as for an edit that failed while running.
+      std::lock_guard lock(mu);
+      EditRecord& e = edits[je.id];
+      e.id = je.id;
+      e.client = je.client;
+      e.template_id = je.template_id;
+      e.model_id = model_id.empty() ? model->id : model_id;
+      e.state = RequestState::kFailed;
+      e.started = true;
+      e.status = Status(why.code(), message);
+      e.finished_ms = now_ms();
+      e.journaled = true;
     };
+    if (!model_id.empty() && find_slot(model_id) < 0) {
+      fail_resume(not_found("edit " + std::to_string(je.id) + " was submitted to model " + model_id +
+                            ", which this engine does not serve now (loaded: " + model_ids() + ")"));
+      continue;
+    }
     bool known = false;
     {
       std::lock_guard lock(mu);
@@ -377,47 +464,60 @@ void EngineService::set_event_sink(std::function<void(const ServiceEvent&)> sink
 
 ApiReply EngineService::health() const {
   if (!ready()) return impl_->not_ready();
-  return json_reply(200, {{"status", "ok"}, {"model", impl_->model->id}, {"live_edits", live_edits()}});
+  json ids = json::array();
+  for (const ModelSlot& m : impl_->slots) ids.push_back(m.model->id);
+  return json_reply(200, {{"status", "ok"}, {"model", impl_->model->id}, {"models", ids}, {"live_edits", live_edits()}});
 }
 
 ApiReply EngineService::models() const {
   if (!ready()) return impl_->not_ready();
-  const ModelManifest& m = impl_->model->manifest;
-  json model = {{"id", impl_->model->id},
-                {"name", m.name},
-                {"description", m.description},
-                {"max_image_pixels", std::min<int64_t>(m.max_image_pixels, impl_->options.limits.max_image_pixels)},
-                {"default_steps", m.sampler.steps},
-                {"default_sampler", m.sampler.sampler},
-                {"default_guidance", m.default_guidance},
-                {"vocabulary", m.has_prompt ? json(m.prompt.vocabulary) : json::array()},
-                {"grid_pixels", m.autoencoder.factor * m.dit.patch_size}};
-  return json_reply(200, {{"models", json::array({model})}});
+  json list = json::array();
+  for (size_t i = 0; i < impl_->slots.size(); ++i) {
+    const Model& model = *impl_->slots[i].model;
+    const ModelManifest& m = model.manifest;
+    list.push_back({{"id", model.id},
+                    {"name", m.name},
+                    {"description", m.description},
+                    {"default", i == 0},
+                    {"max_image_pixels", std::min<int64_t>(m.max_image_pixels, impl_->options.limits.max_image_pixels)},
+                    {"default_steps", m.sampler.steps},
+                    {"default_sampler", m.sampler.sampler},
+                    {"default_guidance", m.default_guidance},
+                    {"vocabulary", m.has_prompt ? json(m.prompt.vocabulary) : json::array()},
+                    {"grid_pixels", m.autoencoder.factor * m.dit.patch_size}});
+  }
+  return json_reply(200, {{"models", list}});
 }
 
 ApiReply EngineService::metrics() const {
   if (!ready()) return impl_->not_ready();
   Impl& s = *impl_;
   json workers = json::array();
-  for (const WorkerMetrics& w : s.runtime->worker_metrics()) {
-    workers.push_back({{"index", w.index},
-                       {"steps", w.steps},
-                       {"failed_steps", w.failed_steps},
-                       {"prepare_steps", w.prepare_steps},
-                       {"requests_advanced", w.requests_advanced},
-                       {"max_batch", w.max_batch},
-                       {"mean_batch", w.mean_batch()},
-                       {"mean_step_ms", w.mean_step_ms()},
-                       {"step_ms_total", w.step_ms_total},
-                       {"prepare_ms_total", w.prepare_ms_total},
-                       {"sched_ms_total", w.sched_ms_total},
-                       {"pack_ms_total", w.pack_ms_total},
-                       {"uptime_ms", w.uptime_ms},
-                       {"utilisation", w.utilisation()}});
-  }
   json loads = json::array();
-  for (const WorkerLoad& l : s.runtime->loads()) loads.push_back({{"requests", l.requests}, {"backlog_ms", l.backlog_ms}});
-  const auto recent = s.runtime->request_metrics();
+  std::vector<RequestMetrics> recent;
+  for (const ModelSlot& slot : s.slots) {
+    for (const WorkerMetrics& w : slot.runtime->worker_metrics()) {
+      workers.push_back({{"index", w.index},
+                         {"model", slot.model->id},
+                         {"steps", w.steps},
+                         {"failed_steps", w.failed_steps},
+                         {"prepare_steps", w.prepare_steps},
+                         {"requests_advanced", w.requests_advanced},
+                         {"max_batch", w.max_batch},
+                         {"mean_batch", w.mean_batch()},
+                         {"mean_step_ms", w.mean_step_ms()},
+                         {"step_ms_total", w.step_ms_total},
+                         {"prepare_ms_total", w.prepare_ms_total},
+                         {"sched_ms_total", w.sched_ms_total},
+                         {"pack_ms_total", w.pack_ms_total},
+                         {"uptime_ms", w.uptime_ms},
+                         {"utilisation", w.utilisation()}});
+    }
+    for (const WorkerLoad& l : slot.runtime->loads())
+      loads.push_back({{"model", slot.model->id}, {"requests", l.requests}, {"backlog_ms", l.backlog_ms}});
+    const auto more = slot.runtime->request_metrics();
+    recent.insert(recent.end(), more.begin(), more.end());
+  }
   std::vector<double> total, queue;
   size_t met = 0;
   for (const RequestMetrics& m : recent) {
@@ -482,7 +582,7 @@ ApiReply EngineService::Impl::make_template_now(const std::string& bytes, const 
   if (inserted) {
     it->second.tmpl = *t;
     it->second.name = name;
-    if (journal) it->second.bytes = std::make_shared<const std::string>(bytes);
+    if (journal || slots.size() > 1) it->second.bytes = std::make_shared<const std::string>(bytes);
     ++templates_created;
   }
   it->second.last_used_ms = now;
@@ -494,6 +594,41 @@ ApiReply EngineService::Impl::make_template_now(const std::string& bytes, const 
     templates.erase(victim);
   }
   return json_reply(inserted ? 201 : 200, template_json_locked(it->second));
+}
+
+// The default model's encoding is made at upload (its errors are the upload's answer). Another
+// model's is made lazily, on the first edit that names that model, from the kept file bytes,
+// and then kept with the template (evicted with it): an upload costs one encode however many
+// models are loaded, and a template edited with one model never pays for the others. The
+// encoding runs here, on the service pool, outside the lock; two edits racing to encode the
+// same pair both compute it and the first stored wins (the results are identical).
+std::variant<std::shared_ptr<const TemplateImage>, ApiReply> EngineService::Impl::template_for(const std::string& template_id,
+                                                                                               size_t slot) {
+  const Model& m = *slots[slot].model;
+  std::shared_ptr<const std::string> bytes;
+  std::string name;
+  {
+    std::lock_guard lock(mu);
+    auto it = templates.find(template_id);
+    if (it == templates.end())
+      return error_reply(404, "template_not_found", "template " + template_id + " is not known (upload it with POST /v1/templates)");
+    it->second.last_used_ms = now_ms();
+    if (slot == 0) return it->second.tmpl;
+    if (auto e = it->second.other_models.find(m.id); e != it->second.other_models.end()) return e->second;
+    bytes = it->second.bytes;
+    name = it->second.name;
+  }
+  if (!bytes)  // kept whenever several models are loaded; a bug otherwise
+    return error_reply(500, "internal", "template " + template_id + " has no kept file to encode for model " + m.id);
+  auto t = make_template(m, as_bytes(*bytes), name);
+  if (!t.ok()) {
+    ApiReply r = status_reply(Status(t.status().code(), "template " + template_id + " for model " + m.id + ": " + t.status().message()), true);
+    return r;
+  }
+  std::lock_guard lock(mu);
+  auto it = templates.find(template_id);
+  if (it == templates.end()) return *t;  // evicted meanwhile: the edit keeps its own reference
+  return it->second.other_models.try_emplace(m.id, *t).first->second;
 }
 
 ApiReply EngineService::template_status(std::string_view id) const {
@@ -548,7 +683,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   if (!p.is_object()) return error_reply(400, "invalid_params", "edit parameters must be a JSON object");
   static const std::vector<std::string> kKeys = {
       "template", "prompt", "seed", "steps", "strength", "guidance", "class", "deadline_ms", "preview_every_steps",
-      "supersedes", "mask_png_base64", "mask_rect", "sampler", "halo_tokens", "feather_px"};
+      "supersedes", "mask_png_base64", "mask_rect", "sampler", "halo_tokens", "feather_px", "model"};
   for (const auto& [key, value] : p.items()) {
     if (std::find(kKeys.begin(), kKeys.end(), key) == kKeys.end()) {
       std::string known;
@@ -574,10 +709,10 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     out = x;
     return std::nullopt;
   };
-  std::string template_id, prompt, cls_name, mask_b64, sampler;
+  std::string template_id, prompt, cls_name, mask_b64, sampler, model_name;
   std::optional<double> seed, steps, strength, guidance, deadline, preview, supersedes, halo, feather;
   for (auto r : {str("template", template_id), str("prompt", prompt), str("class", cls_name),
-                 str("mask_png_base64", mask_b64), str("sampler", sampler),
+                 str("mask_png_base64", mask_b64), str("sampler", sampler), str("model", model_name),
                  num("seed", 0, 9007199254740991.0, seed, true), num("steps", 1, 1000, steps, true),
                  num("strength", 0, 1, strength, false), num("guidance", 1, 20, guidance, false),
                  num("deadline_ms", 1, 7 * 24 * 3600e3, deadline, false), num("preview_every_steps", 0, 1000, preview, true),
@@ -586,6 +721,14 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     if (r) return *r;
   }
   if (template_id.empty()) return error_reply(400, "missing_parameter", "template is required (the id POST /v1/templates returned)");
+  size_t slot = 0;  // "" = the default model
+  if (!model_name.empty()) {
+    const int found = find_slot(model_name);
+    if (found < 0)
+      return error_reply(400, "unknown_model", "model '" + model_name + "' is not loaded (loaded: " + model_ids() + "; see GET /v1/models)");
+    slot = static_cast<size_t>(found);
+  }
+  const Model& model_used = *slots[slot].model;
   if (strength && *strength <= 0) return error_reply(400, "invalid_parameter", "strength must be in (0, 1]");
   RequestClass cls = RequestClass::kInteractive;
   if (!cls_name.empty()) {
@@ -603,15 +746,9 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     sub.mask_bytes = std::move(*decoded);
   }
 
-  std::shared_ptr<const TemplateImage> tmpl;
-  {
-    std::lock_guard lock(mu);
-    auto it = templates.find(template_id);
-    if (it == templates.end())
-      return error_reply(404, "template_not_found", "template " + template_id + " is not known (upload it with POST /v1/templates)");
-    tmpl = it->second.tmpl;
-    it->second.last_used_ms = now_ms();
-  }
+  auto found_template = template_for(template_id, slot);
+  if (auto* failed = std::get_if<ApiReply>(&found_template)) return *failed;
+  const std::shared_ptr<const TemplateImage> tmpl = std::get<std::shared_ptr<const TemplateImage>>(found_template);
   auto mask = decode_mask(sub, p.contains("mask_rect") ? p["mask_rect"] : json(), *tmpl);
   if (!mask.ok()) {
     // A mask that decodes but does not fit (size, rectangle) is the documented invalid_mask;
@@ -619,14 +756,14 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     if (mask.status().code() == ErrorCode::kInvalidArgument) return error_reply(400, "invalid_mask", mask.status().message());
     return status_reply(mask.status(), true);
   }
-  auto prompt_tensor = encode_prompt(model->manifest, prompt);
+  auto prompt_tensor = encode_prompt(model_used.manifest, prompt);
   if (!prompt_tensor.ok()) return error_reply(400, "invalid_prompt", "prompt: " + prompt_tensor.status().message());
 
   ServingRequest req;
   req.tmpl = tmpl;
   req.params.mask = *mask;
   req.params.prompt = *prompt_tensor;
-  req.params.guidance_scale = guidance ? *guidance : model->manifest.default_guidance;
+  req.params.guidance_scale = guidance ? *guidance : model_used.manifest.default_guidance;
   req.params.seed = seed ? static_cast<uint64_t>(*seed) : 0;
   if (strength) req.params.strength = *strength;
   if (steps) req.params.schedule.steps = static_cast<int>(*steps);
@@ -639,16 +776,32 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   req.supersedes = supersedes ? static_cast<uint64_t>(*supersedes) : 0;
   req.encode_png = true;
   {
-    auto check = make_model_sampler(*model, resolve_schedule(*model, req.params.schedule));
+    auto check = make_model_sampler(model_used, resolve_schedule(model_used, req.params.schedule));
     if (!check.ok()) return error_reply(400, "invalid_parameter", check.status().message());
   }
 
   uint64_t id = 0;
   std::optional<JournaledTemplate> journal_template;
   bool journal_edit = false;
+  // An edit superseding a live edit of another model: each runtime only knows its own
+  // requests, so the service cancels that one itself once this one is queued.
+  uint64_t cancel_other = 0;
+  size_t cancel_other_slot = 0;
   {
     std::lock_guard lock(mu);
     expire_results_locked(now_ms());
+    if (req.supersedes != 0) {
+      auto old = edits.find(req.supersedes);
+      if (old != edits.end() && old->second.finished_ms < 0 && old->second.slot != slot) {
+        if (old->second.client != sub.client)
+          return error_reply(400, "invalid_parameter", "supersedes names edit " + std::to_string(req.supersedes) +
+                                                           " of client " + old->second.client + ", expected one of client " +
+                                                           sub.client);
+        cancel_other = req.supersedes;
+        cancel_other_slot = old->second.slot;
+        req.supersedes = 0;
+      }
+    }
     if (replay_id == 0 && live_per_client[sub.client] >= options.limits.max_queued_per_client) {
       ++edits_rejected;
       ApiReply r = error_reply(429, "too_many_edits",
@@ -678,6 +831,8 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     e.id = id;
     e.client = sub.client;
     e.template_id = template_id;
+    e.model_id = model_used.id;
+    e.slot = slot;
     e.submitted_ms = now_ms();
     e.journaled = journal && cls == RequestClass::kBatch;
     ++live_per_client[sub.client];
@@ -706,6 +861,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
       json stored = p;
       stored.erase("mask_png_base64");  // kept once, as the mask bytes
       stored.erase("supersedes");       // a resumed edit supersedes nothing
+      stored["model"] = model_used.id;  // resumed on its own model, even if the default changed
       JournaledEdit je;
       je.id = id;
       je.client = sub.client;
@@ -726,20 +882,21 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     req.on_preview = [this](uint64_t rid, int steps_done, const at::Tensor& rgb) { on_preview(rid, steps_done, rgb); };
   req.on_complete = [this](const RequestResult& r) { on_complete(r); };
   // Queued goes out before the runtime can report progress.
-  emit(client, "queued", {{"id", id}, {"template", template_id}, {"class", request_class_name(cls)}});
-  Status st = runtime->submit(std::move(req));
+  emit(client, "queued", {{"id", id}, {"template", template_id}, {"model", model_used.id}, {"class", request_class_name(cls)}});
+  Status st = slots[slot].runtime->submit(std::move(req));
   if (!st.ok()) {
     unaccept(id, client, template_id);
     if (journal_edit) (void)journal->forget_edit(id);
     emit(client, "failed", {{"id", id}, {"state", "failed"}, {"error", {{"code", error_code_name(st.code())}, {"message", st.message()}}}});
     return status_reply(st);
   }
-  return json_reply(202, {{"id", id}, {"state", "queued"}, {"template", template_id}, {"client", client},
+  if (cancel_other != 0) slots[cancel_other_slot].runtime->cancel(cancel_other);
+  return json_reply(202, {{"id", id}, {"state", "queued"}, {"template", template_id}, {"model", model_used.id}, {"client", client},
                           {"class", request_class_name(cls)}, {"status_url", "/v1/edits/" + std::to_string(id)}});
 }
 
 void EngineService::Impl::on_progress(uint64_t id, const RequestProgress& p) {
-  std::string client;
+  std::string client, model_id;
   bool first = false;
   {
     std::lock_guard lock(mu);
@@ -759,8 +916,9 @@ void EngineService::Impl::on_progress(uint64_t id, const RequestProgress& p) {
       }
     }
     client = e.client;
+    model_id = e.model_id;
   }
-  if (first) emit(client, "started", {{"id", id}, {"steps_total", p.steps_total}});
+  if (first) emit(client, "started", {{"id", id}, {"model", model_id}, {"steps_total", p.steps_total}});
   emit(client, "progress", {{"id", id}, {"steps_done", p.steps_done}, {"steps_total", p.steps_total}});
 }
 
@@ -804,6 +962,7 @@ void EngineService::Impl::on_complete(const RequestResult& r) {
     e.metrics = request_metrics_json(r.metrics);
     e.steps_done = r.metrics.steps_run;
     client = e.client;
+    data["model"] = e.model_id;
     if (--live_per_client[client] <= 0) live_per_client.erase(client);
     --live_total;
     if (r.state == RequestState::kDone) {
@@ -851,14 +1010,16 @@ ApiReply EngineService::cancel_edit(std::string_view id_text) {
   if (!ready()) return impl_->not_ready();
   auto id = parse_id(id_text);
   if (!id) return error_reply(400, "invalid_edit_id", "edit id '" + std::string(id_text) + "' is not a positive integer");
+  size_t slot = 0;
   {
     std::lock_guard lock(impl_->mu);
     auto it = impl_->edits.find(*id);
     if (it == impl_->edits.end()) return error_reply(404, "edit_not_found", "edit " + std::to_string(*id) + " is not known");
     if (it->second.finished_ms >= 0)
       return error_reply(409, "edit_finished", "edit " + std::to_string(*id) + " already ended as " + request_state_name(it->second.state));
+    slot = it->second.slot;
   }
-  const bool live = impl_->runtime->cancel(*id);
+  const bool live = impl_->slots[slot].runtime->cancel(*id);
   return json_reply(202, {{"id", *id}, {"cancelling", live}});
 }
 
@@ -869,16 +1030,26 @@ size_t EngineService::live_edits() const {
 
 bool EngineService::drain(double timeout_ms, double cancel_timeout_ms) {
   if (!ready()) return true;
-  if (impl_->runtime->drain(timeout_ms)) return true;
-  std::vector<uint64_t> live;
+  // One deadline over all runtimes: each drains with what is left of it.
+  auto drain_all = [&](double budget_ms) {
+    const auto start = std::chrono::steady_clock::now();
+    bool idle = true;
+    for (const ModelSlot& m : impl_->slots) {
+      const double spent = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      idle = m.runtime->drain(std::max(0.0, budget_ms - spent)) && idle;
+    }
+    return idle;
+  };
+  if (drain_all(timeout_ms)) return true;
+  std::vector<std::pair<uint64_t, size_t>> live;
   {
     std::lock_guard lock(impl_->mu);
     for (const auto& [id, e] : impl_->edits)
-      if (e.finished_ms < 0) live.push_back(id);
+      if (e.finished_ms < 0) live.emplace_back(id, e.slot);
   }
   impl_->shutting_down.store(true);
-  for (uint64_t id : live) impl_->runtime->cancel(id);
-  return impl_->runtime->drain(cancel_timeout_ms);
+  for (const auto& [id, slot] : live) impl_->slots[slot].runtime->cancel(id);
+  return drain_all(cancel_timeout_ms);
 }
 
 }  // namespace infill

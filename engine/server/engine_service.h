@@ -3,6 +3,10 @@
 /// of bytes and JSON. It owns the model, the activation store and the serving runtime; the
 /// HTTP server (http_server.h) only parses requests and frames these replies.
 ///
+/// Several models may be loaded at once: the first is the default, an edit names another by
+/// id ("model"). Each model has its own serving runtime (workers, scheduler); the activation
+/// store is shared (its keys include the model id).
+///
 /// This header is torch-free on purpose (the transport must not compile libtorch headers).
 ///
 /// Threading: every public method is safe from any thread and returns quickly; decoding
@@ -15,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -25,7 +30,9 @@
 namespace infill {
 
 struct ServiceOptions {
-  std::string model_path;     ///< a model folder (manifest.json + weights)
+  std::string model_path;     ///< a model folder (manifest.json + weights): the default model
+  /// More model folders, served next to the default one and chosen by an edit's "model".
+  std::vector<std::string> extra_model_paths;
   int workers = 1;
   int threads_per_worker = 1;
   int pool_threads = 1;       ///< upload / mask decoding and post-processing
@@ -34,6 +41,8 @@ struct ServiceOptions {
   /// Time the step cost model at load (cached in calibration_path when set); false = a fixed
   /// plausible model (tests, --check).
   bool calibrate = false;
+  /// The default model's calibration cache; every other model uses this path with ".<n>"
+  /// (its position, 1 = the first extra model) before the extension.
   std::string calibration_path;
   /// SQLite journal of accepted `batch` edits (job_journal.h); "" = batch edits are not
   /// durable. load() resumes the unfinished ones it finds there.
@@ -64,8 +73,9 @@ class EngineService {
   EngineService(const EngineService&) = delete;
   EngineService& operator=(const EngineService&) = delete;
 
-  /// Loads the model, opens the store, builds the cost model and starts the workers; the
-  /// service answers 503 until this returned ok. Call once, from any thread.
+  /// Loads the models, opens the store, builds the cost models and starts each model's
+  /// workers; the service answers 503 until this returned ok. Call once, from any thread.
+  /// Two folders holding the same model (same id) are an error naming both.
   Status load();
   bool ready() const;
 

@@ -103,7 +103,22 @@ Result<EngineConfig> parse_engine_config(std::string_view json_text, const std::
       {"socket", [&](const json& v, const std::string& k) { return read_string(v, k, c.socket_path); }},
       {"listen", [&](const json& v, const std::string& k) { return read_string(v, k, c.listen); }},
       {"token_file", [&](const json& v, const std::string& k) { return read_string(v, k, c.token_file); }},
-      {"model", [&](const json& v, const std::string& k) { return read_string(v, k, c.model); }},
+      {"model",
+       [&](const json& v, const std::string& k) -> Status {
+         // One folder, or several (the first is the default).
+         c.models.clear();
+         if (v.is_string()) {
+           if (!v.get<std::string>().empty()) c.models.push_back(v.get<std::string>());
+           return {};
+         }
+         if (!v.is_array() || v.empty()) return invalid_argument(k + " must be a model folder or a non-empty array of them");
+         for (const auto& m : v) {
+           if (!m.is_string() || m.get<std::string>().empty())
+             return invalid_argument(k + " must be a model folder or a non-empty array of them; an element is " + m.dump());
+           c.models.push_back(m.get<std::string>());
+         }
+         return {};
+       }},
       {"cache_dir", [&](const json& v, const std::string& k) { return read_string(v, k, c.cache_dir); }},
       {"journal", [&](const json& v, const std::string& k) { return read_string(v, k, c.journal); }},
       {"workers", int_field(c.workers, 1, 64)},

@@ -33,7 +33,9 @@ struct EngineConfig {
   std::string socket_path;  ///< "" = $XDG_RUNTIME_DIR/infill/engine.sock
   std::string listen;       ///< "HOST:PORT" for TCP; "" = no TCP listener
   std::string token_file;   ///< "" = $XDG_CONFIG_HOME/infill/token
-  std::string model;        ///< "" = the bundled model, else the build's random model
+  /// Model folders; the first is the default. The config key `model` takes a string or an
+  /// array of strings. Empty = the bundled model, else the build's random model.
+  std::vector<std::string> models;
   int workers = 1;
   int threads = 0;          ///< compute threads per worker; 0 = cores / workers
   std::string cache_dir;    ///< disk tier of the activation cache; "" = default_cache_dir()

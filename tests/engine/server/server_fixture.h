@@ -62,10 +62,17 @@ struct ServerFixture {
   PixelImage picture = serving_picture(0);
   std::string template_png = png_string(picture);
 
-  explicit ServerFixture(bool load = true, ServerLimits limits = test_limits()) {
+  /// `second_model`: also serve dir/model-b, a random model one block deeper (another id).
+  explicit ServerFixture(bool load = true, ServerLimits limits = test_limits(), bool second_model = false) {
     if (!write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok()) throw std::runtime_error("model");
     ServiceOptions o;
     o.model_path = dir.file("model");
+    if (second_model) {
+      DitConfig deeper = tiny_serving_dit();
+      deeper.depth += 1;
+      if (!write_random_model(dir.file("model-b"), deeper, 16, 43).ok()) throw std::runtime_error("model-b");
+      o.extra_model_paths.push_back(dir.file("model-b"));
+    }
     o.limits = limits;
     o.calibrate = false;
     o.ram_cache_bytes = 64 << 20;

@@ -11,77 +11,11 @@
 #include <fstream>
 #include <thread>
 
+#include "engine_process.h"
 #include "server_fixture.h"
 
 using namespace infill;
 using namespace infill::test;
-
-namespace {
-
-// build/<preset>/tests/infill_tests_server -> build/<preset>/app/infill-engine
-std::string engine_binary() {
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return (exe.parent_path().parent_path() / "app" / "infill-engine").string();
-}
-
-pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    FILE* err = std::freopen(log.c_str(), "w", stderr);
-    FILE* out = std::freopen((log + ".out").c_str(), "w", stdout);
-    (void)err;
-    (void)out;
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-// Kills the engine a test started when the test ends early (a failed REQUIRE), so that no
-// engine outlives its test; wait_exit reaps a finished one first.
-struct ReapOnExit {
-  pid_t& pid;
-  ~ReapOnExit() {
-    if (pid > 0 && ::waitpid(pid, nullptr, WNOHANG) == 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
-// Polls /health on the socket until it answers 200 (true) or `timeout_ms` passes.
-bool wait_healthy(const std::string& sock, int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (std::filesystem::exists(sock)) {
-      try {
-        if (request(Endpoint{sock, 0}, "GET", "/health").status == 200) return true;
-      } catch (const std::exception&) {
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
-
-// Exit status of `pid`, or -1 if it did not end within `timeout_ms` (then it is killed).
-int wait_exit(pid_t pid, int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  int status = 0;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  return -1;
-}
-
-}  // namespace
 
 TEST_CASE("infill-engine: --check, bad config, start, serve, SIGTERM exits 0", "[server][process]") {
   const std::string bin = engine_binary();

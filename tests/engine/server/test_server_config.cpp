@@ -37,6 +37,24 @@ TEST_CASE("engine config: known keys parse, unknown keys and bad values are erro
   CHECK(load_engine_config("/nonexistent/engine.json").status().code() == ErrorCode::kNotFound);
 }
 
+TEST_CASE("engine config: model is one folder or a list of them, the first the default", "[server][config]") {
+  auto one = parse_engine_config(R"({"model": "/models/a"})", "e.json");
+  REQUIRE(one.ok());
+  CHECK(one->models == std::vector<std::string>{"/models/a"});
+  auto several = parse_engine_config(R"({"model": ["/models/a", "/models/b"]})", "e.json");
+  REQUIRE(several.ok());
+  CHECK(several->models == std::vector<std::string>{"/models/a", "/models/b"});
+  auto none = parse_engine_config(R"({})", "e.json");
+  REQUIRE(none.ok());
+  CHECK(none->models.empty());
+  auto empty_list = parse_engine_config(R"({"model": []})", "e.json");
+  REQUIRE_FALSE(empty_list.ok());
+  CHECK(empty_list.status().message().find("e.json: model must be a model folder or a non-empty array") == 0);
+  auto bad_element = parse_engine_config(R"({"model": ["/models/a", 3]})", "e.json");
+  REQUIRE_FALSE(bad_element.ok());
+  CHECK(bad_element.status().message().find("an element is 3") != std::string::npos);
+}
+
 TEST_CASE("listen addresses", "[server][config]") {
   auto v4 = parse_listen_address("127.0.0.1:8080");
   REQUIRE(v4.ok());

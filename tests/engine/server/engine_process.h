@@ -1,0 +1,90 @@
+#pragma once
+// The infill-engine binary as a child process of a test: where the build put it (and the
+// random model it generates), spawning with logs, reaping, waiting for /health.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "http_test_client.h"
+
+namespace infill::test {
+
+// build/<preset>/tests/infill_tests_server -> build/<preset>/app/infill-engine
+inline std::string engine_binary() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return (exe.parent_path().parent_path() / "app" / "infill-engine").string();
+}
+
+// build/<preset>/models/infill-random: the random-weight model the build generates.
+inline std::string build_random_model() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return (exe.parent_path().parent_path() / "models" / "infill-random").string();
+}
+
+// Starts `args` (args[0] the binary) with stderr to `log` and stdout to `log`.out.
+inline pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    FILE* err = std::freopen(log.c_str(), "w", stderr);
+    FILE* out = std::freopen((log + ".out").c_str(), "w", stdout);
+    (void)err;
+    (void)out;
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Kills the engine a test started when the test ends early (a failed REQUIRE), so that no
+// engine outlives its test; wait_exit reaps a finished one first.
+struct ReapOnExit {
+  pid_t& pid;
+  ~ReapOnExit() {
+    if (pid > 0 && ::waitpid(pid, nullptr, WNOHANG) == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+// Polls /health on the socket until it answers 200 (true) or `timeout_ms` passes.
+inline bool wait_healthy(const std::string& sock, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (std::filesystem::exists(sock)) {
+      try {
+        if (request(Endpoint{sock, 0}, "GET", "/health").status == 200) return true;
+      } catch (const std::exception&) {
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// Exit status of `pid`, or -1 if it did not end within `timeout_ms` (then it is killed).
+inline int wait_exit(pid_t pid, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1;
+}
+
+}  // namespace infill::test
