@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -59,7 +60,9 @@ namespace {
 constexpr size_t kOptionsSizeV1 = sizeof(infill_client_options);
 constexpr size_t kHealthSizeV1 = sizeof(infill_health);
 constexpr size_t kTemplateInfoSizeV1 = sizeof(infill_template_info);
-constexpr size_t kEditParamsSizeV1 = sizeof(infill_edit_params);
+constexpr size_t kEditParamsSizeV1 = offsetof(infill_edit_params, model);
+// API 1.1 added infill_edit_params.model: read it only from callers whose struct holds it.
+constexpr size_t kEditParamsSizeWithModel = offsetof(infill_edit_params, model) + sizeof(const char*);
 
 infill_error* to_c(Error e) { return new infill_error{std::move(e)}; }
 
@@ -216,6 +219,7 @@ Result<json> edit_json(const infill_edit_params& p) {
   if (p.halo_tokens >= 0) j["halo_tokens"] = p.halo_tokens;
   if (std::isnan(p.feather_px) || p.feather_px > 256) return bad("feather_px is " + std::to_string(p.feather_px) + ", expected 0..256 (< 0 = default)");
   if (p.feather_px >= 0) j["feather_px"] = p.feather_px;
+  if (p.struct_size >= kEditParamsSizeWithModel && p.model && *p.model) j["model"] = p.model;
   return j;
 }
 

@@ -806,3 +806,73 @@ TEST_CASE("sdk: an engine that is loading answers health with ready = 0 and othe
   CHECK(h.ready == 1);
   infill_client_destroy(c);
 }
+
+TEST_CASE("sdk: infill_edit_params.model picks the engine's model, unknown ids are rejected, API 1.0 callers get the default",
+          "[sdk][engine][models]") {
+  ServerFixture f(true, infill::test::test_limits(), /*second_model=*/true);
+  infill_client* c = make_client({unix_endpoint(f)});
+  infill_model_list* models = nullptr;
+  REQUIRE_OK(infill_client_list_models(c, &models));
+  REQUIRE(infill_model_list_count(models) == 2);
+  const std::string first = infill_model_list_get(models, 0)->id;
+  const std::string second = infill_model_list_get(models, 1)->id;
+  infill_model_list_delete(models);
+  CHECK(first != second);
+  const infill_template_info t = upload(c, f);
+  auto model_of = [&](infill_job* job) {
+    infill::test::Response r = infill::test::request(f.unix_ep, "GET", "/v1/edits/" + std::to_string(infill_job_id(job)));
+    return r.json()["model"].get<std::string>();
+  };
+
+  infill_edit_params p = rect_params(t.id, 3);
+  p.model = second.c_str();
+  infill_job* job = nullptr;
+  REQUIRE_OK(infill_client_submit_edit(c, &p, &job));
+  REQUIRE_OK(infill_job_wait(job, 60000));
+  CHECK(infill_job_get_state(job) == INFILL_JOB_DONE);
+  CHECK(model_of(job) == second);
+  infill_job_release(job);
+
+  p.model = "";  // the default
+  REQUIRE_OK(infill_client_submit_edit(c, &p, &job));
+  REQUIRE_OK(infill_job_wait(job, 60000));
+  CHECK(model_of(job) == first);
+  infill_job_release(job);
+
+  p.model = "no-such-model";
+  Err unknown(infill_client_submit_edit(c, &p, &job));
+  CHECK(unknown.code == INFILL_ERROR_REJECTED);
+  CHECK(unknown.http == 400);
+  CHECK(unknown.engine_code == "unknown_model");
+  CHECK(unknown.contains("no-such-model"));
+  CHECK(unknown.contains(second));
+  CHECK(job == nullptr);
+
+  // A caller compiled against API 1.0: its struct ends before `model`, which is not read.
+  p.struct_size = offsetof(infill_edit_params, model);
+  REQUIRE_OK(infill_client_submit_edit(c, &p, &job));
+  REQUIRE_OK(infill_job_wait(job, 60000));
+  CHECK(infill_job_get_state(job) == INFILL_JOB_DONE);
+  CHECK(model_of(job) == first);
+  infill_job_release(job);
+
+  // The C++ wrapper.
+  {
+    client::Client cc([&] {
+      client::ClientOptions o;
+      o.endpoint = unix_endpoint(f);
+      return o;
+    }());
+    client::EditRequest r;
+    r.template_id = t.id;
+    r.mask_rect = std::array<int32_t, 4>{8, 8, 16, 16};
+    r.steps = 2;
+    r.model = second;
+    client::Job j = cc.submit(r);
+    CHECK(j.wait(60000));
+    CHECK(j.state() == INFILL_JOB_DONE);
+    infill::test::Response s = infill::test::request(f.unix_ep, "GET", "/v1/edits/" + std::to_string(j.id()));
+    CHECK(s.json()["model"] == second);
+  }
+  infill_client_destroy(c);
+}

@@ -70,7 +70,8 @@ class EditParams(ctypes.Structure):
                 ("deadline_ms", c_double), ("preview_every_steps", c_u32), ("supersedes", c_u64),
                 ("halo_tokens", c_i32), ("feather_px", c_double),
                 ("on_progress", PROGRESS_FN), ("on_preview", PREVIEW_FN), ("on_done", DONE_FN),
-                ("user_data", c_void_p)]
+                ("user_data", c_void_p),
+                ("model", c_char_p)]  # API 1.1
 
 
 JOB_STATES = {1: "queued", 2: "running", 3: "done", 4: "failed", 5: "cancelled", 6: "expired"}
@@ -145,6 +146,7 @@ def main():
     ap.add_argument("--library", default=None)
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=None, help="a model id from GET /v1/models; default: the engine's default")
     ap.add_argument("template")
     ap.add_argument("mask")
     ap.add_argument("out")
@@ -186,6 +188,7 @@ def main():
             params.mask_png_size = len(mask_bytes) - 1  # without create_string_buffer's NUL
         params.steps = args.steps
         params.seed = args.seed
+        params.model = args.model.encode() if args.model else None
         params.preview_every_steps = 2
 
         finished = threading.Event()

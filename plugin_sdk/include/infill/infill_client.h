@@ -39,8 +39,9 @@ extern "C" {
 
 /// The API version this header describes: (major << 16) | minor. A library accepts callers
 /// compiled against the same major and a minor up to its own (structs only grow).
+/// 1.1: infill_edit_params.model.
 #define INFILL_CLIENT_API_VERSION_MAJOR 1
-#define INFILL_CLIENT_API_VERSION_MINOR 0
+#define INFILL_CLIENT_API_VERSION_MINOR 1
 #define INFILL_CLIENT_API_VERSION \
   ((uint32_t)((INFILL_CLIENT_API_VERSION_MAJOR << 16) | INFILL_CLIENT_API_VERSION_MINOR))
 
@@ -376,6 +377,13 @@ typedef struct infill_edit_params {
   infill_preview_fn on_preview;
   infill_done_fn on_done;
   void* user_data;
+
+  /// API 1.1. The id of the model to run the edit on (infill_model_info.id, one of
+  /// infill_client_list_models); NULL or "" = the engine's default model (the first it
+  /// lists). An id the engine does not serve is INFILL_ERROR_REJECTED with engine code
+  /// "unknown_model", whose message lists the ids it serves. Read only when the caller's
+  /// struct_size covers it (callers compiled against API 1.0 get the default model).
+  const char* model;
 } infill_edit_params;
 
 /// Sets struct_size and every default (no mask, no callbacks, halo and feather = -1).

@@ -140,6 +140,7 @@ struct EditRequest {
   uint64_t supersedes = 0;
   int32_t halo_tokens = -1;
   double feather_px = -1;
+  std::string model;  ///< an infill_model_info id; "" = the engine's default model
   std::function<void(const infill_progress&)> on_progress;
   std::function<void(const infill_preview&)> on_preview;
   std::function<void(const DoneEvent&)> on_done;
@@ -296,6 +297,7 @@ class Client {
     p.supersedes = r.supersedes;
     p.halo_tokens = r.halo_tokens;
     p.feather_px = r.feather_px;
+    p.model = r.model.empty() ? nullptr : r.model.c_str();
     // Owned by the C library's on_done call: freed there, which comes exactly once.
     auto* ctx = new Callbacks{r.on_progress, r.on_preview, r.on_done};
     p.on_progress = ctx->on_progress ? &Client::progress_trampoline : nullptr;
