@@ -83,6 +83,13 @@ void EditController::uploadTemplate() {
 }
 
 void EditController::onEngineState(EngineConnection::State state) {
+  if (state == EngineConnection::State::Reconnecting && !template_dirty_) {
+    // Template ids do not survive an engine restart: upload the image again once it is back.
+    template_dirty_ = true;
+    template_ = TemplateStatus{};
+    template_poll_.stop();
+    emit templateStateChanged(templateStateText());
+  }
   if (state == EngineConnection::State::Connected && template_dirty_ && template_tag_ == 0) uploadTemplate();
 }
 
@@ -91,6 +98,7 @@ void EditController::onTemplateRegistered(quint64 tag, const TemplateStatus& sta
   template_tag_ = 0;
   template_dirty_ = false;
   template_ = status;
+  ++template_epoch_;
   if (status.state != INFILL_TEMPLATE_PREPARED) template_poll_.start();
   emit templateStateChanged(templateStateText());
   if (generate_waiting_) {
@@ -118,6 +126,7 @@ void EditController::onTemplateStatus(const TemplateStatus& status) {
 EditSubmission EditController::baseSubmission(quint64 seed) const {
   EditSubmission s;
   s.template_id = template_.id;
+  s.model = params_.model_id;
   s.mask = mask_->mask();
   s.prompt = params_.prompt;
   s.seed = seed;
@@ -143,6 +152,7 @@ bool EditController::generate() {
     emit message(tr("The engine is not connected: %1").arg(engine_->stateMessage()), true);
     return false;
   }
+  template_retried_ = false;
   if (template_dirty_ || template_tag_ != 0) {
     generate_waiting_ = true;
     if (template_tag_ == 0) uploadTemplate();
@@ -164,6 +174,7 @@ bool EditController::submitBatch() {
     p.result.mask = mask_->mask();
     p.result.prompt = params_.prompt;
     p.result.seed = seed;
+    p.template_epoch = template_epoch_;
     p.clock.start();
     batch_.insert(tag);
   }
@@ -216,6 +227,7 @@ void EditController::submitLive() {
   p.result.prompt = s.prompt;
   p.result.seed = s.seed;
   p.live = true;
+  p.template_epoch = template_epoch_;
   p.clock.start();
   ++live_stats_.submitted;
 }
@@ -276,6 +288,12 @@ void EditController::onFinished(quint64 tag, const EditOutcome& outcome) {
   if (it == pending_.end()) return;
   Pending p = it->second;
   finishTag(tag);
+  if (outcome.error_code == INFILL_ERROR_ENGINE_LOST && !template_dirty_ && p.template_epoch == template_epoch_) {
+    // The engine went away or restarted: it may have forgotten the image too (unless the
+    // image was uploaded again since this edit was submitted, e.g. after a reconnect).
+    template_dirty_ = true;
+    if (engine_->state() == EngineConnection::State::Connected && template_tag_ == 0) uploadTemplate();
+  }
   GenerationResult r = p.result;
   r.image = outcome.result;
   r.engine_ms = outcome.engine_ms;
@@ -301,6 +319,8 @@ void EditController::onFinished(quint64 tag, const EditOutcome& outcome) {
     emit message(tr("Variation seed %1 done in %2 ms").arg(r.seed).arg(qRound(r.latency_ms)), false);
   } else if (outcome.state == INFILL_JOB_CANCELLED) {
     emit message(tr("Cancelled"), false);
+  } else if (outcome.error_code == INFILL_ERROR_ENGINE_LOST) {
+    emit message(tr("Edit lost: the engine went away while it ran; Generate again once it is back (%1)").arg(outcome.error), true);
   } else {
     emit message(tr("Edit failed: %1").arg(outcome.error), true);
   }
@@ -310,11 +330,22 @@ void EditController::onRejected(quint64 tag, const QString& text) {
   auto it = pending_.find(tag);
   if (it == pending_.end()) return;
   const bool live = it->second.live;
+  const bool in_batch = batch_.count(tag) > 0;
   finishTag(tag);
   if (text.contains(QLatin1String("not_found"))) {
     // The engine evicted the template (or restarted): upload it again for the next edit.
     template_dirty_ = true;
     template_ = TemplateStatus{};
+    if (in_batch && !template_retried_) {
+      // Once per Generate: upload again and submit the batch anew (its other variations were
+      // refused for the same reason).
+      template_retried_ = true;
+      for (quint64 t : std::set<quint64>(batch_)) finishTag(t);
+      generate_waiting_ = true;
+      if (template_tag_ == 0) uploadTemplate();
+      emit message(tr("The engine no longer knows the image (it restarted?); uploading it again..."), false);
+      return;
+    }
   }
   emit message((live ? tr("Live edit refused: %1") : tr("Edit refused: %1")).arg(text), true);
 }

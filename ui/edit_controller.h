@@ -26,6 +26,7 @@ struct GenerationParams {
   double guidance = 0.0;     ///< 0 = the model's default
   int variations = 1;        ///< edits per Generate, seeds seed, seed + 1, ...
   double feather_px = 4.0;
+  QString model_id;          ///< the engine's model to use; "" = its default
 };
 
 /// One finished variation.
@@ -98,6 +99,7 @@ class EditController : public QObject {
     QElapsedTimer clock;
     int steps_done = 0, steps_total = 0;
     bool live = false;
+    quint64 template_epoch = 0;  // template_epoch_ when it was submitted
   };
   void uploadTemplate();
   void onEngineState(EngineConnection::State state);
@@ -124,6 +126,8 @@ class EditController : public QObject {
   quint64 template_tag_ = 0;  // upload in flight
   bool template_dirty_ = true;
   bool generate_waiting_ = false;  // Generate pressed while the upload runs
+  bool template_retried_ = false;  // this Generate already uploaded the image again once
+  quint64 template_epoch_ = 0;     // counts registrations of the image with the engine
   GenerationParams params_;
 
   std::map<quint64, Pending> pending_;  // every edit in flight, by tag

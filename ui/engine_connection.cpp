@@ -34,6 +34,49 @@ QImage decode_png(const void* data, size_t size) {
   return image.isNull() ? image : image.convertToFormat(QImage::Format_RGBA8888);
 }
 
+struct ProbeOutcome {
+  QString failure;           // "" = ready, models filled
+  bool unreachable = false;  // nothing answered (connection error)
+  QList<ModelDescription> models;
+};
+
+// Asks the engine for its health and models, on a pool thread. With `wait` (or an engine that
+// answers but is still loading) waits for readiness up to `ready_timeout_ms`, in short
+// slices, so that `still_wanted()` turning false (a reconnect, the window closing, a started
+// engine dying) ends the wait at once.
+ProbeOutcome probe_engine(client::Client& c, bool wait, int ready_timeout_ms, const std::function<bool()>& still_wanted) {
+  ProbeOutcome out;
+  try {
+    client::Health h = wait ? client::Health{} : c.health();
+    if (wait || !h.ready) {
+      QElapsedTimer clock;
+      clock.start();
+      for (;;) {
+        try {
+          c.wait_ready(250);
+          break;
+        } catch (const client::Error&) {
+          if (!still_wanted() || clock.elapsed() >= ready_timeout_ms) throw;
+        }
+      }
+    }
+    for (const client::ModelInfo& m : c.models()) {
+      ModelDescription d;
+      d.id = q(m.id);
+      d.name = q(m.name);
+      d.description = q(m.description);
+      d.default_steps = static_cast<int>(m.default_steps);
+      d.default_guidance = m.default_guidance;
+      for (const std::string& w : m.vocabulary) d.vocabulary << q(w);
+      out.models << d;
+    }
+  } catch (const client::Error& e) {
+    out.unreachable = e.code() == INFILL_ERROR_CONNECTION;
+    out.failure = describe(e);
+  }
+  return out;
+}
+
 }  // namespace
 
 EngineConnection::EngineConnection(QObject* parent) : QObject(parent) {
@@ -42,13 +85,21 @@ EngineConnection::EngineConnection(QObject* parent) : QObject(parent) {
   // One thread: network calls keep their order (a cancel never overtakes its submit) and
   // jobs_ needs no lock.
   pool_.setMaxThreadCount(1);
+  watch_pool_.setMaxThreadCount(1);
+  reconnect_timer_.setSingleShot(true);
+  connect(&reconnect_timer_, &QTimer::timeout, this, [this] { attemptReconnect(false); });
+  connect(&health_timer_, &QTimer::timeout, this, &EngineConnection::checkHealth);
 }
 
 EngineConnection::~EngineConnection() {
   // Tasks reference `this`; the client must outlive them, and its destruction runs the
   // last on_done callbacks, which post (harmlessly) to this object while it still exists.
   ++generation_;
+  ++attempt_;
+  reconnect_timer_.stop();
+  health_timer_.stop();
   pool_.waitForDone();
+  watch_pool_.waitForDone();
   jobs_.clear();
   client_.reset();
   stopLocalEngine();
@@ -57,7 +108,16 @@ EngineConnection::~EngineConnection() {
 void EngineConnection::setState(State state, const QString& message) {
   state_ = state;
   state_message_ = message;
+  if (state == State::Connected && options_.health_interval_ms > 0) {
+    health_timer_.start(options_.health_interval_ms);
+  } else if (state != State::Connected) {
+    health_timer_.stop();
+  }
   emit stateChanged(state, message);
+}
+
+qint64 EngineConnection::engineProcessId() const {
+  return process_ && process_->state() != QProcess::NotRunning ? process_->processId() : 0;
 }
 
 void EngineConnection::run(std::function<void(client::Client&)> task) {
@@ -69,16 +129,23 @@ void EngineConnection::run(std::function<void(client::Client&)> task) {
 void EngineConnection::connectToEngine(const EngineOptions& options) {
   options_ = options;
   // Answers still coming for the previous client are dropped by generation; no waiting here,
-  // so reconnecting never blocks the UI on a slow engine.
+  // so reconnecting never blocks the UI on a slow engine. A running reconnect loop ends here.
   ++generation_;
+  ++attempt_;
+  reconnect_timer_.stop();
+  reconnect_attempts_ = 0;
   pool_.start([this] { jobs_.clear(); });
   models_.clear();
+  const QString previous_endpoint = endpoint_;
   endpoint_ = options.endpoint;
   if (endpoint_.isEmpty()) {
     std::string buffer(infill_default_endpoint(nullptr, 0) + 1, '\0');
     infill_default_endpoint(buffer.data(), buffer.size());
     endpoint_ = QString::fromStdString(buffer.c_str());
   }
+  // The engine this connection started stays "ours" (restarted when it dies) only while the
+  // connection keeps its address.
+  auto_started_ = auto_started_ && process_ != nullptr && endpoint_ == previous_endpoint;
   client::ClientOptions o;
   o.endpoint = endpoint_.toStdString();
   o.token = options.token.toStdString();
@@ -98,53 +165,97 @@ void EngineConnection::probe(bool after_start) {
   const int generation = generation_;
   const int ready_timeout_ms = options_.ready_timeout_ms;
   run([this, generation, after_start, ready_timeout_ms](client::Client& c) {
-    QString failure;
-    bool unreachable = false;
-    QList<ModelDescription> models;
-    try {
-      client::Health h = after_start ? client::Health{} : c.health();
-      if (after_start || !h.ready) {
-        // Short waits, so that a failed engine start, a reconnect or the window closing
-        // stops this task at once instead of after the whole timeout.
-        QElapsedTimer clock;
-        clock.start();
-        for (;;) {
-          try {
-            c.wait_ready(250);
-            break;
-          } catch (const client::Error& e) {
-            if (generation != generation_ || clock.elapsed() >= ready_timeout_ms) throw;
-          }
-        }
-      }
-      for (const client::ModelInfo& m : c.models()) {
-        ModelDescription d;
-        d.id = q(m.id);
-        d.name = q(m.name);
-        d.description = q(m.description);
-        d.default_steps = static_cast<int>(m.default_steps);
-        d.default_guidance = m.default_guidance;
-        for (const std::string& w : m.vocabulary) d.vocabulary << q(w);
-        models << d;
-      }
-    } catch (const client::Error& e) {
-      unreachable = e.code() == INFILL_ERROR_CONNECTION;
-      failure = describe(e);
-    }
-    QMetaObject::invokeMethod(this, [this, generation, after_start, failure, unreachable, models] {
+    const ProbeOutcome r = probe_engine(c, after_start, ready_timeout_ms, [this, generation] { return generation == generation_; });
+    QMetaObject::invokeMethod(this, [this, generation, after_start, r] {
       if (generation != generation_) return;
-      if (failure.isEmpty()) {
-        models_ = models;
+      if (r.failure.isEmpty()) {
+        models_ = r.models;
         setState(State::Connected, tr("Connected to %1%2").arg(endpoint_, startedEngine() ? tr(" (started by the editor)") : QString()));
         return;
       }
-      if (unreachable && !after_start && options_.auto_start && endpoint_.startsWith(QLatin1String("unix:"))) {
+      if (r.unreachable && !after_start && options_.auto_start && endpoint_.startsWith(QLatin1String("unix:"))) {
         startLocalEngine();
         return;
       }
-      QString message = tr("Engine at %1 is not available: %2").arg(endpoint_, failure);
+      QString message = tr("Engine at %1 is not available: %2").arg(endpoint_, r.failure);
       if (after_start && !process_output_.isEmpty()) message += QStringLiteral("\n") + process_output_.right(800);
       setState(State::Failed, message);
+    }, Qt::QueuedConnection);
+  });
+}
+
+void EngineConnection::engineLost(const QString& why) {
+  if (state_ != State::Connected) return;  // already reconnecting, or not connected at all
+  if (!options_.auto_reconnect) {
+    setState(State::Failed, tr("Lost the engine at %1: %2 (Engine > Connect to reconnect)").arg(endpoint_, why));
+    return;
+  }
+  lost_reason_ = why;
+  reconnect_attempts_ = 0;
+  backoff_ms_ = std::max(1, options_.reconnect_initial_ms);
+  setState(State::Reconnecting, tr("Engine lost (%1); reconnecting...").arg(why));
+  reconnect_timer_.start(backoff_ms_);
+}
+
+void EngineConnection::scheduleReconnect(const QString& why) {
+  setState(State::Reconnecting, tr("Engine lost; reconnecting in %1 s (attempt %2: %3)")
+                                    .arg(backoff_ms_ / 1000.0, 0, 'f', 1).arg(reconnect_attempts_).arg(why));
+  reconnect_timer_.start(backoff_ms_);
+  backoff_ms_ = std::min(std::max(backoff_ms_, 1) * 2, std::max(options_.reconnect_max_ms, options_.reconnect_initial_ms));
+}
+
+void EngineConnection::attemptReconnect(bool after_restart) {
+  if (state_ != State::Reconnecting || !client_) return;
+  if (!after_restart) ++reconnect_attempts_;
+  const int generation = generation_;
+  const int attempt = ++attempt_;
+  const int ready_timeout_ms = options_.ready_timeout_ms;
+  std::shared_ptr<client::Client> c = client_;
+  watch_pool_.start([this, c, generation, attempt, after_restart, ready_timeout_ms] {
+    const ProbeOutcome r = probe_engine(*c, after_restart, ready_timeout_ms,
+                                        [this, generation, attempt] { return generation == generation_ && attempt == attempt_; });
+    QMetaObject::invokeMethod(this, [this, generation, attempt, after_restart, r] {
+      if (generation != generation_ || attempt != attempt_ || state_ != State::Reconnecting) return;
+      if (r.failure.isEmpty()) {
+        models_ = r.models;
+        reconnect_timer_.stop();
+        setState(State::Connected, tr("Reconnected to %1%2 after losing it (%3)")
+                                       .arg(endpoint_, after_restart ? tr(" (restarted by the editor)") : QString(), lost_reason_));
+        return;
+      }
+      // Nothing answers and the engine this connection started is gone: start it again.
+      const bool ours_dead = auto_started_ && (!process_ || process_->state() == QProcess::NotRunning);
+      if (r.unreachable && !after_restart && ours_dead) {
+        if (launchEngineProcess()) {
+          setState(State::Reconnecting, tr("Engine lost; restarting the local engine (attempt %1)").arg(reconnect_attempts_));
+          attemptReconnect(true);
+          return;
+        }
+      }
+      QString why = r.failure;
+      if (after_restart && !process_output_.isEmpty()) why += QStringLiteral("\n") + process_output_.right(800);
+      scheduleReconnect(why);
+    }, Qt::QueuedConnection);
+  });
+}
+
+void EngineConnection::checkHealth() {
+  if (state_ != State::Connected || !client_ || health_running_.exchange(true)) return;
+  const int generation = generation_;
+  std::shared_ptr<client::Client> c = client_;
+  watch_pool_.start([this, c, generation] {
+    QString lost;
+    try {
+      // An engine that answers but is loading was restarted behind our back: its templates
+      // are gone, so it counts as lost too (the loop waits for it to be ready).
+      if (!c->health().ready) lost = tr("the engine is restarting");
+    } catch (const client::Error& e) {
+      if (e.code() == INFILL_ERROR_CONNECTION) lost = describe(e);
+    }
+    health_running_ = false;
+    if (lost.isEmpty()) return;
+    QMetaObject::invokeMethod(this, [this, generation, lost] {
+      if (generation == generation_) engineLost(lost);
     }, Qt::QueuedConnection);
   });
 }
@@ -156,13 +267,9 @@ QString EngineConnection::findEngineProgram() const {
   return QStandardPaths::findExecutable(QStringLiteral("infill-engine"));
 }
 
-void EngineConnection::startLocalEngine() {
+bool EngineConnection::launchEngineProcess() {
   const QString program = findEngineProgram();
-  if (program.isEmpty()) {
-    setState(State::Failed, tr("No engine answers at %1 and infill-engine was not found next to the editor or on PATH")
-                                .arg(endpoint_));
-    return;
-  }
+  if (program.isEmpty()) return false;
   stopLocalEngine();
   process_output_.clear();
   process_ = new QProcess(this);
@@ -176,18 +283,38 @@ void EngineConnection::startLocalEngine() {
     if (state_ == State::StartingEngine) {
       ++generation_;
       setState(State::Failed, tr("Cannot start %1: %2").arg(program, process_ ? process_->errorString() : QString()));
+    } else if (state_ == State::Reconnecting) {
+      ++attempt_;  // the attempt waiting for it gives up; the loop goes on
+      scheduleReconnect(tr("cannot start %1: %2").arg(program, process_ ? process_->errorString() : QString()));
     }
   });
-  connect(process_, &QProcess::finished, this, [this](int code, QProcess::ExitStatus) {
-    if (state_ == State::StartingEngine || state_ == State::Connected) {
+  connect(process_, &QProcess::finished, this, [this](int code, QProcess::ExitStatus status) {
+    const QString why = status == QProcess::CrashExit ? tr("the engine started by the editor was killed or crashed")
+                                                      : tr("the engine started by the editor exited with code %1").arg(code);
+    if (state_ == State::StartingEngine) {
       ++generation_;
-      setState(State::Failed, tr("The engine started by the editor exited with code %1\n%2").arg(code).arg(process_output_.right(800)));
+      setState(State::Failed, why + QStringLiteral("\n") + process_output_.right(800));
+    } else if (state_ == State::Connected) {
+      engineLost(why);
+    } else if (state_ == State::Reconnecting && reconnect_timer_.isActive() == false) {
+      ++attempt_;  // a restarted engine died while the loop waited for it
+      scheduleReconnect(why + QStringLiteral("\n") + process_output_.right(800));
     }
   });
   QStringList args;
   args << QStringLiteral("--socket") << endpoint_.mid(5) << options_.engine_arguments;
-  setState(State::StartingEngine, tr("Starting %1").arg(program));
   process_->start(program, args);
+  auto_started_ = true;
+  return true;
+}
+
+void EngineConnection::startLocalEngine() {
+  setState(State::StartingEngine, tr("Starting %1").arg(findEngineProgram()));
+  if (!launchEngineProcess()) {
+    setState(State::Failed, tr("No engine answers at %1 and infill-engine was not found next to the editor or on PATH")
+                                .arg(endpoint_));
+    return;
+  }
   probe(true);
 }
 
@@ -218,15 +345,18 @@ quint64 EngineConnection::registerTemplate(const QString& path, const QByteArray
   run([this, tag, generation, path, encoded, name](client::Client& c) {
     TemplateStatus status;
     QString failure;
+    bool lost = false;
     try {
       status = to_status(path.isEmpty() ? c.upload_template(std::string_view(encoded.constData(), static_cast<size_t>(encoded.size())),
                                                             name.toStdString())
                                         : c.upload_template_file(path.toStdString()));
     } catch (const client::Error& e) {
       failure = describe(e);
+      lost = e.code() == INFILL_ERROR_CONNECTION;
     }
-    QMetaObject::invokeMethod(this, [this, tag, generation, status, failure] {
+    QMetaObject::invokeMethod(this, [this, tag, generation, status, failure, lost] {
       if (generation != generation_) return;
+      if (lost) engineLost(failure);
       if (failure.isEmpty()) emit templateRegistered(tag, status);
       else emit templateFailed(tag, failure);
     }, Qt::QueuedConnection);
@@ -242,8 +372,14 @@ void EngineConnection::refreshTemplate(const QString& template_id) {
       QMetaObject::invokeMethod(this, [this, generation, status] {
         if (generation == generation_) emit templateStatus(status);
       }, Qt::QueuedConnection);
-    } catch (const client::Error&) {
-      // A missed poll is retried by the next one; a lost engine shows up on the next edit.
+    } catch (const client::Error& e) {
+      // A missed poll is retried by the next one; a lost engine starts the reconnect loop.
+      if (e.code() == INFILL_ERROR_CONNECTION) {
+        const QString why = describe(e);
+        QMetaObject::invokeMethod(this, [this, generation, why] {
+          if (generation == generation_) engineLost(why);
+        }, Qt::QueuedConnection);
+      }
     }
   });
 }
@@ -261,6 +397,7 @@ quint64 EngineConnection::submitEdit(const EditSubmission& edit) {
                                                                          : edit.mask.convertToFormat(QImage::Format_Grayscale8);
     client::EditRequest r;
     r.template_id = edit.template_id.toStdString();
+    r.model = edit.model.toStdString();
     r.mask_pixels = mask.constBits();
     r.mask_width = static_cast<uint32_t>(mask.width());
     r.mask_height = static_cast<uint32_t>(mask.height());
@@ -304,8 +441,12 @@ quint64 EngineConnection::submitEdit(const EditSubmission& edit) {
         }
       } else if (d.error) {
         out.error = describe(*d.error);
+        out.error_code = d.error->code();
       }
       QMetaObject::invokeMethod(this, [this, tag, out] {
+        // The SDK gave the edit up: the engine went away, or restarted and forgot the edit
+        // (and is back already). A health check tells the two apart.
+        if (out.error_code == INFILL_ERROR_ENGINE_LOST) checkHealth();
         emit editFinished(tag, out);
         pool_.start([this, tag] { jobs_.erase(tag); });
       }, Qt::QueuedConnection);
@@ -319,7 +460,11 @@ quint64 EngineConnection::submitEdit(const EditSubmission& edit) {
       }, Qt::QueuedConnection);
     } catch (const client::Error& e) {
       const QString why = describe(e);
-      QMetaObject::invokeMethod(this, [this, tag, why] { emit editRejected(tag, why); }, Qt::QueuedConnection);
+      const bool lost = e.code() == INFILL_ERROR_CONNECTION;
+      QMetaObject::invokeMethod(this, [this, tag, why, lost, generation] {
+        if (lost && generation == generation_) engineLost(why);
+        emit editRejected(tag, why);
+      }, Qt::QueuedConnection);
     }
   });
   return tag;

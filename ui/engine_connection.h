@@ -10,6 +10,7 @@
 #include <QString>
 #include <QStringList>
 #include <QThreadPool>
+#include <QTimer>
 
 #include <atomic>
 #include <map>
@@ -34,6 +35,15 @@ struct EngineOptions {
   QStringList engine_arguments;
   /// How long a started (or loading) engine may take to become ready.
   int ready_timeout_ms = 60000;
+  /// When a connected engine goes away (its event stream or a call fails with a connection
+  /// error, a health check fails, the engine the editor started exits): reconnect on its own,
+  /// waiting reconnect_initial_ms, doubling up to reconnect_max_ms between attempts, and
+  /// start the local engine again when this connection had started it.
+  bool auto_reconnect = true;
+  int reconnect_initial_ms = 500;
+  int reconnect_max_ms = 5000;
+  /// A connected engine's /health is checked this often (off the GUI thread); 0 = never.
+  int health_interval_ms = 1000;
 };
 
 /// One model the engine serves.
@@ -55,6 +65,7 @@ struct TemplateStatus {
 /// One edit to submit. The mask is copied (implicitly shared) and read on a worker thread.
 struct EditSubmission {
   QString template_id;
+  QString model;  ///< a ModelDescription id; "" = the engine's default model
   QImage mask;  ///< Grayscale8, the template's size
   QString prompt;
   quint64 seed = 0;
@@ -74,6 +85,8 @@ struct EditOutcome {
   infill_job_state state = INFILL_JOB_FAILED;
   QImage result;  ///< DONE: the template's size, RGBA8888
   QString error;  ///< otherwise: why
+  /// Otherwise: the SDK's code (INFILL_ERROR_ENGINE_LOST: the engine went away meanwhile).
+  infill_error_code error_code = INFILL_ERROR_INTERNAL;
   double engine_ms = 0;
   int steps_run = 0;
 };
@@ -84,12 +97,21 @@ struct EditOutcome {
 /// network (health, upload, submit, cancel) run on a private one-thread pool, so the UI
 /// never blocks on the engine and those calls keep their order; the SDK's callbacks (its
 /// own thread) only decode images and post to the GUI thread with queued invocations. The
-/// job handles live in `jobs_`, touched only by tasks on that pool.
+/// job handles live in `jobs_`, touched only by tasks on that pool. Health checks and
+/// reconnect attempts run on a second one-thread pool, so that they are not queued behind an
+/// upload and never wait on the GUI thread.
+///
+/// Losing the engine: a Connected engine that stops answering (a call or an edit fails with a
+/// connection / engine-lost error, a health check fails or finds it loading, the engine the
+/// connection started exits) moves to Reconnecting, and attempts follow with backoff until it
+/// answers again (Connected: the controller then uploads its template again, since template
+/// ids do not survive an engine restart). Edits in flight end through the SDK (engine_lost).
+/// connectToEngine() stops the loop and starts over.
 class EngineConnection : public QObject {
   Q_OBJECT
 
  public:
-  enum class State { Disconnected, Connecting, StartingEngine, Connected, Failed };
+  enum class State { Disconnected, Connecting, StartingEngine, Connected, Failed, Reconnecting };
   Q_ENUM(State)
 
   explicit EngineConnection(QObject* parent = nullptr);
@@ -103,6 +125,10 @@ class EngineConnection : public QObject {
   const QList<ModelDescription>& models() const { return models_; }
   /// True when this connection started the engine it talks to.
   bool startedEngine() const { return process_ != nullptr; }
+  /// The process id of the engine this connection started (0 when none runs).
+  qint64 engineProcessId() const;
+  /// Reconnect attempts since the engine was last lost.
+  int reconnectAttempts() const { return reconnect_attempts_; }
 
   /// Uploads a template: the file itself when `path` is given (the engine decodes it with
   /// its own OpenImageIO), else `encoded` (e.g. a PNG). Returns a tag that
@@ -130,7 +156,14 @@ class EngineConnection : public QObject {
  private:
   void setState(State state, const QString& message);
   void probe(bool after_start);
+  /// Starts the local engine process (the socket of endpoint_); false when the program is missing.
+  bool launchEngineProcess();
   void startLocalEngine();
+  /// The engine went away while Connected: starts the reconnect loop (or fails without it).
+  void engineLost(const QString& why);
+  void attemptReconnect(bool after_restart);
+  void scheduleReconnect(const QString& why);
+  void checkHealth();
   void stopLocalEngine();
   QString findEngineProgram() const;
   /// Runs `task` on the pool with the current client.
@@ -150,6 +183,17 @@ class EngineConnection : public QObject {
   std::map<quint64, std::shared_ptr<client::Job>> jobs_;  // pool thread only
   QProcess* process_ = nullptr;
   QString process_output_;
+  bool auto_started_ = false;  // this connection started its engine: start it again if it dies
+
+  QThreadPool watch_pool_;     // health checks and reconnect attempts
+  QTimer health_timer_;        // while Connected
+  std::atomic<bool> health_running_{false};
+  QTimer reconnect_timer_;     // single shot: the next attempt
+  int backoff_ms_ = 0;
+  int reconnect_attempts_ = 0;
+  QString lost_reason_;
+  // Bumps per reconnect attempt: a task waiting for a restarted engine gives up when it changes.
+  std::atomic<int> attempt_{0};
 };
 
 }  // namespace infill::ui

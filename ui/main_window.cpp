@@ -438,10 +438,16 @@ void MainWindow::onEngineState(EngineConnection::State state, const QString& mes
     case EngineConnection::State::StartingEngine: short_state = tr("Engine: starting..."); break;
     case EngineConnection::State::Connected: short_state = tr("Engine: connected"); break;
     case EngineConnection::State::Failed: short_state = tr("Engine: unavailable"); break;
+    case EngineConnection::State::Reconnecting: short_state = tr("Engine lost, reconnecting..."); break;
   }
   engine_label_->setText(short_state);
   engine_label_->setToolTip(message);
-  engine_label_->setStyleSheet(state == EngineConnection::State::Failed ? QStringLiteral("color: #e04050;") : QString());
+  engine_label_->setStyleSheet(state == EngineConnection::State::Failed         ? QStringLiteral("color: #e04050;")
+                               : state == EngineConnection::State::Reconnecting ? QStringLiteral("color: #d08020;")
+                                                                                : QString());
+  // Losing the engine is said once, in the status line; the attempts update the label's tooltip.
+  if (state == EngineConnection::State::Reconnecting && engine_->reconnectAttempts() == 0) showMessage(message, true);
+  if (state == EngineConnection::State::Connected && engine_->reconnectAttempts() > 0) showMessage(message, false);
   if (state == EngineConnection::State::Connected) {
     params_->setModels(engine_->models());
     controller_->setParameters(params_->params());

@@ -126,6 +126,7 @@ ParametersPanel::ParametersPanel(QWidget* parent) : QWidget(parent) {
   connect(model_, qOverload<int>(&QComboBox::currentIndexChanged), this, [this](int i) {
     if (i < 0 || i >= models_.size()) return;
     const ModelDescription& m = models_[i];
+    model_->setToolTip(m.description);
     setVocabulary(m.vocabulary);
     if (m.default_steps > 0) steps_->setValue(m.default_steps);
     if (m.default_guidance >= 1.0) guidance_->setValue(m.default_guidance);
@@ -134,6 +135,12 @@ ParametersPanel::ParametersPanel(QWidget* parent) : QWidget(parent) {
 }
 
 void ParametersPanel::setModels(const QList<ModelDescription>& models) {
+  // A reconnect lists the models again: keep the user's choice when the engine still has it
+  // (and then keep the user's steps and guidance too).
+  const QString previous = selectedModelId();
+  int keep = -1;
+  for (int i = 0; i < models.size(); ++i)
+    if (models[i].id == previous) keep = i;
   models_ = models;
   QSignalBlocker block(model_);
   model_->clear();
@@ -141,7 +148,11 @@ void ParametersPanel::setModels(const QList<ModelDescription>& models) {
   const bool several = models.size() > 1;
   model_->setVisible(several);
   model_label_->setVisible(several);
-  if (!models.isEmpty()) {
+  if (keep >= 0) {
+    model_->setCurrentIndex(keep);
+    model_->setToolTip(models[keep].description);
+    setVocabulary(models[keep].vocabulary);
+  } else if (!models.isEmpty()) {
     model_->setCurrentIndex(0);
     const ModelDescription& m = models.front();
     model_->setToolTip(m.description);
@@ -164,10 +175,18 @@ QStringList ParametersPanel::invalidWords() const { return invalid_prompt_words(
 
 QString ParametersPanel::selectedModelId() const { return model_->currentData().toString(); }
 
+bool ParametersPanel::selectModel(const QString& id) {
+  const int i = model_->findData(id);
+  if (i < 0) return false;
+  model_->setCurrentIndex(i);  // emits paramsChanged (through currentIndexChanged) when it changes
+  return true;
+}
+
 GenerationParams ParametersPanel::params() const {
   GenerationParams p;
   p.prompt = prompt_words(prompt_->text()).join(QLatin1Char(' '));
   p.seed = static_cast<quint64>(seed_->value());
+  p.model_id = selectedModelId();
   p.random_seed = random_seed_->isChecked();
   p.steps = steps_->value();
   p.strength = strength_->value();

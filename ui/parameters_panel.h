@@ -40,7 +40,10 @@ class ParametersPanel : public QWidget {
   GenerationParams params() const;
   /// Words the model does not know; empty when the prompt can be submitted.
   QStringList invalidWords() const;
+  /// The id of the model edits should use ("" before the engine listed its models).
   QString selectedModelId() const;
+  /// Selects the model with `id` (its defaults follow); false when the engine has none such.
+  bool selectModel(const QString& id);
 
   QLineEdit* promptEdit() const { return prompt_; }
   /// The seed actually used by a random-seed Generate, shown for reuse.
