@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <iostream>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -56,8 +57,27 @@ at::Tensor blob_tokens(int grid, int64_t count) {
 
 }  // namespace
 
-int main() {
-  infill::set_compute_threads(0);
+// Offers only fetch(), never the fp16 slabs: the mask-aware path as it was before attention
+// read the cache directly (a float copy of all K/V rows per block), timed for comparison.
+class FloatCopyKvSource final : public infill::KvSource {
+ public:
+  explicit FloatCopyKvSource(infill::KvSource& inner) : inner_(inner) {}
+  void fetch(int block, at::Tensor& k, at::Tensor& v) override { inner_.fetch(block, k, v); }
+
+ private:
+  infill::KvSource& inner_;
+};
+
+int main(int argc, char** argv) {
+  // --threads N (default: one per hardware thread); --profile-masked RATIO runs only masked
+  // steps at that ratio for about 20 s (for perf record) and prints their median.
+  int threads = 0;
+  double profile_ratio = 0.0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string(argv[i]) == "--threads") threads = std::stoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--profile-masked") profile_ratio = std::stod(argv[i + 1]);
+  }
+  infill::set_compute_threads(threads);
   c10::InferenceMode guard;
   infill::DitConfig cfg;
   cfg.weights = "(random)";
@@ -83,6 +103,7 @@ int main() {
   auto entry = std::make_shared<infill::ActivationEntry>(infill::ActivationLayout{1, cfg.depth, tokens, cfg.hidden_size});
   infill::EntryKvSink sink(*entry, 0);
   infill::EntryKvSource source(entry, 0);
+  FloatCopyKvSource float_copy_source(source);
 
   auto full_step = [&](infill::KvSink* record) {
     infill::DitSegment seg;
@@ -101,33 +122,52 @@ int main() {
   // neighbours) affects both sides of each ratio alike.
   nlohmann::json result_rows = nlohmann::json::array();
   const int rounds = 4;
-  for (double m : {0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0}) {
+  const std::vector<double> ratios =
+      profile_ratio > 0 ? std::vector<double>{profile_ratio} : std::vector<double>{0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0};
+  for (double m : ratios) {
     const int64_t count = std::max<int64_t>(1, std::llround(m * tokens));
     const at::Tensor ids = blob_tokens(grid, count);
     const at::Tensor masked_rows = rows.index_select(0, ids);
-    auto masked_step = [&] {
+    auto masked_step_from = [&](infill::KvSource* kv) {
       infill::DitSegment seg;
       seg.tokens = masked_rows;
       seg.token_ids = ids;
       seg.grid_h = seg.grid_w = grid;
       seg.cond = seg.null_cond = cond;
-      seg.kv = &source;
+      seg.kv = kv;
       infill::DitSegment segs[] = {seg};
       return dit.forward(segs);
     };
+    auto masked_step = [&] { masked_step_from(&source); };
+    auto masked_copy_step = [&] { masked_step_from(&float_copy_source); };
+    if (profile_ratio > 0) {
+      std::vector<double> samples;
+      const auto start = std::chrono::steady_clock::now();
+      while (std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) samples.push_back(time_ms(masked_step));
+      std::cout << nlohmann::json({{"profile_masked", m}, {"steps", samples.size()}, {"masked_ms", median(samples)}})
+                << std::endl;
+      return 0;
+    }
     const int masked_per_round = m <= 0.2 ? 5 : 2;
     masked_step();  // warm-up
-    std::vector<double> full_samples, masked_samples;
+    masked_copy_step();
+    std::vector<double> full_samples, masked_samples, copy_samples;
     for (int round = 0; round < rounds; ++round) {
       full_samples.push_back(time_ms([&] { full_step(nullptr); }));
-      for (int i = 0; i < masked_per_round; ++i) masked_samples.push_back(time_ms(masked_step));
+      for (int i = 0; i < masked_per_round; ++i) {
+        masked_samples.push_back(time_ms(masked_step));
+        copy_samples.push_back(time_ms(masked_copy_step));
+      }
     }
     const double full_ms = median(full_samples), masked_ms = median(masked_samples);
+    const double copy_ms = median(copy_samples);
     result_rows.push_back({{"mask_ratio", m},
                            {"masked_tokens", count},
                            {"full_ms", full_ms},
                            {"masked_ms", masked_ms},
                            {"speedup", full_ms / masked_ms},
+                           {"masked_float_copy_ms", copy_ms},
+                           {"speedup_float_copy", full_ms / copy_ms},
                            {"full_repeats", full_samples.size()},
                            {"masked_repeats", masked_samples.size()}});
   }
@@ -151,7 +191,9 @@ int main() {
         {"tokens", tokens},
         {"weights", "random"},
         {"measure", "median per-step DiT forward latency; full path = all tokens, fresh K/V; masked = masked "
-                    "tokens only, cached fp16 K/V from RAM"},
+                    "tokens only, cached fp16 K/V from RAM read by the attention directly; masked_float_copy = "
+                    "the same with the cached K/V first copied to float32 per block (the previous path)"},
+        {"threads", at::get_num_threads()},
         {"timing", "full and masked steps interleaved per ratio; medians"}}},
       {"rows", result_rows},
       {"attention",

@@ -43,4 +43,16 @@ CpuIsa best_cpu_isa();
 at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             int64_t heads, double scale, CpuIsa isa);
 
+/// masked_attention where K and V are the activation cache's fp16 slabs (`k_cache`,
+/// `v_cache`: [keys, heads * d] IEEE binary16, row-major, valid for the call) except for the
+/// rows `fresh_ids` (int64 [R], distinct, in [0, keys)), which are taken from `fresh_k` and
+/// `fresh_v` ([R, heads * d] float32, rows may be strided). The result equals masked_attention
+/// over float copies of the slabs with the fresh rows scattered in (fp16 -> float is exact),
+/// but the slabs are converted while K and V are packed, so no float copy of the whole cache
+/// is written and read again on every block of a mask-aware step.
+at::Tensor masked_attention_over_cache(const at::Tensor& q, const uint16_t* k_cache, const uint16_t* v_cache,
+                                       int64_t keys, const at::Tensor& fresh_ids, const at::Tensor& fresh_k,
+                                       const at::Tensor& fresh_v, int64_t heads, double scale,
+                                       CpuIsa isa = CpuIsa::kAuto);
+
 }  // namespace infill::kernels

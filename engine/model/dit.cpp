@@ -375,6 +375,9 @@ at::Tensor Dit::forward(std::span<DitSegment> segments) const {
         // Every token is fresh: no cached rows to read.
         if (s.full && s.seg->sink != nullptr) s.seg->sink->store(b, k, v);
         out = kernels::masked_attention(q, k, v, cfg.num_heads, scale);
+      } else if (const uint16_t *k_half = nullptr, *v_half = nullptr;
+                 q.device().is_cpu() && s.seg->kv->fp16_slabs(b, &k_half, &v_half)) {
+        out = kernels::masked_attention_over_cache(q, k_half, v_half, L, s.ids, k, v, cfg.num_heads, scale);
       } else {
         if (!s.k_buf.defined()) {
           s.k_buf = at::empty({L, H}, at::kFloat);

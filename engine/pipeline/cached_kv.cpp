@@ -21,6 +21,12 @@ void EntryKvSource::fetch(int block, at::Tensor& k, at::Tensor& v) {
   fp16_slab_to_float(entry_->v(step_, block), v);
 }
 
+bool EntryKvSource::fp16_slabs(int block, const uint16_t** k, const uint16_t** v) {
+  *k = entry_->k(step_, block);
+  *v = entry_->v(step_, block);
+  return true;
+}
+
 void EntryKvSink::store(int block, const at::Tensor& k, const at::Tensor& v) {
   float_to_fp16_slab(k, entry_.k(step_, block));
   float_to_fp16_slab(v, entry_.v(step_, block));
@@ -37,6 +43,10 @@ void RepeatingKvSource::fetch(int block, at::Tensor& k, at::Tensor& v) {
   }
   k.copy_(k_);
   v.copy_(v_);
+}
+
+bool RepeatingKvSource::fp16_slabs(int block, const uint16_t** k, const uint16_t** v) {
+  return inner_->fp16_slabs(block, k, v);
 }
 
 }  // namespace infill

@@ -16,6 +16,7 @@ class EntryKvSource final : public KvSource {
   EntryKvSource(std::shared_ptr<const ActivationEntry> entry, int step) : entry_(std::move(entry)), step_(step) {}
   void set_step(int step) { step_ = step; }
   void fetch(int block, at::Tensor& k, at::Tensor& v) override;
+  bool fp16_slabs(int block, const uint16_t** k, const uint16_t** v) override;
 
  private:
   std::shared_ptr<const ActivationEntry> entry_;
@@ -43,6 +44,8 @@ class RepeatingKvSource final : public KvSource {
   /// Forgets the held block (call at every step: the same block ids come again).
   void reset() { block_ = -1; }
   void fetch(int block, at::Tensor& k, at::Tensor& v) override;
+  /// The inner source's slabs: reading them twice costs nothing, so nothing is held.
+  bool fp16_slabs(int block, const uint16_t** k, const uint16_t** v) override;
 
  private:
   KvSource* inner_;  // not owned

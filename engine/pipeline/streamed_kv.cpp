@@ -72,6 +72,15 @@ void StreamedKvSource::fetch(int block, at::Tensor& k, at::Tensor& v) {
   fp16_slab_to_float(v_slabs_[block].data(), v);
 }
 
+bool StreamedKvSource::fp16_slabs(int block, const uint16_t** k, const uint16_t** v) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return ready_below_ > block || next_block_ >= end_block_; });
+  if (!status_.ok()) return false;
+  *k = k_slabs_[block].data();
+  *v = v_slabs_[block].data();
+  return true;
+}
+
 Status StreamedKvSource::status() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return status_;

@@ -35,6 +35,8 @@ class StreamedKvSource final : public KvSource {
   /// of the previous step to finish first (their buffers are reused).
   void start_step(int step, int first_block);
   void fetch(int block, at::Tensor& k, at::Tensor& v) override;
+  /// Waits for the block like fetch; false after a read error (fetch then gives zeros).
+  bool fp16_slabs(int block, const uint16_t** k, const uint16_t** v) override;
 
   const ActivationLayout& layout() const { return layout_; }
   /// The first read error, or ok.

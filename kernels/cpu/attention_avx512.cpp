@@ -127,6 +127,40 @@ void pack_k_panel_avx512(const float* k, int64_t k_row_stride, int64_t keys, int
   }
 }
 
+void pack_k_panel_half_avx512(const uint16_t* k, int64_t k_row_stride, int64_t keys, int64_t d, float* panel) {
+  for (int64_t j0 = 0; j0 < kKeyPanel; j0 += 16) {
+    for (int64_t i = j0 + 16; i < std::min(j0 + 32, keys + 16); ++i) {
+      for (int64_t c0 = 0; c0 < d; c0 += 32) __builtin_prefetch(k + i * k_row_stride + c0);
+    }
+    for (int64_t c0 = 0; c0 < d; c0 += 16) {
+      const int cols = static_cast<int>(std::min<int64_t>(16, d - c0));
+      const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) {
+        r[i] = j0 + i < keys ? _mm512_mask_cvtph_ps(_mm512_setzero_ps(), 0xFFFF,
+                                                    _mm256_maskz_loadu_epi16(mask, k + (j0 + i) * k_row_stride + c0))
+                             : _mm512_setzero_ps();
+      }
+      transpose16(r);
+      for (int i = 0; i < cols; ++i) _mm512_storeu_ps(panel + (c0 + i) * kKeyPanel + j0, r[i]);
+    }
+  }
+}
+
+void convert_half_rows_avx512(const uint16_t* src, int64_t src_row_stride, int64_t rows, int64_t d, float* dst,
+                              int64_t dst_row_stride) {
+  for (int64_t j = 0; j < rows; ++j) {
+    const uint16_t* in = src + j * src_row_stride;
+    float* out = dst + j * dst_row_stride;
+    for (int64_t c0 = 0; c0 < d; c0 += 16) {
+      const int cols = static_cast<int>(std::min<int64_t>(16, d - c0));
+      const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+      _mm512_mask_storeu_ps(out + c0, mask,
+                            _mm512_mask_cvtph_ps(_mm512_setzero_ps(), 0xFFFF, _mm256_maskz_loadu_epi16(mask, in + c0)));
+    }
+  }
+}
+
 }  // namespace infill::kernels::cpu
 
 #pragma GCC diagnostic pop

@@ -83,4 +83,12 @@ void pack_k_panel_avx512(const float* k, int64_t k_row_stride, int64_t keys, int
 void pack_k_panel_scalar(const float* k, int64_t k_row_stride, int64_t keys, int64_t d,
                          float* panel);
 
+/// pack_k_panel from IEEE binary16 keys (the activation cache's fp16 slabs), converting on
+/// the way. AVX-512 only: other CPUs convert the slabs to float first (masked_attention.cpp).
+void pack_k_panel_half_avx512(const uint16_t* k, int64_t k_row_stride, int64_t keys, int64_t d, float* panel);
+
+/// dst[j * dst_row_stride + c] = float(src[j * src_row_stride + c]) for j < rows, c < d.
+void convert_half_rows_avx512(const uint16_t* src, int64_t src_row_stride, int64_t rows, int64_t d, float* dst,
+                              int64_t dst_row_stride);
+
 }  // namespace infill::kernels::cpu

@@ -110,6 +110,27 @@ class CaptureKv : public KvSink, public KvSource {
   }
 };
 
+// The cache as the activation store holds it: fp16 slabs. Offers them to the attention
+// directly unless `expose_slabs` is false, in which case the DiT takes the float-copy path.
+class HalfKv : public KvSink, public KvSource {
+ public:
+  bool expose_slabs = true;
+  std::map<int, std::pair<at::Tensor, at::Tensor>> kv;
+  void store(int block, const at::Tensor& k, const at::Tensor& v) override {
+    kv[block] = {k.to(at::kHalf).contiguous(), v.to(at::kHalf).contiguous()};
+  }
+  void fetch(int block, at::Tensor& k, at::Tensor& v) override {
+    k.copy_(kv.at(block).first);
+    v.copy_(kv.at(block).second);
+  }
+  bool fp16_slabs(int block, const uint16_t** k, const uint16_t** v) override {
+    if (!expose_slabs) return false;
+    *k = reinterpret_cast<const uint16_t*>(kv.at(block).first.data_ptr<at::Half>());
+    *v = reinterpret_cast<const uint16_t*>(kv.at(block).second.data_ptr<at::Half>());
+    return true;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("full DiT forward equals a plain-libtorch reference of the DiT maths", "[model][dit]") {
@@ -170,6 +191,42 @@ TEST_CASE("mask-aware forward with the cache of the same input equals the full f
     const double err = (rows - full_rows.index_select(0, ids)).abs().max().item<double>();
     INFO("masked tokens " << m << ", max abs error " << err);
     CHECK(err < 1e-4);
+  }
+}
+
+TEST_CASE("mask-aware forward reading fp16 slabs directly equals reading float copies of them", "[model][dit]") {
+  Fixture f;
+  const double t = 610.0;
+  HalfKv cache;
+  DitSegment full;
+  full.tokens = f.dit.patchify(f.input);
+  full.token_ids = at::arange(f.T, at::kLong);
+  full.grid_h = f.gh;
+  full.grid_w = f.gw;
+  full.cond = full.null_cond = f.dit.conditioning(t, at::Tensor());
+  full.full_blocks = f.cfg.depth;
+  full.sink = &cache;
+  DitSegment full_segs[] = {full};
+  f.dit.forward(full_segs);
+
+  for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{12}, f.T - 1}) {
+    at::Tensor ids = std::get<0>(at::sort(at::randperm(f.T, f.gen).narrow(0, 0, m)));
+    DitSegment masked;
+    masked.tokens = at::randn({m, full.tokens.size(1)}, f.gen);  // an edit: new content on the masked rows
+    masked.token_ids = ids;
+    masked.grid_h = f.gh;
+    masked.grid_w = f.gw;
+    masked.cond = f.dit.conditioning(t, f.prompt);
+    masked.null_cond = full.null_cond;
+    masked.kv = &cache;
+    DitSegment segs[] = {masked};
+    cache.expose_slabs = true;
+    const at::Tensor direct = f.dit.forward(segs);
+    cache.expose_slabs = false;
+    const at::Tensor copied = f.dit.forward(segs);
+    const double err = (direct - copied).abs().max().item<double>();
+    INFO("masked tokens " << m << ", max abs difference " << err);
+    CHECK(err < 1e-5);
   }
 }
 
