@@ -22,8 +22,13 @@ EditController::EditController(EngineConnection* engine, MaskDocument* mask, QOb
     : QObject(parent), engine_(engine), mask_(mask) {
   qRegisterMetaType<GenerationResult>();
   debounce_.setSingleShot(true);
-  debounce_.setInterval(300);
+  debounce_.setInterval(kDefaultLiveDebounceMs);
   connect(&debounce_, &QTimer::timeout, this, &EditController::submitLive);
+  // A new stroke began: the mask it leaves is the one worth an edit, so the wait restarts at
+  // its end instead of submitting now.
+  connect(mask_, &MaskDocument::maskChanged, this, [this] {
+    if (mask_->strokeActive()) debounce_.stop();
+  });
   // The template's preparation runs on the engine after the first edit; poll its state until
   // it is prepared, so the status bar can say when edits become fast.
   template_poll_.setInterval(1000);
@@ -209,6 +214,7 @@ void EditController::onMaskEdited() {
 
 void EditController::submitLive() {
   if (!live_ || image_.isNull() || mask_->isEmpty() || engine_->state() != EngineConnection::State::Connected) return;
+  if (mask_->strokeActive()) return;  // a half-painted mask; the stroke's end submits
   if (template_dirty_ || template_tag_ != 0) {
     // Submitted once the upload is done (onTemplateRegistered runs a Generate only for
     // explicit requests, so retry from here).
@@ -218,6 +224,10 @@ void EditController::submitLive() {
   }
   EditSubmission s = baseSubmission(params_.seed);
   s.edit_class = INFILL_CLASS_LIVE;
+  // A preview after every step, so the first comes one step after the edit starts rather than
+  // steps / 6 steps: in live mode that first sight of the region is what the painter waits
+  // for. A preview costs the engine a crop decode and a small PNG, a few ms.
+  s.preview_every_steps = 1;
   // The previous live edit is stale the moment the mask changed again: the engine cancels it
   // at its next step instead of finishing work nobody will look at.
   if (live_tag_ != 0 && pending_.count(live_tag_)) s.supersedes_tag = live_tag_;

@@ -42,11 +42,17 @@ struct GenerationResult {
 
 /// Runs on the GUI thread. Registers the image as a template, submits Generate batches
 /// (previews, progress with ETA, cancel) and, in live mode, one edit per finished mask edit
-/// (debounced), each superseding the previous one so only the last result is shown.
+/// (after a short debounce), each superseding the previous one so only the last result is shown.
 class EditController : public QObject {
   Q_OBJECT
 
  public:
+  /// Live mode's default wait between a finished mask edit and its submission. Short on
+  /// purpose: it only merges edits that land together (a double-click dab, a repeated
+  /// shortcut); slower strokes each get an edit and the engine's supersede drops the stale
+  /// one, so the painter's first preview is not held back by the wait.
+  static constexpr int kDefaultLiveDebounceMs = 50;
+
   EditController(EngineConnection* engine, MaskDocument* mask, QObject* parent = nullptr);
 
   /// The picture edits start from. `source_path` (optional) is uploaded as is; otherwise the
@@ -69,6 +75,8 @@ class EditController : public QObject {
 
   void setLiveMode(bool on);
   bool liveMode() const { return live_; }
+  /// The wait after a finished mask edit before live mode submits it; a stroke that begins
+  /// meanwhile cancels it (its own end starts the wait again).
   void setLiveDebounceMs(int ms) { debounce_.setInterval(ms); }
   int liveDebounceMs() const { return debounce_.interval(); }
 

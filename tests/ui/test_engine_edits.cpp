@@ -143,21 +143,33 @@ TEST_CASE("Live mode turns three quick strokes into superseded edits and one fin
   p.steps = 8;
   s.controller.setParameters(p);
   s.controller.setLiveMode(true);
-  s.controller.setLiveDebounceMs(20);
+  // The editor's own debounce, short so that a stroke's edit goes out promptly at its end.
+  const int debounce_ms = s.controller.liveDebounceMs();
+  CHECK(debounce_ms <= 100);
 
   std::vector<GenerationResult> results;
   QObject::connect(&s.controller, &EditController::resultArrived, [&](const GenerationResult& r) { results.push_back(r); });
   double shown_latency = -1;
   QObject::connect(&s.controller, &EditController::liveLatency, [&](double ms) { shown_latency = ms; });
 
+  const infill::ui::BrushShape brush{30, 0.8};
+  // A stroke that begins while the previous one's debounce runs cancels it: nothing is
+  // submitted while the mask is half painted, and the two strokes make one edit.
+  s.mask.beginStroke(QPointF(20, 60), brush, false);
+  s.mask.continueStroke(QPointF(20, 180));
+  s.mask.endStroke();
+  s.mask.beginStroke(QPointF(40, 60), brush, false);
+  infill::test::pump(3 * debounce_ms + 50);
+  CHECK(s.controller.liveStats().submitted == 0);
+
   // Each stroke ends, the debounce fires and submits, and the next stroke follows while that
   // edit still runs (the first one waits for the template's preparation).
   for (int i = 0; i < 3; ++i) {
-    s.mask.beginStroke(QPointF(40 + 50 * i, 60), infill::ui::BrushShape{30, 0.8}, false);
+    if (i > 0) s.mask.beginStroke(QPointF(40 + 50 * i, 60), brush, false);
     s.mask.continueStroke(QPointF(60 + 50 * i, 180));
     s.mask.endStroke();
     REQUIRE(wait_until([&] { return s.controller.liveStats().submitted == i + 1; }, 5000));
-    infill::test::pump(60);
+    infill::test::pump(20);
   }
   REQUIRE(wait_until([&] {
     const auto& st = s.controller.liveStats();
