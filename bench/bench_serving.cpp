@@ -302,7 +302,8 @@ int main(int argc, char** argv) {
                    {"pool_threads", 1}, {"deadline", "1.5x isolated latency of the request's size"},
                    {"isolated_fixed_ms", iso_fixed}, {"isolated_ms_at_mean_mask", isolated_ms(int64_t(mean_tokens))},
                    {"capacity_rps_1_worker", cap1}, {"capacity_rps_2_workers", cap2},
-                   {"step_reduction", "off (EditSession cannot skip a level yet)"}};
+                   {"step_reduction", "deadline policy only: an interactive request may lose up to 25% of its "
+                                      "steps to keep its deadline; every run reports steps_dropped"}};
   json runs = json::array();
   double sched_pack = 0, busy = 0;
   RunResult for_sim;
@@ -363,7 +364,7 @@ int main(int argc, char** argv) {
     so2.policy = BatchingPolicy::kDeadline;
     so2.routing = RoutingPolicy::kMaskAware;
     so2.token_budget = s.token_budget;
-    so2.scheduler.allow_step_reduction = false;
+    so2.scheduler.allow_step_reduction = SchedulerOptions{}.allow_step_reduction;  // as run() configures the workers
     so2.pre_ms = for_sim.pre_ms;
     so2.post_ms = for_sim.post_ms;
     so2.step_overhead_ms = for_sim.steps ? for_sim.sched_pack_ms / double(for_sim.steps) : 0.0;

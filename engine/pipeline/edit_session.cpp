@@ -159,6 +159,12 @@ Result<std::unique_ptr<EditSession>> EditSession::create(std::shared_ptr<const M
     if (s->cache_.entry) s->kv_ = std::make_unique<EntryKvSource>(s->cache_.entry, s->step_);
   }
   s->guided_ = params.prompt.defined() && params.guidance_scale != 1.0;
+  const bool split_prompt = cfg.prompt_scope == PromptScope::kMaskedTokens || s->guided_;
+  for (int k = s->first_step_; k < s->sampler_->steps(); ++k) {
+    const double t = s->sampler_->model_timestep(k);
+    s->cond_.push_back(model->dit.conditioning(t, params.prompt));
+    s->null_cond_.push_back(split_prompt ? model->dit.conditioning(t, at::Tensor()) : s->cond_.back());
+  }
   if (s->guided_) {
     KvSource* inner = s->cache_.streamed ? static_cast<KvSource*>(s->cache_.streamed.get()) : s->kv_.get();
     if (inner != nullptr) s->shared_kv_ = std::make_unique<RepeatingKvSource>(inner);
@@ -170,15 +176,13 @@ std::span<DitSegment> EditSession::segments() {
   c10::InferenceMode guard;
   const Dit& dit = model_->dit;
   const DitConfig& cfg = model_->manifest.dit;
-  const double t = sampler_->model_timestep(step_);
   const at::Tensor all_rows = dit.patchify(model_input(*model_, x_, known_, latent_mask_));
   DitSegment& seg = segments_[0];
   seg = DitSegment{};
   seg.grid_h = tokens_.grid_h;
   seg.grid_w = tokens_.grid_w;
-  seg.cond = dit.conditioning(t, params_.prompt);
-  const bool split_prompt = cfg.prompt_scope == PromptScope::kMaskedTokens || guided_;
-  const at::Tensor null_cond = split_prompt ? dit.conditioning(t, at::Tensor()) : seg.cond;
+  seg.cond = cond_[static_cast<size_t>(step_ - first_step_)];
+  const at::Tensor& null_cond = null_cond_[static_cast<size_t>(step_ - first_step_)];
   seg.null_cond = cfg.prompt_scope == PromptScope::kMaskedTokens ? null_cond : seg.cond;
   const int recompute = cache_.streamed ? cache_.recompute_blocks : 0;
   // With every token masked nothing is read from the cache (all K/V rows are fresh).

@@ -17,6 +17,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -145,7 +146,9 @@ class EditSession {
   at::Tensor template_noise_;
   at::Tensor x_;            // [C, h, w] current noisy latent
   at::Tensor last_prediction_;
-  at::Tensor cond_, null_cond_;
+  // Conditioning of every step level from first_step_ on (prompted, null prompt), computed in
+  // create(), i.e. during pre-processing, so that segments() on the step loop only indexes.
+  std::vector<at::Tensor> cond_, null_cond_;
   int step_ = 0;
   int first_step_ = 0;
   int steps_dropped_ = 0;

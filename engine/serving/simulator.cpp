@@ -14,7 +14,7 @@ struct SimState {
   size_t index;      // into the trace
   int worker = 0;
   int steps_left = 0;
-  int min_steps_left = 0;
+  int min_steps_total = 0;  // the class's floor on steps_run + steps_left
   double ready_ms = 0;
   double last_advance_ms = 0;
   double work_ms = 0;  // remaining marginal work (router signal)
@@ -76,8 +76,8 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
       c.id = s;
       c.tokens = r.tokens;
       c.steps_left = st[s].steps_left;
-      c.min_steps_left = st[s].min_steps_left;
-      c.deadline_ms = r.arrival_ms + r.deadline_ms;
+      c.min_steps_left = std::clamp(st[s].min_steps_total - st[s].steps_run, 1, std::max(1, st[s].steps_left));
+      c.deadline_ms = r.arrival_ms + r.deadline_ms - o.post_ms;  // as the worker: room for post
       c.cls = r.cls;
       c.waiting_ms = now - st[s].last_advance_ms;
       cands.push_back(c);
@@ -90,7 +90,14 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
     };
     const SchedDecision d = w.selector->select(cands, now, step_ms);
     if (d.advance.empty()) return;
-    for (const auto& [id, left] : d.reduce_steps) st[id].steps_left = left;
+    for (const auto& [id, left] : d.reduce_steps) {
+      SimState& s = st[id];
+      if (left <= 0 || left >= s.steps_left) continue;
+      const double dropped = std::min(s.work_ms, s.step_work_ms * (s.steps_left - left));
+      s.work_ms -= dropped;
+      w.work_ms -= dropped;
+      s.steps_left = left;
+    }
     double tokens = 0, attention = 0;
     w.batch.clear();
     for (uint64_t id : d.advance) {
@@ -115,7 +122,7 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
         SimState& s = st[e.who];
         const SimRequest& r = trace[s.index];
         s.steps_left = r.steps;
-        s.min_steps_left = min_steps_allowed(r.cls, r.steps);
+        s.min_steps_total = min_steps_allowed(r.cls, r.steps);
         s.step_work_ms = request_work_ms(cost, r.tokens, r.total_tokens, 1);
         s.work_ms = s.step_work_ms * r.steps;
         std::vector<WorkerLoad> loads;

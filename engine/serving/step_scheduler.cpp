@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace infill {
 namespace {
 
-enum class Kind { kUrgent, kSlack, kHopeless };
+enum class Kind { kUrgent, kSlack, kTight, kHopeless };
 
 struct Item {
   const SchedCandidate* c;
@@ -14,6 +15,7 @@ struct Item {
   Kind kind;
   bool starving;
   int reduced_steps;  // > 0: advance with this many steps left to stay on time
+  double allowance;   // per-step time that keeps it on time: (deadline - now) / steps left
 };
 
 bool by_deadline(const Item& a, const Item& b) {
@@ -39,7 +41,7 @@ SchedDecision schedule_step(const std::vector<SchedCandidate>& candidates, int64
   for (const SchedCandidate& c : candidates) {
     if (c.steps_left <= 0) continue;
     const int64_t t = std::max<int64_t>(0, c.tokens);
-    items.push_back({&c, t, Kind::kSlack, false, 0});
+    items.push_back({&c, t, Kind::kSlack, false, 0, 0.0});
     total_tokens += t;
   }
   if (items.empty()) return decision;
@@ -62,10 +64,13 @@ SchedDecision schedule_step(const std::vector<SchedCandidate>& candidates, int64
       }
     }
     const bool rescuable = it.reduced_steps > 0;
+    it.allowance = (c.deadline_ms - now_ms) / c.steps_left;
     if (it.starving || (on_time && late_if_skipped) || rescuable) {
       it.kind = Kind::kUrgent;
     } else if (on_time) {
       it.kind = Kind::kSlack;
+    } else if (it.allowance >= step_ms(it.tokens, 1)) {
+      it.kind = Kind::kTight;
     } else {
       it.kind = Kind::kHopeless;
     }
@@ -91,10 +96,43 @@ SchedDecision schedule_step(const std::vector<SchedCandidate>& candidates, int64
   };
   const std::vector<size_t> urgent = order_of(Kind::kUrgent, urgent_order);
   const std::vector<size_t> slack = order_of(Kind::kSlack, by_deadline);
+  const std::vector<size_t> tight = order_of(Kind::kTight, [](const Item& a, const Item& b) {
+    return a.allowance != b.allowance ? a.allowance < b.allowance : a.c->id < b.c->id;
+  });
   const std::vector<size_t> hopeless = order_of(Kind::kHopeless, by_deadline);
 
   for (size_t i : urgent) {
     if (items[i].tokens <= remaining) take(i);
+  }
+
+  // Tight requests, smallest allowance first, each while the step stays within the allowance
+  // of every tight request taken (urgent ones tolerate even a full batch). From then on the
+  // step's tokens are capped at what the smallest allowance `limit` tolerates.
+  double limit = std::numeric_limits<double>::infinity();
+  int batch = static_cast<int>(decision.advance.size());
+  for (size_t i : tight) {
+    const double l = std::min(limit, items[i].allowance);
+    if (items[i].tokens <= remaining && step_ms(budget - remaining + items[i].tokens, batch + 1) <= l) {
+      take(i);
+      limit = l;
+      ++batch;
+    }
+  }
+  if (std::isfinite(limit)) {
+    // A protected request sets the pace: add slack, then hopeless requests, fewest tokens
+    // first, while the step stays within `limit`. Step latency grows with tokens and with
+    // batch size, so the k smallest are the cheapest k: this maximises the count exactly.
+    for (const std::vector<size_t>* group : {&slack, &hopeless}) {
+      std::vector<size_t> by_size = *group;
+      std::stable_sort(by_size.begin(), by_size.end(),
+                       [&](size_t a, size_t b) { return items[a].tokens < items[b].tokens; });
+      for (size_t i : by_size) {
+        if (items[i].tokens > remaining || step_ms(budget - remaining + items[i].tokens, batch + 1) > limit) break;
+        take(i);
+        ++batch;
+      }
+    }
+    return decision;
   }
 
   // 0/1 knapsack over the slack requests: value = (count, sum of deadline ranks), so among

@@ -12,11 +12,19 @@
 ///               allow_step_reduction, a request late at its current step count but on time at
 ///               some count in [min_steps_left, steps_left) ("rescuable").
 ///   - slack:    on time whether advanced or not this step.
+///   - tight:    late at dt, but on time in a smaller, faster batch: its allowance
+///               (deadline - now) / steps_left is at least step_ms(its tokens, 1).
 ///   - hopeless: late whatever happens now.
 /// Selection: urgent first (starving batch requests by longest wait, then earliest deadline)
-/// while each fits the remaining token budget; then a 0/1 knapsack DP over the remaining budget
-/// picks the slack requests (maximum count, ties to earlier deadlines); leftover budget goes to
-/// remaining slack then hopeless requests, earliest deadline first. If nothing fits at all, the
+/// while each fits the remaining token budget; then tight requests, smallest allowance first,
+/// each only while the predicted step stays within the allowance of every tight request taken.
+/// If one was taken, its allowance paces the step: slack, then hopeless requests join fewest
+/// tokens first while the step stays within it (latency grows with tokens and batch size, so
+/// this is the largest count), and selection ends. Otherwise a 0/1 knapsack DP over the
+/// remaining budget picks the slack requests (maximum count, ties to earlier deadlines);
+/// leftover budget goes to remaining slack then hopeless requests, earliest deadline first.
+/// Urgent and slack requests never constrain the batch: their deadlines hold even at dt, the
+/// latency of the fullest batch. If nothing fits at all, the
 /// single highest-priority request is advanced alone even though it exceeds the budget, so an
 /// oversized request cannot deadlock the queue.
 

@@ -64,6 +64,10 @@ struct Worker::Record {
   int steps_total = 0;      // sampler steps of the schedule
   int steps_requested = 0;  // steps this edit runs (after strength)
   int steps_run = 0;
+  // Denoising steps still planned; the scheduler may lower it (step reduction), and every
+  // step then spreads the sampler levels left over the steps left.
+  int steps_left = 0;
+  int min_steps_total = 0;  // the class's floor on steps_run + steps_left
   int64_t tokens = 0;
   int64_t total_tokens = 0;
   double step_work_ms = 0;  // marginal cost of one of its steps
@@ -108,11 +112,7 @@ Worker::Worker(std::shared_ptr<const Model> model, std::shared_ptr<ActivationSto
       cost_(std::move(cost)),
       pool_(pool),
       options_(std::move(options)),
-      selector_(options_.policy, options_.token_budget, [&] {
-        SchedulerOptions s = options_.scheduler;
-        s.allow_step_reduction = false;
-        return s;
-      }()) {
+      selector_(options_.policy, options_.token_budget, options_.scheduler) {
   metrics_.index = options_.index;
   thread_ = std::thread([this] { loop(); });
 }
@@ -245,6 +245,11 @@ void Worker::complete(const std::shared_ptr<Record>& r, RequestState state, Stat
   m.queue_ms = r->first_step_ms >= 0 ? std::max(0.0, r->first_step_ms - r->submitted_ms - m.prepare_ms) : 0.0;
   m.run_ms = r->first_step_ms >= 0 ? r->last_step_ms - r->first_step_ms : 0.0;
   m.post_ms = r->finish_ms >= 0 ? now - r->finish_ms : 0.0;
+  if (state == RequestState::kDone && r->finish_ms >= 0) {
+    // Running mean over the recent results, for the scheduler's deadlines (see run_step).
+    const double before = post_estimate_ms_.load();
+    post_estimate_ms_.store(before > 0 ? 0.9 * before + 0.1 * m.post_ms : m.post_ms);
+  }
   m.total_ms = now - r->submitted_ms;
   m.steps_requested = r->steps_requested;
   m.steps_run = r->steps_run;
@@ -374,6 +379,8 @@ void Worker::create_session(const std::shared_ptr<Record>& r, std::shared_ptr<co
     const ScheduleSpec s = resolve_schedule(*model_, r->req.params.schedule);
     r->steps_total = s.steps;
     r->steps_requested = r->session->done() ? 0 : s.steps - r->session->first_step();
+    r->steps_left = r->steps_requested;
+    r->min_steps_total = min_steps_allowed(r->req.cls, r->steps_requested);
     r->tokens = r->session->tokens().count();
     r->total_tokens = int64_t{r->session->tokens().grid_w} * r->session->tokens().grid_h;
     const int segments = r->session->guided() ? 2 : 1;
@@ -645,9 +652,10 @@ void Worker::run_step() {
     SchedCandidate c;
     c.id = r->req.id;
     c.tokens = r->tokens * (r->session->guided() ? 2 : 1);
-    c.steps_left = r->steps_total - r->session->step();
-    c.min_steps_left = c.steps_left;  // no step reduction (see WorkerOptions::scheduler)
-    c.deadline_ms = r->deadline_abs_ms;
+    c.steps_left = r->steps_left;
+    c.min_steps_left = std::clamp(r->min_steps_total - r->steps_run, 1, std::max(1, r->steps_left));
+    // The deadline is for the result: the steps must end a post-processing time earlier.
+    c.deadline_ms = r->deadline_abs_ms - post_estimate_ms_.load();
     c.cls = r->req.cls;
     c.waiting_ms = now - r->last_advance_ms;
     candidates.push_back(c);
@@ -662,6 +670,13 @@ void Worker::run_step() {
   const SchedDecision decision = selector_.select(candidates, now, step_ms);
   const auto t1 = std::chrono::steady_clock::now();
   if (decision.advance.empty()) return;
+
+  for (const auto& [id, left] : decision.reduce_steps) {
+    Record& r = *by_id.at(id);
+    if (left <= 0 || left >= r.steps_left) continue;
+    take_work(r, r.step_work_ms * (r.steps_left - left));  // the dropped steps' work
+    r.steps_left = left;
+  }
 
   std::vector<std::shared_ptr<Record>> batch;
   std::vector<DitSegment> segments;
@@ -697,7 +712,11 @@ void Worker::run_step() {
     const int64_t n = r->session->prediction_rows();
     Status applied;
     try {
-      applied = r->session->apply(rows.narrow(0, offset, n));
+      // Spread the sampler levels left over the steps left (one level each, unless the
+      // scheduler cut the step count; the last step always lands on the final level).
+      const int levels_left = r->steps_total - r->session->step();
+      const int jump = (levels_left + r->steps_left - 1) / std::max(1, r->steps_left);
+      applied = r->session->apply(rows.narrow(0, offset, n), r->session->step() + std::max(1, jump));
     } catch (...) {
       applied = Status(ErrorCode::kInternal, "sampler update of request " + std::to_string(r->req.id) +
                                                  " threw: " + exception_text(std::current_exception()));
@@ -715,6 +734,7 @@ void Worker::run_step() {
     r->last_step_ms = now_ms();
     r->last_advance_ms = r->last_step_ms;
     ++r->steps_run;
+    r->steps_left = std::max(0, r->steps_left - 1);
     take_work(*r, r->step_work_ms);
     if (r->req.on_progress) {
       RequestProgress p{r->req.id, r->steps_run, r->steps_requested};
@@ -724,6 +744,8 @@ void Worker::run_step() {
     if (every > 0 && r->req.on_preview && r->steps_run % every == 0 && !r->session->done()) {
       at::Tensor latent = r->session->predicted_latent();
       notify(r, [this, r, latent, done = r->steps_run] {
+        // A superseded or cancelled edit's queued previews would only delay newer work.
+        if (r->cancel_requested.load() || r->ended.load()) return;
         try {
           const int f = model_->manifest.autoencoder.factor;
           const PixelRect box = bounding_box(r->req.params.mask, 0, f);
@@ -763,7 +785,7 @@ void Worker::run_step() {
 void Worker::publish_load() {
   int max_left = 0;
   for (const auto& r : active_) {
-    if (!r->finishing && r->session) max_left = std::max(max_left, r->steps_total - r->session->step());
+    if (!r->finishing && r->session) max_left = std::max(max_left, r->steps_left);
   }
   max_steps_left_.store(max_left);
 }

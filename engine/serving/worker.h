@@ -50,8 +50,8 @@ struct WorkerOptions {
   BatchingPolicy policy = BatchingPolicy::kDeadline;
   /// Packed masked tokens per step (a single larger request still runs, alone).
   int64_t token_budget = 2048;
-  /// allow_step_reduction is ignored (treated as false): EditSession cannot yet skip a
-  /// denoising level, so the worker never cuts steps and every result reports steps_dropped 0.
+  /// With allow_step_reduction the deadline policy may cut a request's remaining steps (never
+  /// below its class's min_steps_allowed); the result reports steps_run and steps_dropped.
   SchedulerOptions scheduler;
   /// Time zero of every timestamp (ms since this instant).
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
@@ -148,6 +148,9 @@ class Worker {
   // Load reported to the router.
   std::atomic<int> requests_{0};
   std::atomic<double> work_ms_{0.0};
+  // Recent mean of post-processing time (last step -> result), which the scheduler takes off
+  // every deadline so that "on time" means the result, not the last step, is on time.
+  std::atomic<double> post_estimate_ms_{0.0};
   std::atomic<int> max_steps_left_{0};
 
   mutable std::mutex metrics_mu_;

@@ -287,6 +287,46 @@ TEST_CASE("cancel, supersede and expiry each end a request once", "[serving][run
   CHECK_FALSE(rt->cancel(4));  // finished ids are not live
 }
 
+TEST_CASE("under overload the deadline policy cuts steps within the class bound and says so",
+          "[serving][runtime][reduction]") {
+  ServingFixture f;
+  // A cost model that predicts 10 ms a step whatever the batch: 40 steps are 400 ms, far past
+  // a 300 ms deadline, while 20-29 steps fit (unless pre-processing took over 100 ms).
+  auto slow = StepCostModel::from_json(
+      R"({"format":"infill-step-cost","version":1,"fingerprint":"test","coefficients":[10,0,0,0],"train":4})");
+  REQUIRE(slow.ok());
+  f.cost = std::make_shared<const StepCostModel>(*slow);
+  for (RequestClass cls : {RequestClass::kLive, RequestClass::kInteractive, RequestClass::kBatch}) {
+    Collector c;
+    RuntimeOptions o;
+    o.worker.policy = BatchingPolicy::kDeadline;
+    auto rt = start(f, o);
+    ServingRequest r = request(f, 1, ServingFixture::rect_mask(8, 8, 24, 16), 1, c);
+    r.params.schedule.steps = 40;
+    r.cls = cls;
+    r.deadline_ms = 300.0;
+    REQUIRE(rt->submit(std::move(r)).ok());
+    REQUIRE(rt->drain(60000));
+    const RequestResult& res = c.only(1);
+    INFO("class " << request_class_name(cls));
+    REQUIRE(res.state == RequestState::kDone);
+    const RequestMetrics& m = res.metrics;
+    CHECK(m.steps_requested == 40);
+    CHECK(m.steps_run + m.steps_dropped == 40);
+    CHECK(m.steps_run >= min_steps_allowed(cls, 40));
+    if (cls == RequestClass::kBatch) {
+      CHECK(m.steps_dropped == 0);  // the batch class keeps every step
+    } else {
+      CHECK(m.steps_dropped > 0);
+      CHECK(m.steps_run <= 30);
+    }
+    // Whatever the step count, the pixels outside the mask are the template's.
+    const at::Tensor out = to_rgb_tensor(res.output.image), in = to_rgb_tensor(f.templates[0]->pixels);
+    at::Tensor outside = ServingFixture::rect_mask(8, 8, 24, 16).eq(0).unsqueeze(0).expand_as(out);
+    CHECK((out - in).abs().masked_select(outside).max().item<double>() == 0.0);
+  }
+}
+
 TEST_CASE("stress: 1000 requests with random cancels and supersedes", "[serving][runtime][stress]") {
   ServingFixture f(3);
   RuntimeOptions o;

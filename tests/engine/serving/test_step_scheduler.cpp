@@ -88,7 +88,7 @@ TEST_CASE("knapsack DP matches exhaustive subset enumeration on small instances"
   SchedulerOptions opt;
   opt.max_wait_ms = 100.0;
   const double now = 1000.0;
-  int instances = 0, with_choice = 0;
+  int instances = 0, with_choice = 0, paced = 0;
   for (int iter = 0; iter < 400; ++iter) {
     opt.allow_step_reduction = iter % 2 == 0;
     const auto cs = random_instance(rng, 10, now);
@@ -130,6 +130,57 @@ TEST_CASE("knapsack DP matches exhaustive subset enumeration on small instances"
       if (cs[a].deadline_ms != cs[b].deadline_ms) return cs[a].deadline_ms < cs[b].deadline_ms;
       return cs[a].id < cs[b].id;
     });
+
+    // Tight tier: late at dt but on time alone; smallest allowance first while the step stays
+    // within every taken allowance. Once one is taken, it paces the rest of the step.
+    auto allowance = [&](size_t i) { return (cs[i].deadline_ms - now) / cs[i].steps_left; };
+    std::vector<size_t> tight, hopeless;
+    for (size_t i = 0; i < cs.size(); ++i) {
+      if (cls[i].urgent || cls[i].slack) continue;
+      (allowance(i) >= int_step_ms(cs[i].tokens, 1) ? tight : hopeless).push_back(i);
+    }
+    std::sort(tight.begin(), tight.end(), [&](size_t a, size_t b) {
+      return allowance(a) != allowance(b) ? allowance(a) < allowance(b) : cs[a].id < cs[b].id;
+    });
+    double limit = 1e300;
+    int batch = int(ref_urgent.size());
+    std::set<uint64_t> ref_tight;
+    for (size_t i : tight) {
+      const double l = std::min(limit, allowance(i));
+      if (cs[i].tokens <= remaining && int_step_ms(budget - remaining + cs[i].tokens, batch + 1) <= l) {
+        remaining -= cs[i].tokens;
+        ref_tight.insert(cs[i].id);
+        limit = l;
+        ++batch;
+      }
+    }
+    if (!ref_tight.empty()) {
+      const auto adv = as_set(d.advance);
+      for (uint64_t id : ref_urgent) CHECK(adv.count(id) == 1);
+      for (uint64_t id : ref_tight) CHECK(adv.count(id) == 1);
+      // Paced: the most slack requests (then hopeless) whose step stays within the limit.
+      int64_t used = budget - remaining;
+      for (std::vector<size_t>* group : {&slack, &hopeless}) {
+        std::vector<int64_t> sizes;
+        for (size_t i : *group) sizes.push_back(cs[i].tokens);
+        std::sort(sizes.begin(), sizes.end());
+        size_t fit = 0;
+        while (fit < sizes.size() && used + sizes[fit] <= budget &&
+               int_step_ms(used + sizes[fit], batch + 1) <= limit) {
+          used += sizes[fit++];
+          ++batch;
+        }
+        size_t got = 0;
+        for (size_t i : *group) got += adv.count(cs[i].id);
+        CHECK(got == fit);
+      }
+      int64_t advanced = 0;
+      for (const auto& c : cs) advanced += adv.count(c.id) ? c.tokens : 0;
+      CHECK(advanced <= budget);
+      CHECK(int_step_ms(advanced, int(adv.size())) <= limit);
+      ++paced;
+      continue;
+    }
 
     // Exhaustive: the best (count, earliest-deadline rank sum) over subsets of slack requests.
     const size_t m = slack.size();
@@ -194,6 +245,25 @@ TEST_CASE("knapsack DP matches exhaustive subset enumeration on small instances"
   CHECK(instances == 400);
   INFO("instances where the budget forced the DP to drop slack requests: " << with_choice);
   CHECK(with_choice > 50);
+  INFO("instances paced by a tight request: " << paced);
+  CHECK(paced > 20);
+}
+
+TEST_CASE("a request late in a full batch but on time in a small one paces the step",
+          "[serving][scheduler]") {
+  // 10 requests of 20 tokens: the full batch takes 2 + 200/20 + 10 = 22 ms per step. Request 1
+  // has 12 ms for 2 steps (6 ms a step): late at 22 ms, on time alone (4 ms) or with one more
+  // request (2 + 40/20 + 2 = 6 ms). The other nine have all the time in the world.
+  SchedulerOptions opt;
+  opt.allow_step_reduction = false;
+  std::vector<SchedCandidate> cs = {{1, 20, 2, 2, 12.0, RequestClass::kLive, 0.0}};
+  for (uint64_t id = 2; id <= 10; ++id) cs.push_back({id, 20, 2, 2, 1000.0, RequestClass::kInteractive, 0.0});
+  const auto d = schedule_step(cs, 200, 0.0, kStepFn, opt);
+  CHECK(as_set(d.advance) == std::set<uint64_t>{1, 2});
+  CHECK(int_step_ms(40, 2) * 2 <= 12.0);
+  // With a deadline even one step alone cannot meet, it is hopeless: the full batch runs.
+  cs[0].deadline_ms = 7.0;
+  CHECK(schedule_step(cs, 200, 0.0, kStepFn, opt).advance.size() == 10);
 }
 
 TEST_CASE("token budget is never exceeded except by a single oversized request",
