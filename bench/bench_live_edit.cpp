@@ -17,6 +17,7 @@
 // debounce to the editor's.
 
 // First: libtorch's headers must not see Qt's keyword macros (signals, slots, emit).
+#include "bench_stats.h"
 #include "machine_info.h"
 
 #include <QAction>
@@ -179,14 +180,7 @@ void run_for(int ms) {
   run_until([] { return false; }, ms);
 }
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const double idx = p * double(v.size() - 1);
-  const size_t lo = static_cast<size_t>(idx);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (idx - double(lo));
-}
+using infill::bench::percentile;
 
 json summary(const std::vector<double>& v) {
   if (v.empty()) return {{"count", 0}};

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <exception>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -73,9 +74,21 @@ int main(int argc, char** argv) {
   // steps at that ratio for about 20 s (for perf record) and prints their median.
   int threads = 0;
   double profile_ratio = 0.0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::string(argv[i]) == "--threads") threads = std::stoi(argv[i + 1]);
-    if (std::string(argv[i]) == "--profile-masked") profile_ratio = std::stod(argv[i + 1]);
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    const bool known = flag == "--threads" || flag == "--profile-masked";
+    if (!known || i + 1 >= argc) {
+      std::cerr << "bench_mask_speedup: " << (known ? flag + " needs a value" : "unknown option '" + flag + "'")
+                << "\nusage: bench_mask_speedup [--threads N] [--profile-masked RATIO]\n";
+      return 2;
+    }
+    try {
+      if (flag == "--threads") threads = std::stoi(argv[i + 1]);
+      else profile_ratio = std::stod(argv[i + 1]);
+    } catch (const std::exception&) {
+      std::cerr << "bench_mask_speedup: " << flag << " takes a number, not '" << argv[i + 1] << "'\n";
+      return 2;
+    }
   }
   infill::set_compute_threads(threads);
   c10::InferenceMode guard;
