@@ -3,6 +3,8 @@
 //   infill --version
 #include <QApplication>
 #include <QCommandLineParser>
+#include <QFileInfo>
+#include <QIcon>
 
 #include <cstdio>
 #include <cstring>
@@ -22,6 +24,13 @@ int main(int argc, char** argv) {
   QApplication::setOrganizationName(QStringLiteral("infill"));
   QApplication::setApplicationVersion(QStringLiteral(INFILL_VERSION));
   QApplication::setDesktopFileName(QStringLiteral("infill"));
+  // The installed hicolor icon; in a build tree, the PNG the installer target renders there.
+  QIcon icon = QIcon::fromTheme(QStringLiteral("infill"));
+  if (icon.isNull()) {
+    const QString built = QCoreApplication::applicationDirPath() + QStringLiteral("/../installer/icons/256/infill.png");
+    if (QFileInfo::exists(built)) icon = QIcon(built);
+  }
+  QApplication::setWindowIcon(icon);
 
   QCommandLineParser parser;
   parser.setApplicationDescription(QStringLiteral("Paint a mask, type a prompt, repaint the region."));
