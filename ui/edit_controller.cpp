@@ -224,10 +224,10 @@ void EditController::submitLive() {
   }
   EditSubmission s = baseSubmission(params_.seed);
   s.edit_class = INFILL_CLASS_LIVE;
-  // A preview after every step, so the first comes one step after the edit starts rather than
-  // steps / 6 steps: in live mode that first sight of the region is what the painter waits
-  // for. A preview costs the engine a crop decode and a small PNG, a few ms.
-  s.preview_every_steps = 1;
+  // The engine sends a live edit's first preview right after its first step (the first sight
+  // of the region is what the painter waits for); after that one every 3 steps, since each
+  // preview (crop decode, PNG) takes CPU from the denoising steps that must fit the deadline.
+  s.preview_every_steps = 3;
   // The previous live edit is stale the moment the mask changed again: the engine cancels it
   // at its next step instead of finishing work nobody will look at.
   if (live_tag_ != 0 && pending_.count(live_tag_)) s.supersedes_tag = live_tag_;

@@ -741,7 +741,10 @@ void Worker::run_step() {
       notify(r, [cb = r->req.on_progress, p] { cb(p); });
     }
     const int every = r->req.preview_every_steps;
-    if (every > 0 && r->req.on_preview && r->steps_run % every == 0 && !r->session->done()) {
+    // A live edit's painter waits for the first sight of the region: with previews asked for
+    // at all, one follows the first step whatever the interval.
+    const bool first_live = r->req.cls == RequestClass::kLive && r->steps_run == 1;
+    if (every > 0 && r->req.on_preview && (r->steps_run % every == 0 || first_live) && !r->session->done()) {
       at::Tensor latent = r->session->predicted_latent();
       notify(r, [this, r, latent, done = r->steps_run] {
         // A superseded or cancelled edit's queued previews would only delay newer work.
