@@ -15,6 +15,7 @@ struct RequestMetrics {
   int worker = -1;               ///< index of the worker it was routed to
   double queue_ms = 0.0;         ///< submit -> first step, less prepare_ms
   double prepare_ms = 0.0;       ///< pre-processing plus waiting for the template's prepare job
+  double ready_ms = 0.0;         ///< submit -> could join a step (with the wait for a pool thread)
   double run_ms = 0.0;           ///< first step -> last step
   double post_ms = 0.0;          ///< decode, composite, PNG encode
   double total_ms = 0.0;         ///< submit -> terminal state

@@ -242,6 +242,7 @@ void Worker::complete(const std::shared_ptr<Record>& r, RequestState state, Stat
   m.worker = options_.index;
   const double pre_start = r->preprocess_ms >= 0 ? r->preprocess_ms : r->submitted_ms;
   m.prepare_ms = r->ready_ms >= 0 ? r->ready_ms - pre_start : 0.0;
+  m.ready_ms = r->ready_ms >= 0 ? r->ready_ms - r->submitted_ms : 0.0;
   m.queue_ms = r->first_step_ms >= 0 ? std::max(0.0, r->first_step_ms - r->submitted_ms - m.prepare_ms) : 0.0;
   m.run_ms = r->first_step_ms >= 0 ? r->last_step_ms - r->first_step_ms : 0.0;
   m.post_ms = r->finish_ms >= 0 ? now - r->finish_ms : 0.0;
