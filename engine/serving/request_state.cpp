@@ -1,5 +1,6 @@
 #include "serving/request_state.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -28,6 +29,10 @@ int min_steps_allowed(RequestClass cls, int requested_steps) {
   // The small epsilon keeps 0.75 * 8 = 6 from rounding up to 7 through float noise.
   const int steps = static_cast<int>(std::ceil(min_step_fraction(cls) * requested_steps - 1e-9));
   return steps < 1 ? 1 : steps;
+}
+
+int min_steps_left(int min_steps_total, int steps_run, int steps_left) {
+  return std::clamp(min_steps_total - steps_run, 1, std::max(1, steps_left));
 }
 
 const char* request_class_name(RequestClass cls) {

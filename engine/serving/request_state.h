@@ -23,6 +23,10 @@ double default_deadline_ms(RequestClass cls);
 double min_step_fraction(RequestClass cls);
 /// Smallest step count allowed for `requested_steps` in `cls` (ceil of fraction * steps, >= 1).
 int min_steps_allowed(RequestClass cls, int requested_steps);
+/// SchedCandidate::min_steps_left of a request that already ran `steps_run` steps, has
+/// `steps_left` planned and may not end below `min_steps_total` (min_steps_allowed) in all:
+/// never below 1, never above what is planned.
+int min_steps_left(int min_steps_total, int steps_run, int steps_left);
 /// "live", "interactive", "batch".
 const char* request_class_name(RequestClass cls);
 /// Inverse of request_class_name; error names the offending text.

@@ -76,7 +76,7 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
       c.id = s;
       c.tokens = r.tokens;
       c.steps_left = st[s].steps_left;
-      c.min_steps_left = std::clamp(st[s].min_steps_total - st[s].steps_run, 1, std::max(1, st[s].steps_left));
+      c.min_steps_left = min_steps_left(st[s].min_steps_total, st[s].steps_run, st[s].steps_left);
       c.deadline_ms = r.arrival_ms + r.deadline_ms - o.post_ms;  // as the worker: room for post
       c.cls = r.cls;
       c.waiting_ms = now - st[s].last_advance_ms;

@@ -106,8 +106,8 @@ SchedDecision schedule_step(const std::vector<SchedCandidate>& candidates, int64
   }
 
   // Tight requests, smallest allowance first, each while the step stays within the allowance
-  // of every tight request taken (urgent ones tolerate even a full batch). From then on the
-  // step's tokens are capped at what the smallest allowance `limit` tolerates.
+  // of every tight request taken (urgent ones tolerate even a full batch). The smallest
+  // allowance taken, `limit`, then paces the rest of the step.
   double limit = std::numeric_limits<double>::infinity();
   int batch = static_cast<int>(decision.advance.size());
   for (size_t i : tight) {

@@ -654,7 +654,7 @@ void Worker::run_step() {
     c.id = r->req.id;
     c.tokens = r->tokens * (r->session->guided() ? 2 : 1);
     c.steps_left = r->steps_left;
-    c.min_steps_left = std::clamp(r->min_steps_total - r->steps_run, 1, std::max(1, r->steps_left));
+    c.min_steps_left = min_steps_left(r->min_steps_total, r->steps_run, r->steps_left);
     // The deadline is for the result: the steps must end a post-processing time earlier.
     c.deadline_ms = r->deadline_abs_ms - post_estimate_ms_.load();
     c.cls = r->req.cls;
