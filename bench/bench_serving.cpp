@@ -92,7 +92,7 @@ struct RunResult {
   std::vector<bool> met;
   double makespan_ms = 0;
   double pre_ms = 0, post_ms = 0;  // means: submit -> ready, last step -> result
-  double sched_pack_ms = 0, busy_step_ms = 0;
+  double sched_ms = 0, pack_ms = 0, busy_step_ms = 0;
   int steps_dropped = 0;
   uint64_t steps = 0;
   double mean_batch = 0;
@@ -156,12 +156,39 @@ RunResult run(const Setup& s, const std::vector<TraceItem>& trace, BatchingPolic
   out.makespan_ms = last - (t0_runtime_ms + trace.front().arrival_ms);
   double adv = 0;
   for (const WorkerMetrics& m : (*rt)->worker_metrics()) {
-    out.sched_pack_ms += m.sched_ms_total + m.pack_ms_total;
+    out.sched_ms += m.sched_ms_total;
+    out.pack_ms += m.pack_ms_total;
     out.busy_step_ms += m.step_ms_total + m.sched_ms_total + m.pack_ms_total;
     out.steps += m.steps;
     adv += double(m.requests_advanced);
   }
   out.mean_batch = out.steps ? adv / double(out.steps) : 0;
+  return out;
+}
+
+// The runs of several traces as one sample: P95 over ~100 requests of one trace moves by 10%
+// from trace to trace, the pooled P95 over all of them much less.
+RunResult pooled(const std::vector<RunResult>& runs) {
+  RunResult out;
+  double advanced = 0;
+  for (const RunResult& r : runs) {
+    out.latency_ms.insert(out.latency_ms.end(), r.latency_ms.begin(), r.latency_ms.end());
+    out.met.insert(out.met.end(), r.met.begin(), r.met.end());
+    out.makespan_ms += r.makespan_ms;
+    out.sched_ms += r.sched_ms;
+    out.pack_ms += r.pack_ms;
+    out.busy_step_ms += r.busy_step_ms;
+    out.steps_dropped += r.steps_dropped;
+    out.steps += r.steps;
+    advanced += r.mean_batch * double(r.steps);
+    out.pre_ms += r.pre_ms * double(r.latency_ms.size());
+    out.post_ms += r.post_ms * double(r.latency_ms.size());
+  }
+  out.mean_batch = out.steps ? advanced / double(out.steps) : 0.0;
+  if (!out.latency_ms.empty()) {
+    out.pre_ms /= double(out.latency_ms.size());
+    out.post_ms /= double(out.latency_ms.size());
+  }
   return out;
 }
 
@@ -176,6 +203,8 @@ json summarize(const RunResult& r) {
           {"throughput_rps", double(r.latency_ms.size()) / (r.makespan_ms / 1000.0)},
           {"slo_attainment", met},
           {"mean_batch", r.mean_batch},
+          {"ready_ms_mean", r.pre_ms},
+          {"post_ms_mean", r.post_ms},
           {"steps_dropped", r.steps_dropped}};
 }
 
@@ -191,6 +220,81 @@ std::vector<SimRequest> to_sim(const std::vector<TraceItem>& trace) {
   for (size_t i = 0; i < trace.size(); ++i) {
     out.push_back({i + 1, trace[i].arrival_ms, trace[i].tokens, 576, kSteps,
                    trace[i].deadline_ms > 0 ? trace[i].deadline_ms : 1e9, RequestClass::kInteractive});
+  }
+  return out;
+}
+
+// Why continuous batching does or does not cut P95 here, by simulation (no model runs): static
+// against continuous batching at 80% load for two step costs and two step-count mixes. The
+// measured cost model of this CPU grows almost linearly with the tokens of a batch, so a
+// batch saves little over its requests run one by one and holding newcomers back costs
+// little; a GPU-shaped step (latency flat in the batch until its budget, an assumption, not a
+// measurement) is where joining a running batch pays, the more so when step counts differ.
+json batching_regimes(const StepCostModel& measured, int64_t token_budget, double pre_ms, double post_ms) {
+  auto flat = StepCostModel::from_json(
+      R"({"format":"infill-step-cost","version":1,"fingerprint":"gpu-shaped","coefficients":[20.0,0.004,0.2,0.0],"train":0})");
+  if (!flat.ok()) die(flat.status(), "gpu-shaped cost model");
+  struct Mix {
+    const char* name;
+    std::vector<std::pair<int, double>> steps;  // (steps, share)
+  };
+  const std::vector<Mix> mixes = {{"uniform 10 steps", {{10, 1.0}}},
+                                  {"mixed 4/10/30 steps (40/40/20%)", {{4, 0.4}, {10, 0.4}, {30, 0.2}}}};
+  json out = json::array();
+  for (const auto& [cost_name, cost] : {std::pair<const char*, const StepCostModel*>{"measured (this CPU)", &measured},
+                                        std::pair<const char*, const StepCostModel*>{"gpu-shaped (assumed)", &*flat}}) {
+    for (const Mix& mix : mixes) {
+      auto gen = [&](uint64_t seed, int count, double rate_rps) {
+        std::mt19937_64 rng(seed);
+        std::exponential_distribution<double> gap(rate_rps > 0 ? rate_rps / 1000.0 : 1.0);
+        std::gamma_distribution<double> ratio(2.0, 0.11 / 2.0);
+        std::uniform_real_distribution<double> u(0, 1);
+        std::vector<SimRequest> t;
+        double at = 0;
+        for (int i = 0; i < count; ++i) {
+          at += rate_rps > 0 ? gap(rng) : 0.0;
+          const int64_t tok = std::clamp<int64_t>(static_cast<int64_t>(std::clamp(ratio(rng), 0.01, 0.6) * 576), 1, 576);
+          double x = u(rng);
+          int steps = mix.steps.back().first;
+          for (const auto& [st, share] : mix.steps) {
+            if (x < share) {
+              steps = st;
+              break;
+            }
+            x -= share;
+          }
+          t.push_back({static_cast<uint64_t>(i + 1), at, tok, 576, steps, 1e9, RequestClass::kInteractive});
+        }
+        return t;
+      };
+      SimOptions o;
+      o.token_budget = token_budget;
+      o.pre_ms = pre_ms;
+      o.post_ms = post_ms;
+      o.policy = BatchingPolicy::kContinuous;
+      const SimReport burst = simulate(gen(99, 200, 0.0), *cost, o);
+      const double cap = 200.0 / (burst.makespan_ms / 1000.0);
+      std::vector<double> ratios, lat_static, lat_cont;
+      for (int k = 0; k < 10; ++k) {
+        const auto trace = gen(500 + static_cast<uint64_t>(k), 150, 0.8 * cap);
+        double p95[2];
+        for (int q = 0; q < 2; ++q) {
+          o.policy = q == 0 ? BatchingPolicy::kStatic : BatchingPolicy::kContinuous;
+          std::vector<double> l;
+          for (const auto& x : simulate(trace, *cost, o).requests) l.push_back(x.latency_ms);
+          p95[q] = percentile(l, 0.95);
+          (q == 0 ? lat_static : lat_cont).insert((q == 0 ? lat_static : lat_cont).end(), l.begin(), l.end());
+        }
+        ratios.push_back(p95[1] / p95[0]);
+      }
+      out.push_back({{"step_cost", cost_name},
+                     {"coefficients", cost->coefficients()},
+                     {"steps", mix.name},
+                     {"load", 0.8},
+                     {"traces", 10},
+                     {"continuous_over_static_p95_median", percentile(ratios, 0.5)},
+                     {"continuous_over_static_p95_pooled", percentile(lat_cont, 0.95) / percentile(lat_static, 0.95)}});
+    }
   }
   return out;
 }
@@ -299,18 +403,32 @@ int main(int argc, char** argv) {
                    {"step_reduction", "deadline policy only: an interactive request may lose up to 25% of its "
                                       "steps to keep its deadline; every run reports steps_dropped"}};
   json runs = json::array();
-  double sched_pack = 0, busy = 0;
-  RunResult for_sim;
-  std::vector<TraceItem> sim_trace;
+  double sched_ms = 0, pack_ms = 0, busy = 0;
+  // Every run at 80% load is replayed by the simulator afterwards (its validation).
+  struct Measured {
+    RunResult run;
+    std::vector<TraceItem> trace;
+    BatchingPolicy policy;
+    RoutingPolicy routing;
+    int workers;
+    std::string label;
+  };
+  std::vector<Measured> at_80;
+  auto account = [&](const RunResult& r) {
+    sched_ms += r.sched_ms;
+    pack_ms += r.pack_ms;
+    busy += r.busy_step_ms;
+  };
   // Each (mask mean, load) replays `batch_traces` traces under every policy, the policies
   // taking turns in an order rotated per trace (the machine's speed drifts over minutes);
-  // each reported statistic is the mean over the traces, whose P95s are listed as well.
-  const int batch_traces = quick ? 1 : 2;
+  // each policy's statistics are over the requests of all its traces pooled, and the
+  // per-trace P95s are listed as well.
+  const int batch_traces = quick ? 1 : 3;
   const std::vector<BatchingPolicy> batching = {BatchingPolicy::kStatic, BatchingPolicy::kContinuous,
                                                 BatchingPolicy::kDeadline};
   for (double mask_mean : {0.11, 0.19}) {
     for (double load : {0.5, 0.8, 1.0}) {
-      std::map<BatchingPolicy, std::vector<json>> per_trace;
+      std::map<BatchingPolicy, std::vector<RunResult>> per_trace;
       for (int k = 0; k < batch_traces; ++k) {
         const uint64_t seed = 1000 + static_cast<uint64_t>(load * 10 + mask_mean * 100) + 7919 * static_cast<uint64_t>(k);
         auto trace = make_trace(seed, n, load * cap1, mask_mean, *s.model);
@@ -319,27 +437,22 @@ int main(int argc, char** argv) {
           const BatchingPolicy p = batching[(q + static_cast<size_t>(k)) % batching.size()];
           std::cerr << "run " << batching_policy_name(p) << " load " << load << " mask " << mask_mean << " trace "
                     << k + 1 << "/" << batch_traces << "\n";
-          const RunResult r = run(s, trace, p, RoutingPolicy::kMaskAware, 1);
-          per_trace[p].push_back(summarize(r));
-          sched_pack += r.sched_pack_ms;
-          busy += r.busy_step_ms;
-          if (k == 0 && p == BatchingPolicy::kDeadline && load == 0.8 && mask_mean == 0.11) {
-            for_sim = r;
-            sim_trace = trace;
+          RunResult r = run(s, trace, p, RoutingPolicy::kMaskAware, 1);
+          account(r);
+          if (load == 0.8) {
+            at_80.push_back({r, trace, p, RoutingPolicy::kMaskAware, 1,
+                             std::string(batching_policy_name(p)) + " mask " + std::to_string(mask_mean).substr(0, 4)});
           }
+          per_trace[p].push_back(std::move(r));
         }
       }
       for (BatchingPolicy p : batching) {
-        json j = json::object();
-        std::vector<double> p95s;
-        for (const json& one : per_trace[p]) {
-          p95s.push_back(one["p95_ms"].get<double>());
-          for (const auto& [key, value] : one.items()) {
-            j[key] = j.value(key, 0.0) + value.get<double>() / double(per_trace[p].size());
-          }
-        }
+        json j = summarize(pooled(per_trace[p]));
+        json p95s = json::array();
+        for (const RunResult& one : per_trace[p]) p95s.push_back(percentile(one.latency_ms, 0.95));
         j["p95_ms_per_trace"] = p95s;
         j["traces"] = per_trace[p].size();
+        j["requests"] = pooled(per_trace[p]).latency_ms.size();
         j["policy"] = batching_policy_name(p);
         j["load"] = load;
         j["mask_mean"] = mask_mean;
@@ -349,11 +462,11 @@ int main(int argc, char** argv) {
   }
   out["runs"] = runs;
 
-  // Routing: one P95 of ~100 requests moves by 10% from trace to trace, so every policy
-  // replays the same three traces; p95_ms is the median of the three runs' P95s.
+  // Routing: every policy replays the same traces (2 workers at 80% of their burst capacity);
+  // p95_ms is over the requests of all traces pooled.
   json routing = json::array();
   {
-    const int traces = quick ? 1 : 3;
+    const int traces = quick ? 1 : 4;
     std::vector<std::vector<TraceItem>> route_traces;
     for (int k = 0; k < traces; ++k) {
       route_traces.push_back(make_trace(77 + static_cast<uint64_t>(k), n, 0.8 * cap2, 0.11, *s.model));
@@ -363,28 +476,39 @@ int main(int argc, char** argv) {
     // order rotated from trace to trace, so that no policy always runs last.
     const std::vector<RoutingPolicy> policies = {RoutingPolicy::kRoundRobin, RoutingPolicy::kLeastRequests,
                                                  RoutingPolicy::kMaskAware};
-    std::map<RoutingPolicy, std::vector<double>> p95s, means;
+    std::map<RoutingPolicy, std::vector<RunResult>> per_trace;
     for (int k = 0; k < traces; ++k) {
       for (size_t q = 0; q < policies.size(); ++q) {
         const RoutingPolicy p = policies[(q + static_cast<size_t>(k)) % policies.size()];
         std::cerr << "routing " << routing_policy_name(p) << " trace " << k + 1 << "/" << traces << "\n";
-        const json one = summarize(run(s, route_traces[static_cast<size_t>(k)], BatchingPolicy::kContinuous, p, 2));
-        p95s[p].push_back(one["p95_ms"].get<double>());
-        means[p].push_back(one["mean_ms"].get<double>());
+        RunResult r = run(s, route_traces[static_cast<size_t>(k)], BatchingPolicy::kContinuous, p, 2);
+        account(r);
+        at_80.push_back({r, route_traces[static_cast<size_t>(k)], BatchingPolicy::kContinuous, p, 2,
+                         std::string("2 workers ") + routing_policy_name(p)});
+        per_trace[p].push_back(std::move(r));
       }
     }
     for (RoutingPolicy p : policies) {
+      const RunResult all = pooled(per_trace[p]);
+      json p95s = json::array();
+      for (const RunResult& one : per_trace[p]) p95s.push_back(percentile(one.latency_ms, 0.95));
+      double mean = 0;
+      for (double l : all.latency_ms) mean += l / double(all.latency_ms.size());
       routing.push_back({{"policy", routing_policy_name(p)},
-                         {"p95_ms", percentile(p95s[p], 0.5)},
-                         {"mean_ms", percentile(means[p], 0.5)},
-                         {"p95_ms_per_trace", p95s[p]},
+                         {"p95_ms", percentile(all.latency_ms, 0.95)},
+                         {"mean_ms", mean},
+                         {"p95_ms_per_trace", p95s},
+                         {"requests", all.latency_ms.size()},
                          {"workers", 2},
                          {"load", 0.8},
                          {"traces", traces}});
     }
   }
   out["routing"] = routing;
-  out["sched_overhead_fraction"] = busy > 0 ? sched_pack / busy : 0.0;
+  out["sched_overhead_fraction"] = busy > 0 ? (sched_ms + pack_ms) / busy : 0.0;
+  out["sched_overhead"] = {{"scheduling_fraction", busy > 0 ? sched_ms / busy : 0.0},
+                           {"packing_fraction", busy > 0 ? pack_ms / busy : 0.0},
+                           {"of", "busy step-loop time of every run (scheduling + packing + forward + sampler)"}};
   out["cost_model"] = {{"r2", cal->held_out.r2},
                        {"mape", cal->held_out.mape},
                        {"train", cal->held_out.train},
@@ -394,34 +518,53 @@ int main(int argc, char** argv) {
                        {"tiers", {{"ram_ms_per_block", cal->tiers.ram_ms_per_block},
                                   {"disk_ms_per_block", cal->tiers.disk_ms_per_block}}}};
 
-  // Simulator against the measured deadline run at 80% load (same trace): pre/post delays and
-  // per-step scheduling overhead are the run's measured means; step times come from the model.
+  // Simulator against the measured runtime: every run at 80% load (batching policies with one
+  // worker, routing policies with two) is replayed on its own trace. Pre/post delays and the
+  // per-step scheduling overhead are that run's measured means; step times come from the cost
+  // model. Errors are on the pooled latencies of all those runs, with each run's listed too.
   {
-    SimOptions so2;
-    so2.workers = 1;
-    so2.policy = BatchingPolicy::kDeadline;
-    so2.routing = RoutingPolicy::kMaskAware;
-    so2.token_budget = s.token_budget;
-    so2.scheduler.allow_step_reduction = SchedulerOptions{}.allow_step_reduction;  // as run() configures the workers
-    so2.pre_ms = for_sim.pre_ms;
-    so2.post_ms = for_sim.post_ms;
-    so2.step_overhead_ms = for_sim.steps ? for_sim.sched_pack_ms / double(for_sim.steps) : 0.0;
-    const SimReport rep = simulate(to_sim(sim_trace), *s.cost, so2);
-    std::vector<double> sim_lat;
-    for (const auto& x : rep.requests) sim_lat.push_back(x.latency_ms);
-    const double mp50 = percentile(for_sim.latency_ms, 0.5), mp95 = percentile(for_sim.latency_ms, 0.95);
-    const double sp50 = percentile(sim_lat, 0.5), sp95 = percentile(sim_lat, 0.95);
+    std::vector<double> measured_all, simulated_all;
+    json per_run = json::array();
+    for (const Measured& m : at_80) {
+      SimOptions so2;
+      so2.workers = m.workers;
+      so2.policy = m.policy;
+      so2.routing = m.routing;
+      so2.token_budget = s.token_budget;
+      so2.scheduler.allow_step_reduction = SchedulerOptions{}.allow_step_reduction;  // as run() configures the workers
+      so2.pre_ms = m.run.pre_ms;
+      so2.post_ms = m.run.post_ms;
+      so2.step_overhead_ms = m.run.steps ? (m.run.sched_ms + m.run.pack_ms) / double(m.run.steps) : 0.0;
+      const SimReport rep = simulate(to_sim(m.trace), *s.cost, so2);
+      std::vector<double> sim_lat;
+      for (const auto& x : rep.requests) sim_lat.push_back(x.latency_ms);
+      measured_all.insert(measured_all.end(), m.run.latency_ms.begin(), m.run.latency_ms.end());
+      simulated_all.insert(simulated_all.end(), sim_lat.begin(), sim_lat.end());
+      const double mp50 = percentile(m.run.latency_ms, 0.5), mp95 = percentile(m.run.latency_ms, 0.95);
+      per_run.push_back({{"run", m.label},
+                         {"p50", std::abs(percentile(sim_lat, 0.5) - mp50) / mp50},
+                         {"p95", std::abs(percentile(sim_lat, 0.95) - mp95) / mp95}});
+    }
+    const double mp50 = percentile(measured_all, 0.5), mp95 = percentile(measured_all, 0.95);
+    const double sp50 = percentile(simulated_all, 0.5), sp95 = percentile(simulated_all, 0.95);
     out["simulator_error"] = {{"p50", std::abs(sp50 - mp50) / mp50},
                               {"p95", std::abs(sp95 - mp95) / mp95},
                               {"measured_p50_ms", mp50}, {"measured_p95_ms", mp95},
                               {"simulated_p50_ms", sp50}, {"simulated_p95_ms", sp95},
-                              {"policy", "deadline"}, {"load", 0.8}};
+                              {"runs", at_80.size()}, {"requests", measured_all.size()}, {"load", 0.8},
+                              {"per_run", per_run}};
+
     // Planning: the same cost model at 80% of N x single-worker capacity.
+    SimOptions po;
+    po.policy = BatchingPolicy::kDeadline;
+    po.routing = RoutingPolicy::kMaskAware;
+    po.token_budget = s.token_budget;
+    po.scheduler.allow_step_reduction = true;
+    po.pre_ms = at_80.empty() ? 0.0 : at_80.front().run.pre_ms;
+    po.post_ms = at_80.empty() ? 0.0 : at_80.front().run.post_ms;
     json plan = json::array();
     for (int devices : {8, 64, 512}) {
-      SimOptions po = so2;
       po.workers = devices;
-      po.scheduler.allow_step_reduction = true;
       const int pn = devices * 40;
       std::vector<SimRequest> pt;
       std::mt19937_64 rng(devices);
@@ -446,6 +589,7 @@ int main(int argc, char** argv) {
                       {"slo_attainment", double(met) / pn}, {"sim_wall_s", wall}});
     }
     out["planning"] = plan;
+    out["batching_regimes"] = batching_regimes(*s.cost, s.token_budget, po.pre_ms, po.post_ms);
   }
   std::cout << out.dump(2) << std::endl;
   std::error_code ec;

@@ -77,6 +77,27 @@ at::Tensor template_noise(const TemplateImage& tmpl, uint64_t seed) {
   return at::randn(tmpl.latent.sizes(), seeded(seed), at::kFloat);
 }
 
+namespace {
+
+// Positions, in a contiguous [c, h, w] tensor, of the values that Dit::patchify puts in the
+// rows `token_ids` ([gh, gw, c, p, p] layout: a row holds its patch's c x p x p values,
+// channel-major): [M, c * p * p], for at::take.
+at::Tensor patch_row_positions(int64_t c, int64_t h, int64_t w, int64_t p, const at::Tensor& token_ids) {
+  const int64_t gw = w / p;
+  const at::Tensor gy = at::floor_divide(token_ids, gw), gx = at::remainder(token_ids, gw);
+  const at::Tensor corner = (gy * (p * w) + gx * p).unsqueeze(1);  // top-left of the patch, channel 0
+  const at::Tensor ch = at::arange(c, at::kLong).view({c, 1, 1});
+  const at::Tensor py = at::arange(p, at::kLong).view({1, p, 1});
+  const at::Tensor px = at::arange(p, at::kLong).view({1, 1, p});
+  return corner + (ch * (h * w) + py * w + px).reshape({1, c * p * p});
+}
+
+}  // namespace
+
+at::Tensor patch_rows(const at::Tensor& chw, int64_t patch_size, const at::Tensor& token_ids) {
+  return at::take(chw, patch_row_positions(chw.size(0), chw.size(1), chw.size(2), patch_size, token_ids));
+}
+
 at::Tensor model_input(const Model& model, const at::Tensor& noisy, const at::Tensor& known,
                        const at::Tensor& latent_mask) {
   std::vector<at::Tensor> parts;
@@ -165,6 +186,18 @@ Result<std::unique_ptr<EditSession>> EditSession::create(std::shared_ptr<const M
     s->cond_.push_back(model->dit.conditioning(t, params.prompt));
     s->null_cond_.push_back(split_prompt ? model->dit.conditioning(t, at::Tensor()) : s->cond_.back());
   }
+  if (s->uses_cache() && s->tokens_.count() > 0) {
+    const int64_t p = cfg.patch_size, h = s->x_.size(1), w = s->x_.size(2);
+    auto rows_of = [&](const at::Tensor& chw) { return patch_rows(chw, p, s->tokens_.indices); };
+    s->noisy_positions_ = patch_row_positions(s->x_.size(0), h, w, p, s->tokens_.indices);
+    for (DitInput input : cfg.inputs) {
+      switch (input) {
+        case DitInput::kNoisyLatent: s->input_rows_.emplace_back(); break;
+        case DitInput::kMaskedLatent: s->input_rows_.push_back(rows_of(s->known_)); break;
+        case DitInput::kMask: s->input_rows_.push_back(rows_of(s->latent_mask_.unsqueeze(0))); break;
+      }
+    }
+  }
   if (s->guided_) {
     KvSource* inner = s->cache_.streamed ? static_cast<KvSource*>(s->cache_.streamed.get()) : s->kv_.get();
     if (inner != nullptr) s->shared_kv_ = std::make_unique<RepeatingKvSource>(inner);
@@ -172,11 +205,17 @@ Result<std::unique_ptr<EditSession>> EditSession::create(std::shared_ptr<const M
   return s;
 }
 
+at::Tensor EditSession::masked_input_rows() const {
+  std::vector<at::Tensor> parts;
+  parts.reserve(input_rows_.size());
+  for (const at::Tensor& rows : input_rows_) parts.push_back(rows.defined() ? rows : at::take(x_, noisy_positions_));
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
+}
+
 std::span<DitSegment> EditSession::segments() {
   c10::InferenceMode guard;
   const Dit& dit = model_->dit;
   const DitConfig& cfg = model_->manifest.dit;
-  const at::Tensor all_rows = dit.patchify(model_input(*model_, x_, known_, latent_mask_));
   DitSegment& seg = segments_[0];
   seg = DitSegment{};
   seg.grid_h = tokens_.grid_h;
@@ -186,7 +225,8 @@ std::span<DitSegment> EditSession::segments() {
   seg.null_cond = cfg.prompt_scope == PromptScope::kMaskedTokens ? null_cond : seg.cond;
   const int recompute = cache_.streamed ? cache_.recompute_blocks : 0;
   // With every token masked nothing is read from the cache (all K/V rows are fresh).
-  const bool reads_cache = uses_cache() && recompute < cfg.depth && tokens_.count() < all_rows.size(0);
+  const int64_t grid_tokens = static_cast<int64_t>(tokens_.grid_h) * tokens_.grid_w;
+  const bool reads_cache = uses_cache() && recompute < cfg.depth && tokens_.count() < grid_tokens;
   if (reads_cache) {
     if (cache_.streamed) {
       cache_.streamed->start_step(step_, recompute);
@@ -201,12 +241,12 @@ std::span<DitSegment> EditSession::segments() {
     }
   }
   if (uses_cache() && recompute == 0) {
-    seg.tokens = all_rows.index_select(0, tokens_.indices);
+    seg.tokens = masked_input_rows();
     seg.token_ids = tokens_.indices;
   } else {
     // All tokens for the first blocks (all of them without a cache), then the masked rows.
-    seg.tokens = all_rows;
-    seg.token_ids = at::arange(all_rows.size(0), at::kLong);
+    seg.tokens = dit.patchify(model_input(*model_, x_, known_, latent_mask_));
+    seg.token_ids = at::arange(grid_tokens, at::kLong);
     seg.full_blocks = uses_cache() ? recompute : cfg.depth;
     seg.carry_rows = tokens_.indices;
     if (cfg.prompt_scope == PromptScope::kMaskedTokens) seg.prompted = tokens_.token_mask();

@@ -85,6 +85,11 @@ at::Tensor template_noise(const TemplateImage& tmpl, uint64_t seed);
 at::Tensor model_input(const Model& model, const at::Tensor& noisy, const at::Tensor& known,
                        const at::Tensor& latent_mask);
 
+/// Rows `token_ids` (int64, any order) of Dit::patchify(chw) for patch size `patch_size`,
+/// gathered directly from the [c, h, w] tensor: [M, c * p * p]. The edit's step loop builds
+/// its masked tokens' input this way instead of patchifying the whole grid every step.
+at::Tensor patch_rows(const at::Tensor& chw, int64_t patch_size, const at::Tensor& token_ids);
+
 /// Where a mask-aware edit reads the template's cached K/V from.
 struct CacheSource {
   std::shared_ptr<const ActivationEntry> entry;  ///< a RAM-resident entry, or
@@ -149,6 +154,14 @@ class EditSession {
   // Conditioning of every step level from first_step_ on (prompted, null prompt), computed in
   // create(), i.e. during pre-processing, so that segments() on the step loop only indexes.
   std::vector<at::Tensor> cond_, null_cond_;
+  // The masked tokens' model-input rows, built per step without concatenating and patchifying
+  // the whole grid: only the noisy latent changes between steps, so its rows are gathered
+  // through positions computed once (noisy_positions_, [M, C * p * p] into x_), while the
+  // rows of the other inputs (known latent, mask) are gathered once in create().
+  // input_rows_[i] is input i's block of columns, undefined for the noisy latent.
+  at::Tensor noisy_positions_;
+  std::vector<at::Tensor> input_rows_;
+  at::Tensor masked_input_rows() const;
   int step_ = 0;
   int first_step_ = 0;
   int steps_dropped_ = 0;

@@ -99,6 +99,26 @@ TEST_CASE("with every token masked the mask-aware edit equals the full recompute
   CHECK((a - to_rgb_tensor(f.tmpl->pixels)).abs().mean().item<double>() > 0.01);
 }
 
+TEST_CASE("patch_rows gathers the same rows as patchifying the whole grid", "[pipeline][edit]") {
+  c10::InferenceMode guard;
+  test::TempDir dir{"infill-patch-rows"};
+  DitConfig cfg = tiny_dit();
+  REQUIRE(write_random_model(dir.file("model"), cfg, 8, 3).ok());
+  auto model = load_model(dir.file("model"));
+  REQUIRE(model.ok());
+  const Dit& dit = (*model)->dit;
+  const int64_t p = cfg.patch_size, h = 6 * p, w = 10 * p;
+  const at::Tensor input = at::randn({cfg.in_channels(), h, w});
+  const at::Tensor all_rows = dit.patchify(input);
+  // Scattered token ids, out of order, with a repeat and both corners.
+  const at::Tensor ids = at::tensor(std::vector<int64_t>{59, 0, 13, 13, 40, 9, 50}, at::kLong);
+  CHECK(at::equal(patch_rows(input, p, ids), all_rows.index_select(0, ids)));
+  // Any channel count, and a non-contiguous view (the mask channel is a slice).
+  const at::Tensor slice = input.narrow(0, 1, 2);
+  CHECK(at::equal(patch_rows(slice, p, ids).view({ids.size(0), 2, p, p}),
+                  all_rows.index_select(0, ids).view({ids.size(0), cfg.in_channels(), p, p}).narrow(1, 1, 2)));
+}
+
 TEST_CASE("pixels outside the mask are bit-identical, inside they change", "[pipeline][edit]") {
   Fixture f;
   at::Tensor mask = at::zeros({40, 72});
