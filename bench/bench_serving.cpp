@@ -208,9 +208,10 @@ json summarize(const RunResult& r) {
           {"steps_dropped", r.steps_dropped}};
 }
 
-// Throughput of a burst (every request at t = 0) under continuous batching.
-double capacity_rps(const Setup& s, const Model& model, int workers, int n) {
-  auto burst = make_trace(99, n, 0.0, 0.11, model);
+// Throughput of a burst (every request at t = 0) under continuous batching, for requests
+// whose mask ratios have mean `mask_mean` (the larger the masks, the lower the capacity).
+double capacity_rps(const Setup& s, const Model& model, int workers, int n, double mask_mean) {
+  auto burst = make_trace(99, n, 0.0, mask_mean, model);
   const RunResult r = run(s, burst, BatchingPolicy::kContinuous, RoutingPolicy::kMaskAware, workers);
   return double(n) / (r.makespan_ms / 1000.0);
 }
@@ -387,8 +388,9 @@ int main(int argc, char** argv) {
 
   std::cerr << "capacity\n";
   const int burst = quick ? 16 : 40;
-  const double cap1 = capacity_rps(s, *s.model, 1, burst);
-  const double cap2 = capacity_rps(s, *s.model, 2, burst);
+  const double cap1 = capacity_rps(s, *s.model, 1, burst, 0.11);
+  const double cap1_large = capacity_rps(s, *s.model, 1, burst, 0.19);
+  const double cap2 = capacity_rps(s, *s.model, 2, burst, 0.11);
   const int n = requests > 0 ? requests : quick ? 30 : std::clamp(static_cast<int>(cap1 * 12), 60, 200);
 
   json out;
@@ -399,7 +401,8 @@ int main(int argc, char** argv) {
                    {"token_budget", s.token_budget}, {"requests_per_run", n}, {"threads_per_worker", 1},
                    {"pool_threads", 1}, {"deadline", "1.5x isolated latency of the request's size"},
                    {"isolated_fixed_ms", iso_fixed}, {"isolated_ms_at_mean_mask", isolated_ms(int64_t(mean_tokens))},
-                   {"capacity_rps_1_worker", cap1}, {"capacity_rps_2_workers", cap2},
+                   {"capacity_rps_1_worker", cap1}, {"capacity_rps_1_worker_mask_0.19", cap1_large},
+                   {"capacity_rps_2_workers", cap2}, {"load", "fraction of the burst capacity at the run's mask mean"},
                    {"step_reduction", "deadline policy only: an interactive request may lose up to 25% of its "
                                       "steps to keep its deadline; every run reports steps_dropped"}};
   json runs = json::array();
@@ -431,7 +434,7 @@ int main(int argc, char** argv) {
       std::map<BatchingPolicy, std::vector<RunResult>> per_trace;
       for (int k = 0; k < batch_traces; ++k) {
         const uint64_t seed = 1000 + static_cast<uint64_t>(load * 10 + mask_mean * 100) + 7919 * static_cast<uint64_t>(k);
-        auto trace = make_trace(seed, n, load * cap1, mask_mean, *s.model);
+        auto trace = make_trace(seed, n, load * (mask_mean == 0.11 ? cap1 : cap1_large), mask_mean, *s.model);
         for (auto& it : trace) it.deadline_ms = 1.5 * isolated_ms(it.tokens);
         for (size_t q = 0; q < batching.size(); ++q) {
           const BatchingPolicy p = batching[(q + static_cast<size_t>(k)) % batching.size()];
