@@ -450,12 +450,13 @@ int main(int argc, char** argv) {
         }
       }
       for (BatchingPolicy p : batching) {
-        json j = summarize(pooled(per_trace[p]));
+        const RunResult all = pooled(per_trace[p]);
+        json j = summarize(all);
         json p95s = json::array();
         for (const RunResult& one : per_trace[p]) p95s.push_back(percentile(one.latency_ms, 0.95));
         j["p95_ms_per_trace"] = p95s;
         j["traces"] = per_trace[p].size();
-        j["requests"] = pooled(per_trace[p]).latency_ms.size();
+        j["requests"] = all.latency_ms.size();
         j["policy"] = batching_policy_name(p);
         j["load"] = load;
         j["mask_mean"] = mask_mean;

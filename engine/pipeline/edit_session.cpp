@@ -98,8 +98,11 @@ at::Tensor patch_rows(const at::Tensor& chw, int64_t patch_size, const at::Tenso
   return at::take(chw, patch_row_positions(chw.size(0), chw.size(1), chw.size(2), patch_size, token_ids));
 }
 
-at::Tensor model_input(const Model& model, const at::Tensor& noisy, const at::Tensor& known,
-                       const at::Tensor& latent_mask) {
+namespace {
+
+// The model's inputs in its manifest's order, each [c, h, w].
+std::vector<at::Tensor> model_input_parts(const Model& model, const at::Tensor& noisy, const at::Tensor& known,
+                                          const at::Tensor& latent_mask) {
   std::vector<at::Tensor> parts;
   for (DitInput input : model.manifest.dit.inputs) {
     switch (input) {
@@ -108,6 +111,14 @@ at::Tensor model_input(const Model& model, const at::Tensor& noisy, const at::Te
       case DitInput::kMask: parts.push_back(latent_mask.unsqueeze(0)); break;
     }
   }
+  return parts;
+}
+
+}  // namespace
+
+at::Tensor model_input(const Model& model, const at::Tensor& noisy, const at::Tensor& known,
+                       const at::Tensor& latent_mask) {
+  const std::vector<at::Tensor> parts = model_input_parts(model, noisy, known, latent_mask);
   return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
 }
 
@@ -187,15 +198,12 @@ Result<std::unique_ptr<EditSession>> EditSession::create(std::shared_ptr<const M
     s->null_cond_.push_back(split_prompt ? model->dit.conditioning(t, at::Tensor()) : s->cond_.back());
   }
   if (s->uses_cache() && s->tokens_.count() > 0) {
-    const int64_t p = cfg.patch_size, h = s->x_.size(1), w = s->x_.size(2);
-    auto rows_of = [&](const at::Tensor& chw) { return patch_rows(chw, p, s->tokens_.indices); };
-    s->noisy_positions_ = patch_row_positions(s->x_.size(0), h, w, p, s->tokens_.indices);
-    for (DitInput input : cfg.inputs) {
-      switch (input) {
-        case DitInput::kNoisyLatent: s->input_rows_.emplace_back(); break;
-        case DitInput::kMaskedLatent: s->input_rows_.push_back(rows_of(s->known_)); break;
-        case DitInput::kMask: s->input_rows_.push_back(rows_of(s->latent_mask_.unsqueeze(0))); break;
-      }
+    const int64_t p = cfg.patch_size;
+    s->noisy_positions_ =
+        patch_row_positions(s->x_.size(0), s->x_.size(1), s->x_.size(2), p, s->tokens_.indices);
+    // The noisy latent's part stays undefined: masked_input_rows() gathers it each step.
+    for (const at::Tensor& part : model_input_parts(*model, at::Tensor(), s->known_, s->latent_mask_)) {
+      s->input_rows_.push_back(part.defined() ? patch_rows(part, p, s->tokens_.indices) : at::Tensor());
     }
   }
   if (s->guided_) {
