@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "serving/cost_model.h"
+
 namespace infill {
 
 /// One request's account, filled when it reaches a terminal state.
@@ -17,7 +19,8 @@ struct RequestMetrics {
   double prepare_ms = 0.0;       ///< pre-processing plus waiting for the template's prepare job
   double ready_ms = 0.0;         ///< submit -> could join a step (with the wait for a pool thread)
   double run_ms = 0.0;           ///< first step -> last step
-  double post_ms = 0.0;          ///< decode, composite, PNG encode
+  double post_ms = 0.0;          ///< last step -> result: waiting for a pool thread, then post_work_ms
+  double post_work_ms = 0.0;     ///< the pool thread's time on decode, composite, PNG encode
   double total_ms = 0.0;         ///< submit -> terminal state
   int steps_requested = 0;       ///< denoising steps the request asked for (after strength)
   int steps_run = 0;             ///< steps actually run
@@ -42,9 +45,12 @@ struct WorkerMetrics {
   double sched_ms_total = 0.0;   ///< batch selection
   double pack_ms_total = 0.0;    ///< building and splitting the packed segments
   double uptime_ms = 0.0;
-  /// Recent step latencies (ms) and batch sizes, oldest first, at most kRecent each.
-  std::vector<double> recent_step_ms;
-  std::vector<int> recent_batch;
+  /// The recent batched steps as the cost model sees them (packed tokens, batch size,
+  /// attention work, and the whole step-loop time of the step: scheduling, packing, forward,
+  /// sampler updates), oldest first, at most kRecent. StepCostModel::fit on these gives the
+  /// cost of steps under the real load, which a start-up calibration on a quiet machine can
+  /// miss (other threads, the machine's speed drifting).
+  std::vector<StepSample> recent_steps;
   static constexpr size_t kRecent = 4096;
 
   double mean_batch() const { return steps ? double(requests_advanced) / double(steps) : 0.0; }

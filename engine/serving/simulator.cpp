@@ -4,6 +4,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <deque>
 #include <queue>
 #include <unordered_map>
 
@@ -59,6 +60,46 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
   Router router(o.routing);
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
   uint64_t seq = 0;
+
+  // How much slower work started now runs: the busy step loops and pool threads share
+  // o.cores cores (the count includes the work being started).
+  int busy_workers = 0, pool_busy = 0;
+  const auto slowdown = [&](int runnable) {
+    return o.cores > 0 ? std::max(1.0, double(runnable) / double(o.cores)) : 1.0;
+  };
+  // Pre-processing ends in kReady, post-processing in kResult; with a bounded pool both wait
+  // for a thread, first come first served, as the worker's task pool does.
+  struct PoolTask {
+    size_t who;
+    Ev then;
+    double ms;
+  };
+  std::deque<PoolTask> pool_queue;
+  const auto start_pool_task = [&](const PoolTask& t, double now) {
+    ++pool_busy;
+    events.push({now + t.ms * slowdown(busy_workers + pool_busy), t.then, t.who, seq++});
+  };
+  const auto submit_pool = [&](size_t who, Ev then, double now) {
+    const SimRequest& r = trace[st[who].index];
+    const PoolTask t{who, then,
+                     then == Ev::kReady ? o.pre_ms : o.post_ms + o.post_ms_per_token * double(r.tokens)};
+    if (o.pool_threads <= 0) {
+      events.push({now + t.ms, then, who, seq++});
+    } else if (pool_busy < o.pool_threads) {
+      start_pool_task(t, now);
+    } else {
+      pool_queue.push_back(t);
+    }
+  };
+  const auto release_pool = [&](double now) {
+    if (o.pool_threads <= 0) return;
+    --pool_busy;
+    if (!pool_queue.empty()) {
+      const PoolTask t = pool_queue.front();
+      pool_queue.pop_front();
+      start_pool_task(t, now);
+    }
+  };
   double first = std::numeric_limits<double>::infinity(), last = 0;
   for (size_t i = 0; i < n; ++i) {
     st[i].index = i;
@@ -106,8 +147,10 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
       attention += double(r.tokens) * double(r.total_tokens);
       w.batch.push_back(id);
     }
-    const double dt = cost.predict_ms(tokens, double(w.batch.size()), attention) + o.step_overhead_ms;
     w.busy = true;
+    ++busy_workers;
+    const double dt = (cost.predict_ms(tokens, double(w.batch.size()), attention) + o.step_overhead_ms) *
+                      slowdown(busy_workers + pool_busy);
     w.busy_ms += dt;
     ++report.steps;
     events.push({now + dt, Ev::kStepEnd, wi, seq++});
@@ -135,16 +178,17 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
         SimWorker& w = workers[static_cast<size_t>(s.worker)];
         w.requests += 1;
         w.work_ms += s.work_ms;
-        events.push({now + o.pre_ms, Ev::kReady, e.who, seq++});
+        submit_pool(e.who, Ev::kReady, now);
         break;
       }
       case Ev::kReady: {
+        release_pool(now);
         SimState& s = st[e.who];
         s.ready_ms = now;
         s.last_advance_ms = now;
         SimWorker& w = workers[static_cast<size_t>(s.worker)];
         if (s.steps_left <= 0) {
-          events.push({now + o.post_ms, Ev::kResult, e.who, seq++});
+          submit_pool(e.who, Ev::kResult, now);
           break;
         }
         w.ready.push_back(e.who);
@@ -154,6 +198,7 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
       case Ev::kStepEnd: {
         SimWorker& w = workers[e.who];
         w.busy = false;
+        --busy_workers;
         for (size_t id : w.batch) {
           SimState& s = st[id];
           --s.steps_left;
@@ -166,7 +211,7 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
             w.work_ms -= s.work_ms;
             s.work_ms = 0;
             s.done = true;
-            events.push({now + o.post_ms, Ev::kResult, id, seq++});
+            submit_pool(id, Ev::kResult, now);
           }
         }
         std::erase_if(w.ready, [&](size_t id) { return st[id].done; });
@@ -175,6 +220,7 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
         break;
       }
       case Ev::kResult: {
+        release_pool(now);
         SimState& s = st[e.who];
         const SimRequest& r = trace[s.index];
         workers[static_cast<size_t>(s.worker)].requests -= 1;

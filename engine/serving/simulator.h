@@ -3,11 +3,14 @@
 /// Router as the real workers, driven by the step cost model instead of model execution, so
 /// that clusters of 8, 64 or 512 devices can be planned on a laptop.
 ///
-/// Modelled: routing at arrival (same load signal as Worker::load), pre-processing as a fixed
-/// delay before a request can join a step, one step at a time per worker whose latency is the
-/// cost model's prediction for the batch plus a fixed per-step overhead, post-processing as a
-/// fixed delay after the last step. Not modelled: prepare jobs (templates are assumed prepared),
-/// contention of the task pool with the step loops, cancels.
+/// Modelled: routing at arrival (same load signal as Worker::load); pre-processing before a
+/// request can join a step and post-processing after its last step, either as fixed delays or
+/// as tasks queueing for a bounded pool of threads (first come first served, as the worker's
+/// task pool); one step at a time per worker whose latency is the cost model's prediction for
+/// the batch plus a fixed per-step overhead; optionally, the step loops and pool threads
+/// sharing fewer cores than there are of them (work started while more are busy than there
+/// are cores runs proportionally slower, fixed at its start). Not modelled: prepare jobs
+/// (templates are assumed prepared), cancels.
 ///
 /// Threading: a pure function; runs on the calling thread.
 
@@ -38,9 +41,15 @@ struct SimOptions {
   RoutingPolicy routing = RoutingPolicy::kMaskAware;
   int64_t token_budget = 2048;
   SchedulerOptions scheduler;  ///< allow_step_reduction is honoured here
-  double pre_ms = 0;           ///< arrival -> can join a step
-  double post_ms = 0;          ///< last step -> result
+  double pre_ms = 0;           ///< arrival -> can join a step (pool work of pre-processing)
+  double post_ms = 0;          ///< last step -> result (pool work of post-processing) ...
+  double post_ms_per_token = 0;  ///< ... plus this per masked token (the decoded region grows)
   double step_overhead_ms = 0; ///< scheduling, packing and loop overhead per step
+  /// Threads of the pre/post-processing pool shared by all workers; 0 = unbounded (pre_ms and
+  /// post_ms are then pure delays).
+  int pool_threads = 0;
+  /// Cores shared by the step loops (one thread each) and the pool threads; 0 = no contention.
+  int cores = 0;
 };
 
 struct SimOutcome {

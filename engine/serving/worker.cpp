@@ -57,6 +57,7 @@ struct Worker::Record {
   double deadline_rel_ms = 0;
   double deadline_abs_ms = 0;
   double preprocess_ms = -1, ready_ms = -1, first_step_ms = -1, last_step_ms = -1, finish_ms = -1;
+  std::atomic<double> post_start_ms{-1};  // written by the pool thread, read by whoever completes
   bool shared_prepare = false;
 
   std::shared_ptr<const TemplateImage> tmpl;
@@ -203,6 +204,9 @@ WorkerMetrics Worker::metrics() const {
   std::lock_guard lock(metrics_mu_);
   WorkerMetrics m = metrics_;
   m.uptime_ms = now_ms();
+  if (m.recent_steps.size() > WorkerMetrics::kRecent) {
+    m.recent_steps.erase(m.recent_steps.begin(), m.recent_steps.end() - WorkerMetrics::kRecent);
+  }
   return m;
 }
 
@@ -246,6 +250,7 @@ void Worker::complete(const std::shared_ptr<Record>& r, RequestState state, Stat
   m.queue_ms = r->first_step_ms >= 0 ? std::max(0.0, r->first_step_ms - r->submitted_ms - m.prepare_ms) : 0.0;
   m.run_ms = r->first_step_ms >= 0 ? r->last_step_ms - r->first_step_ms : 0.0;
   m.post_ms = r->finish_ms >= 0 ? now - r->finish_ms : 0.0;
+  m.post_work_ms = r->post_start_ms >= 0 ? now - r->post_start_ms : 0.0;
   if (state == RequestState::kDone && r->finish_ms >= 0) {
     // Running mean over the recent results, for the scheduler's deadlines (see run_step).
     const double before = post_estimate_ms_.load();
@@ -403,6 +408,7 @@ void Worker::create_session(const std::shared_ptr<Record>& r, std::shared_ptr<co
 
 void Worker::finish(const std::shared_ptr<Record>& r) {
   const uint64_t id = r->req.id;
+  r->post_start_ms = now_ms();
   try {
     if (options_.before_finish) {
       Status s = options_.before_finish(id);
@@ -686,11 +692,16 @@ void Worker::run_step() {
   std::string error;
   at::Tensor rows;
   std::chrono::steady_clock::time_point t2, t3;
+  int64_t step_tokens = 0;
+  double step_attention = 0;
   try {
     for (uint64_t id : decision.advance) {
       auto& r = by_id.at(id);
       batch.push_back(r);
       ids.push_back(id);
+      const int64_t tokens = r->tokens * (r->session->guided() ? 2 : 1);
+      step_tokens += tokens;
+      step_attention += double(tokens) * double(r->total_tokens);
       for (const DitSegment& s : r->session->segments()) segments.push_back(s);
     }
     t2 = std::chrono::steady_clock::now();
@@ -778,12 +789,11 @@ void Worker::run_step() {
   m.sched_ms_total += ms(t0, t1);
   m.pack_ms_total += ms(t1, t2);
   m.step_ms_total += ms(t2, t4);
-  m.recent_step_ms.push_back(ms(t1, t4));
-  m.recent_batch.push_back(static_cast<int>(batch.size()));
-  if (m.recent_step_ms.size() > WorkerMetrics::kRecent) {
-    m.recent_step_ms.erase(m.recent_step_ms.begin());
-    m.recent_batch.erase(m.recent_batch.begin());
+  // Trimmed in chunks: erasing the oldest sample every step would move 4096 of them each time.
+  if (m.recent_steps.size() >= WorkerMetrics::kRecent + WorkerMetrics::kRecent / 4) {
+    m.recent_steps.erase(m.recent_steps.begin(), m.recent_steps.end() - WorkerMetrics::kRecent);
   }
+  m.recent_steps.push_back({double(step_tokens), double(batch.size()), step_attention, ms(t0, t4)});
 }
 
 void Worker::publish_load() {

@@ -100,6 +100,22 @@ TEST_CASE("batched steps give each request the output it gets alone", "[serving]
   const WorkerMetrics m = rt->worker_metrics().at(0);
   CHECK(m.max_batch == 4);
   CHECK(m.prepare_steps == 4);  // one prepare job of 4 steps served all four requests
+  // The live cost samples: every batched step, each with the batch's packed tokens (the
+  // guided request twice) and attention work, as the cost model is fitted on.
+  REQUIRE(m.recent_steps.size() == m.steps);
+  double tokens = 0, attention = 0;
+  for (uint64_t id = 1; id <= 4; ++id) {
+    const RequestMetrics& rm = c.only(id).metrics;
+    const double t = double(rm.masked_tokens) * (id == 4 ? 2 : 1);
+    tokens += t;
+    attention += t * double(rm.total_tokens);
+  }
+  const auto full = std::find_if(m.recent_steps.begin(), m.recent_steps.end(),
+                                 [](const StepSample& s) { return s.batch_size == 4; });
+  REQUIRE(full != m.recent_steps.end());
+  CHECK(full->tokens == tokens);
+  CHECK(full->attention_work == attention);
+  CHECK(full->ms > 0);
   EditPipeline alone(f.model, ServingFixture::new_store());
   for (uint64_t id = 1; id <= 4; ++id) {
     const RequestResult& r = c.only(id);
@@ -108,6 +124,9 @@ TEST_CASE("batched steps give each request the output it gets alone", "[serving]
     CHECK(r.metrics.steps_run == 4);
     CHECK(r.metrics.steps_dropped == 0);
     CHECK_FALSE(r.png.empty());
+    // The pool thread's share of the post-processing time: positive, within the whole.
+    CHECK(r.metrics.post_work_ms > 0);
+    CHECK(r.metrics.post_work_ms <= r.metrics.post_ms);
     auto ref = alone.edit(f.templates[0], params[id - 1]);
     REQUIRE(ref.ok());
     // Same rows through the same kernels; packing may only change float rounding.

@@ -81,6 +81,51 @@ TEST_CASE("continuous batching lets a late arrival join; static makes it wait", 
   CHECK(co.requests[0].latency_ms == Approx(40.0).margin(1e-3));
 }
 
+TEST_CASE("a one-thread pool makes pre- and post-processing queue, first come first served", "[serving][simulator]") {
+  const StepCostModel m = cost(10.0, 0.0, 0.0, 0.0);  // every step 10 ms
+  // Two requests at once, one step each; pre-processing takes 12 ms, post-processing 2 ms +
+  // 2 ms per masked token (22 ms for the first, 42 ms for the second).
+  std::vector<SimRequest> trace = {{1, 0.0, 10, 100, 1, 1e6, RequestClass::kInteractive},
+                                   {2, 0.0, 20, 100, 1, 1e6, RequestClass::kInteractive}};
+  SimOptions o;
+  o.policy = BatchingPolicy::kContinuous;
+  o.pre_ms = 12;
+  o.post_ms = 2;
+  o.post_ms_per_token = 2;
+  o.pool_threads = 1;
+  const SimReport one = simulate(trace, m, o);
+  // 1: pre 0-12, step 12-22, post waits for 2's pre (12-24) and runs 24-46.
+  // 2: step 24-34, post waits for 1's and runs 46-88.
+  CHECK(one.requests[0].latency_ms == Approx(46.0).margin(1e-3));
+  CHECK(one.requests[1].latency_ms == Approx(88.0).margin(1e-3));
+  o.pool_threads = 0;  // unbounded: pure delays
+  const SimReport free = simulate(trace, m, o);
+  // Both ready at 12; 1's step (12-22) had started, 2 steps 22-32 and posts 32-74.
+  CHECK(free.requests[0].latency_ms == Approx(44.0).margin(1e-3));
+  CHECK(free.requests[1].latency_ms == Approx(74.0).margin(1e-3));
+}
+
+TEST_CASE("step loops sharing fewer cores than they need run proportionally slower", "[serving][simulator]") {
+  const StepCostModel m = cost(10.0, 0.0, 0.0, 0.0);  // every step 10 ms on a core of its own
+  std::vector<SimRequest> trace = {{1, 0.0, 10, 100, 3, 1e6, RequestClass::kInteractive},
+                                   {2, 0.0, 10, 100, 3, 1e6, RequestClass::kInteractive}};
+  SimOptions o;
+  o.policy = BatchingPolicy::kContinuous;
+  o.routing = RoutingPolicy::kRoundRobin;  // one request on each of two workers
+  o.workers = 2;
+  o.cores = 2;
+  const SimReport enough = simulate(trace, m, o);
+  CHECK(enough.requests[0].latency_ms == Approx(30.0).margin(1e-3));
+  CHECK(enough.requests[1].latency_ms == Approx(30.0).margin(1e-3));
+  o.cores = 1;
+  const SimReport shared = simulate(trace, m, o);
+  // Worker 0's first step starts alone (10 ms); every other step starts with both loops
+  // busy and takes 20 ms.
+  CHECK(shared.requests[0].latency_ms == Approx(10.0 + 20.0 + 20.0).margin(1e-3));
+  CHECK(shared.requests[1].latency_ms == Approx(60.0).margin(1e-3));
+  CHECK(shared.requests[1].latency_ms > enough.requests[1].latency_ms);
+}
+
 TEST_CASE("under overload the deadline scheduler meets more deadlines than FCFS", "[serving][simulator]") {
   // A fixed per-step cost that batching amortises, as on a CPU with a small model.
   const StepCostModel m = cost(6.0, 0.01, 0.3, 0.00001);
