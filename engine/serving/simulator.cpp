@@ -1,10 +1,10 @@
 #include "serving/simulator.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <numeric>
-#include <deque>
 #include <queue>
 #include <unordered_map>
 
