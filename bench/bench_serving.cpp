@@ -564,7 +564,8 @@ int main(int argc, char** argv) {
   // only what the runs at 50% load measured: the pool thread's pre- and post-processing time
   // (post growing with the masked tokens), the per-step overhead, and the step cost, either
   // from the start-up calibration or refitted on the steps the workers ran at 50% load. It
-  // models the one-thread pool and the machine's cores shared by step loops and pool.
+  // models the one-thread pool, the machine's cores shared by step loops and pool, and the
+  // spread of step and pool times around their predictions (measured / predicted at 50% load).
   // Errors are on the pooled latencies of all the 80% runs, with each run's listed too.
   {
     const RunResult base = pooled(at_50);
@@ -578,7 +579,22 @@ int main(int argc, char** argv) {
     auto live_fit = live->evaluate(steps_at_80);
     if (!startup_fit.ok() || !live_fit.ok()) die(Status(ErrorCode::kInternal, "no steps at 80% load"), "cost fit");
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    // The spread of real times around the predictions, at 50% load: measured / predicted.
+    auto step_factors = [&](const StepCostModel& cost, double step_overhead_ms) {
+      std::vector<double> f;
+      for (const StepSample& x : base.step_samples) {
+        const double p = cost.predict_ms(x.tokens, x.batch_size, x.attention_work) + step_overhead_ms;
+        if (p > 0) f.push_back(x.ms / p);
+      }
+      return f;
+    };
+    std::vector<double> pool_factors;
+    for (const PoolWork& w : base.pool_work) {
+      const double p = service.post_ms + service.post_ms_per_token * double(w.tokens);
+      if (p > 0 && w.post_ms > 0) pool_factors.push_back(w.post_ms / p);
+    }
     auto validate = [&](const StepCostModel& cost, double step_overhead_ms) {
+      const std::vector<double> factors = step_factors(cost, step_overhead_ms);
       std::vector<double> measured_all, simulated_all;
       json per_run = json::array();
       for (const Measured& m : at_80) {
@@ -594,6 +610,8 @@ int main(int argc, char** argv) {
         so2.pool_threads = 1;
         so2.cores = cores;
         so2.step_overhead_ms = step_overhead_ms;
+        so2.step_time_factors = factors;
+        so2.pool_time_factors = pool_factors;
         const SimReport rep = simulate(to_sim(m.trace), cost, so2);
         std::vector<double> sim_lat;
         for (const auto& x : rep.requests) sim_lat.push_back(x.latency_ms);

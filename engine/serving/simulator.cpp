@@ -6,6 +6,7 @@
 #include <memory>
 #include <numeric>
 #include <queue>
+#include <random>
 #include <unordered_map>
 
 namespace infill {
@@ -61,6 +62,11 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
   uint64_t seq = 0;
 
+  std::mt19937_64 rng(o.seed);
+  const auto draw = [&](const std::vector<double>& factors) {
+    if (factors.empty()) return 1.0;
+    return std::max(0.0, factors[std::uniform_int_distribution<size_t>(0, factors.size() - 1)(rng)]);
+  };
   // How much slower work started now runs: the busy step loops and pool threads share
   // o.cores cores (the count includes the work being started).
   int busy_workers = 0, pool_busy = 0;
@@ -77,14 +83,15 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
   std::deque<PoolTask> pool_queue;
   const auto start_pool_task = [&](const PoolTask& t, double now) {
     ++pool_busy;
-    events.push({now + t.ms * slowdown(busy_workers + pool_busy), t.then, t.who, seq++});
+    const double ms = t.ms * draw(o.pool_time_factors) * slowdown(busy_workers + pool_busy);
+    events.push({now + ms, t.then, t.who, seq++});
   };
   const auto submit_pool = [&](size_t who, Ev then, double now) {
     const SimRequest& r = trace[st[who].index];
     const PoolTask t{who, then,
                      then == Ev::kReady ? o.pre_ms : o.post_ms + o.post_ms_per_token * double(r.tokens)};
     if (o.pool_threads <= 0) {
-      events.push({now + t.ms, then, who, seq++});
+      events.push({now + t.ms * draw(o.pool_time_factors), then, who, seq++});
     } else if (pool_busy < o.pool_threads) {
       start_pool_task(t, now);
     } else {
@@ -150,7 +157,7 @@ SimReport simulate(std::span<const SimRequest> trace, const StepCostModel& cost,
     w.busy = true;
     ++busy_workers;
     const double dt = (cost.predict_ms(tokens, double(w.batch.size()), attention) + o.step_overhead_ms) *
-                      slowdown(busy_workers + pool_busy);
+                      draw(o.step_time_factors) * slowdown(busy_workers + pool_busy);
     w.busy_ms += dt;
     ++report.steps;
     events.push({now + dt, Ev::kStepEnd, wi, seq++});

@@ -10,7 +10,8 @@
 /// the batch plus a fixed per-step overhead; optionally, the step loops and pool threads
 /// sharing fewer cores than there are of them (work started while more are busy than there
 /// are cores runs proportionally slower, fixed at its start). Not modelled: prepare jobs
-/// (templates are assumed prepared), cancels.
+/// (templates are assumed prepared), cancels. Optionally, step and pool times vary by factors
+/// drawn from measured ratios (see SimOptions::step_time_factors).
 ///
 /// Threading: a pure function; runs on the calling thread.
 
@@ -50,6 +51,13 @@ struct SimOptions {
   int pool_threads = 0;
   /// Cores shared by the step loops (one thread each) and the pool threads; 0 = no contention.
   int cores = 0;
+  /// Run-to-run variation: each step's time, and each pool task's, is multiplied by a factor
+  /// drawn uniformly (seeded by `seed`) from these lists, e.g. the measured / predicted ratios
+  /// of real steps and tasks. A queue's tail grows with the variance of its service times, so
+  /// exact times under-predict P95 on a noisy machine. Empty = exact times.
+  std::vector<double> step_time_factors;
+  std::vector<double> pool_time_factors;
+  uint64_t seed = 1;
 };
 
 struct SimOutcome {

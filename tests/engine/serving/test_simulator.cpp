@@ -126,6 +126,43 @@ TEST_CASE("step loops sharing fewer cores than they need run proportionally slow
   CHECK(shared.requests[1].latency_ms > enough.requests[1].latency_ms);
 }
 
+TEST_CASE("step and pool times vary by factors drawn from the given ratios, reproducibly", "[serving][simulator]") {
+  const StepCostModel m = cost(2.0, 0.1, 0.5, 0.0);
+  SimRequest r{1, 0.0, 40, 100, 5, 1000.0, RequestClass::kInteractive};
+  SimOptions o;
+  o.pre_ms = 3;
+  o.post_ms = 7;
+  o.pool_threads = 1;
+  o.step_time_factors = {2.0};
+  o.pool_time_factors = {3.0};
+  const double step = 2.0 + 0.1 * 40 + 0.5;
+  const SimReport lone = simulate(std::span(&r, 1), m, o);
+  CHECK(lone.requests[0].latency_ms == Approx(3 * 3 + 5 * 2 * step + 3 * 7).margin(1e-3));
+
+  // Two ratios: every step takes 0.5x or 1.5x; the same seed gives the same run.
+  const auto trace = poisson_trace(7, 200, 0.005, 3.0, m);  // about half the capacity
+  o.step_time_factors = {0.5, 1.5};
+  o.pool_time_factors = {};
+  o.seed = 11;
+  const SimReport a = simulate(trace, m, o), b = simulate(trace, m, o);
+  o.seed = 12;
+  const SimReport c = simulate(trace, m, o);
+  o.step_time_factors = {};
+  const SimReport exact = simulate(trace, m, o);
+  REQUIRE(a.requests.size() == trace.size());
+  bool differs = false;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    CHECK(a.requests[i].latency_ms == b.requests[i].latency_ms);
+    differs = differs || a.requests[i].latency_ms != c.requests[i].latency_ms;
+  }
+  CHECK(differs);
+  // Mean factor 1: the busy time stays near the exact run's (200 requests x 10 steps).
+  double busy_a = 0, busy_exact = 0;
+  for (double x : a.busy_ms) busy_a += x;
+  for (double x : exact.busy_ms) busy_exact += x;
+  CHECK(busy_a == Approx(busy_exact).epsilon(0.1));
+}
+
 TEST_CASE("under overload the deadline scheduler meets more deadlines than FCFS", "[serving][simulator]") {
   // A fixed per-step cost that batching amortises, as on a CPU with a small model.
   const StepCostModel m = cost(6.0, 0.01, 0.3, 0.00001);
