@@ -1,5 +1,6 @@
 #include "pipeline/edit_session.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -336,10 +337,11 @@ Result<EditOutput> EditSession::finish() const {
   at::Tensor z = to_autoencoder_scale(*model_, at::where(keep_mask_, tmpl_->latent, x_)).unsqueeze(0);
   at::Tensor decoded = model_->autoencoder->decode_crop(z, r.x / factor, r.y / factor, r.width / factor,
                                                      r.height / factor, params_.decode_margin)[0];
-  at::Tensor generated = tmpl_->rgb.clone();
-  generated.narrow(1, r.y, r.height).narrow(2, r.x, r.width).copy_(decoded);
-  generated = crop(generated, tmpl_->width, tmpl_->height);
-  out.image = composite(tmpl_->pixels, generated, feather(params_.mask, params_.feather_px));
+  // Every masked pixel lies in the region's part inside the original: feather and blend run
+  // there alone, the rest of the original is copied byte for byte.
+  const PixelRect inside{r.x, r.y, std::min(r.width, tmpl_->width - r.x), std::min(r.height, tmpl_->height - r.y)};
+  const at::Tensor generated = decoded.narrow(1, 0, inside.height).narrow(2, 0, inside.width).contiguous();
+  out.image = composite(tmpl_->pixels, generated, feather_region(params_.mask, params_.feather_px, inside), inside);
   return out;
 }
 

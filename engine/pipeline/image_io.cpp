@@ -340,6 +340,7 @@ Result<std::vector<std::byte>> encode_png(const PixelImage& image, int compressi
       image.format == PixelFormat::kU8 ? OIIO::TypeDesc::UINT8 : OIIO::TypeDesc::UINT16;
   OIIO::ImageSpec spec = make_spec(image, stored);
   spec.attribute("png:compressionLevel", std::clamp(compression_level, 0, 9));
+  spec.attribute("png:filter", kPngFilterUp);
   bool ok = output->open("memory.png", spec) &&
             output->write_image(oiio_type(image.format), image.data.data());
   ok = output->close() && ok;

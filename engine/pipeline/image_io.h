@@ -73,9 +73,15 @@ Status save_image(const std::string& path, const PixelImage& image);
 /// and results sent to a local client.
 constexpr int kDefaultPngCompression = 1;
 
+/// libpng row filter encode_png uses: "up" alone. libpng's default tries all five filters on
+/// every row; at level 1 that search costs as much as the deflate itself. Measured here
+/// (OIIO 2.4, level 1): a 512^2 photo 22.2 -> 11.0 ms for a file 2.3% larger, 384^2 noise
+/// 16.3 -> 8.5 ms. Value as libpng's PNG_FILTER_UP.
+constexpr int kPngFilterUp = 0x20;
+
 /// PNG encoding in memory (previews, results over the wire). u8 and u16 are stored as is;
 /// f32 is clamped to [0, 1] and stored as u16. `compression_level` is zlib's 0 (none) to 9
-/// (smallest); out-of-range values are clamped.
+/// (smallest); out-of-range values are clamped. Rows are filtered with kPngFilterUp.
 Result<std::vector<std::byte>> encode_png(const PixelImage& image,
                                           int compression_level = kDefaultPngCompression);
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -189,6 +191,26 @@ at::Tensor feather(const at::Tensor& pixel_mask, float radius_px) {
     a[i] = static_cast<float>(m[i] * ramp);
   }
   return alpha;
+}
+
+at::Tensor feather_region(const at::Tensor& pixel_mask, float radius_px, const PixelRect& region) {
+  check_2d_mask(pixel_mask, "feather_region");
+  const int h = static_cast<int>(pixel_mask.size(0)), w = static_cast<int>(pixel_mask.size(1));
+  const PixelRect& r = region;
+  if (r.empty() || r.x < 0 || r.y < 0 || r.x + r.width > w || r.y + r.height > h) {
+    throw std::invalid_argument("feather_region: region " + std::to_string(r.width) + "x" + std::to_string(r.height) +
+                                " at " + std::to_string(r.x) + "," + std::to_string(r.y) + " is empty or leaves the " +
+                                std::to_string(w) + "x" + std::to_string(h) + " mask");
+  }
+  const int x0 = std::max(0, r.x - 1), y0 = std::max(0, r.y - 1);
+  const int x1 = std::min(w, r.x + r.width + 1), y1 = std::min(h, r.y + r.height + 1);
+  const at::Tensor grown = pixel_mask.narrow(0, y0, y1 - y0).narrow(1, x0, x1 - x0);
+  // Outside the region nothing may be masked, or the ring would not hold only kept pixels.
+  const int64_t inside = (pixel_mask.narrow(0, r.y, r.height).narrow(1, r.x, r.width) > 0).sum().item<int64_t>();
+  if ((pixel_mask > 0).sum().item<int64_t>() != inside) {
+    throw std::invalid_argument("feather_region: the mask has pixels > 0 outside the region");
+  }
+  return feather(grown, radius_px).narrow(0, r.y - y0, r.height).narrow(1, r.x - x0, r.width).contiguous();
 }
 
 PixelRect bounding_box(const at::Tensor& mask, int margin, int align) {

@@ -231,6 +231,29 @@ TEST_CASE("feather ramps inward and is exactly zero outside the mask", "[mask]")
   }
 }
 
+TEST_CASE("feather_region equals feather on the region, also at the image border", "[mask]") {
+  at::manual_seed(11);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int h = 30 + trial, w = 41 - trial / 2;
+    // Ragged masks inside a random box (touching the image border in some trials), with
+    // holes, so that nearest kept pixels lie both inside the box and on its ring.
+    const int bx = trial % 4 == 0 ? 0 : trial % 7, by = trial % 3 == 0 ? 0 : trial % 5;
+    const int bw = w - bx - (trial % 2 ? 0 : trial % 6), bh = h - by - (trial % 5 ? 3 : 0);
+    at::Tensor mask = at::zeros({h, w});
+    mask.narrow(0, by, bh).narrow(1, bx, bw).copy_((at::rand({bh, bw}) > 0.15).to(at::kFloat));
+    const PixelRect box = bounding_box(mask, 0, 1);
+    const at::Tensor expected = feather(mask, 5.0f).narrow(0, box.y, box.height).narrow(1, box.x, box.width);
+    const at::Tensor got = feather_region(mask, 5.0f, box);
+    REQUIRE(got.sizes() == expected.sizes());
+    CHECK(at::equal(got, expected));  // the same distances, so bit for bit
+  }
+  at::Tensor mask = at::zeros({20, 20});
+  mask.narrow(0, 5, 6).narrow(1, 5, 6).fill_(1.0f);
+  CHECK_THROWS_WITH(feather_region(mask, 3.0f, {6, 6, 4, 4}), Catch::Contains("outside the region"));
+  CHECK_THROWS_WITH(feather_region(mask, 3.0f, {18, 0, 4, 4}), Catch::Contains("leaves the 20x20 mask"));
+  CHECK_THROWS_WITH(feather_region(mask, 3.0f, {0, 0, 0, 4}), Catch::Contains("is empty"));
+}
+
 TEST_CASE("bounding_box grows, aligns and clamps", "[mask]") {
   at::Tensor mask = at::zeros({48, 64});
   mask[20][10] = 0.5f;
