@@ -503,14 +503,17 @@ int main(int argc, char** argv) {
   }
   out["runs"] = runs;
 
-  // Routing: every policy replays the same traces (2 workers at 80% of their burst capacity);
-  // p95_ms is over the requests of all traces pooled.
-  json routing = json::array();
-  {
-    const int traces = quick ? 1 : 4;
+  // Routing: every policy replays the same traces (2 workers at 80% of their burst capacity,
+  // and at 50%, which the simulator is given for its two-worker runs); p95_ms is over the
+  // requests of all traces pooled.
+  std::vector<RunResult> at_50_two;
+  for (double load : {0.5, 0.8}) {
+    json routing = json::array();
+    const int traces = quick ? 1 : load == 0.8 ? 4 : 2;
     std::vector<std::vector<TraceItem>> route_traces;
     for (int k = 0; k < traces; ++k) {
-      route_traces.push_back(make_trace(77 + static_cast<uint64_t>(k), n, 0.8 * cap2, 0.11, *s.model));
+      route_traces.push_back(make_trace(77 + static_cast<uint64_t>(k) + (load == 0.5 ? 100 : 0), n, load * cap2, 0.11,
+                                        *s.model));
       for (auto& it : route_traces.back()) it.deadline_ms = 1.5 * isolated_ms(it.tokens);
     }
     // The machine's speed drifts over minutes: the policies take turns on each trace, in an
@@ -521,11 +524,15 @@ int main(int argc, char** argv) {
     for (int k = 0; k < traces; ++k) {
       for (size_t q = 0; q < policies.size(); ++q) {
         const RoutingPolicy p = policies[(q + static_cast<size_t>(k)) % policies.size()];
-        std::cerr << "routing " << routing_policy_name(p) << " trace " << k + 1 << "/" << traces << "\n";
+        std::cerr << "routing " << routing_policy_name(p) << " load " << load << " trace " << k + 1 << "/" << traces
+                  << "\n";
         RunResult r = run(s, route_traces[static_cast<size_t>(k)], BatchingPolicy::kContinuous, p, 2);
         account(r);
-        at_80.push_back({r, route_traces[static_cast<size_t>(k)], BatchingPolicy::kContinuous, p, 2,
-                         std::string("2 workers ") + routing_policy_name(p)});
+        if (load == 0.5) at_50_two.push_back(r);
+        if (load == 0.8) {
+          at_80.push_back({r, route_traces[static_cast<size_t>(k)], BatchingPolicy::kContinuous, p, 2,
+                           std::string("2 workers ") + routing_policy_name(p)});
+        }
         per_trace[p].push_back(std::move(r));
       }
     }
@@ -541,11 +548,11 @@ int main(int argc, char** argv) {
                          {"p95_ms_per_trace", p95s},
                          {"requests", all.latency_ms.size()},
                          {"workers", 2},
-                         {"load", 0.8},
+                         {"load", load},
                          {"traces", traces}});
     }
+    out[load == 0.8 ? "routing" : "routing_at_50pct_load"] = routing;
   }
-  out["routing"] = routing;
   out["sched_overhead_fraction"] = busy > 0 ? (sched_ms + pack_ms) / busy : 0.0;
   out["sched_overhead"] = {{"scheduling_fraction", busy > 0 ? sched_ms / busy : 0.0},
                            {"packing_fraction", busy > 0 ? pack_ms / busy : 0.0},
@@ -563,9 +570,10 @@ int main(int argc, char** argv) {
   // worker, routing policies with two) is replayed on its own trace. The simulator is given
   // only what the runs at 50% load measured: the pool thread's pre- and post-processing time
   // (post growing with the masked tokens), the per-step overhead, and the step cost, either
-  // from the start-up calibration or refitted on the steps the workers ran at 50% load. It
-  // models the one-thread pool, the machine's cores shared by step loops and pool, and the
-  // spread of step and pool times around their predictions (measured / predicted at 50% load).
+  // from the start-up calibration or refitted on the steps the single worker ran at 50% load.
+  // It models the one-thread pool, the machine's cores shared by step loops and pool, and the
+  // spread of step and pool times around their predictions (measured / predicted at 50% load,
+  // step times per set-up: one worker or two).
   // Errors are on the pooled latencies of all the 80% runs, with each run's listed too.
   {
     const RunResult base = pooled(at_50);
@@ -579,10 +587,13 @@ int main(int argc, char** argv) {
     auto live_fit = live->evaluate(steps_at_80);
     if (!startup_fit.ok() || !live_fit.ok()) die(Status(ErrorCode::kInternal, "no steps at 80% load"), "cost fit");
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    // The spread of real times around the predictions, at 50% load: measured / predicted.
-    auto step_factors = [&](const StepCostModel& cost, double step_overhead_ms) {
+    // The spread of real times around the predictions, at 50% load: measured / predicted, per
+    // set-up, since two step loops sharing the memory system slow each other down (one worker:
+    // the batching runs; two: the routing runs).
+    const RunResult base_two = pooled(at_50_two);
+    auto step_factors = [&](const StepCostModel& cost, double step_overhead_ms, const RunResult& setup) {
       std::vector<double> f;
-      for (const StepSample& x : base.step_samples) {
+      for (const StepSample& x : setup.step_samples) {
         const double p = cost.predict_ms(x.tokens, x.batch_size, x.attention_work) + step_overhead_ms;
         if (p > 0) f.push_back(x.ms / p);
       }
@@ -594,7 +605,8 @@ int main(int argc, char** argv) {
       if (p > 0 && w.post_ms > 0) pool_factors.push_back(w.post_ms / p);
     }
     auto validate = [&](const StepCostModel& cost, double step_overhead_ms) {
-      const std::vector<double> factors = step_factors(cost, step_overhead_ms);
+      const std::vector<double> factors_one = step_factors(cost, step_overhead_ms, base);
+      const std::vector<double> factors_two = step_factors(cost, step_overhead_ms, base_two);
       std::vector<double> measured_all, simulated_all;
       json per_run = json::array();
       for (const Measured& m : at_80) {
@@ -610,7 +622,7 @@ int main(int argc, char** argv) {
         so2.pool_threads = 1;
         so2.cores = cores;
         so2.step_overhead_ms = step_overhead_ms;
-        so2.step_time_factors = factors;
+        so2.step_time_factors = m.workers == 1 ? factors_one : factors_two;
         so2.pool_time_factors = pool_factors;
         const SimReport rep = simulate(to_sim(m.trace), cost, so2);
         std::vector<double> sim_lat;
@@ -646,6 +658,8 @@ int main(int argc, char** argv) {
         {"pool", {{"threads", 1}, {"pre_ms", service.pre_ms}, {"post_ms", service.post_ms},
                   {"post_ms_per_token", service.post_ms_per_token}, {"requests", base.pool_work.size()}}},
         {"cores", cores},
+        {"step_time_factor_median", {{"one_worker", percentile(step_factors(*live, 0.0, base), 0.5)},
+                                     {"two_workers", percentile(step_factors(*live, 0.0, base_two), 0.5)}}},
         {"step_overhead_ms", overhead_ms},
         {"live_cost_model", {{"coefficients", live->coefficients()}, {"steps", base.step_samples.size()}}},
         {"step_cost_fit_on_80pct_steps", {{"steps", steps_at_80.size()},
