@@ -4,8 +4,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -122,17 +124,24 @@ Result<Calibration> calibrate_step_cost(const Model& model, const CalibrationOpt
   std::fill(entry->data(), entry->data() + entry->layout().total_elements(), uint16_t{0x3c00});  // 1.0
 
   std::mt19937_64 rng(o.seed);
-  std::vector<StepSample> samples;
-  for (int p = 0; p < o.points; ++p) {
-    const int batch = 1 + static_cast<int>(rng() % static_cast<uint64_t>(o.max_batch));
+  // Every point's batch first, then `repeats` timing passes over all of them, the median per
+  // point: a burst of noise on a shared machine (a neighbour, a daemon) then spoils one timing
+  // of many points, which the median drops, rather than every timing of a few points.
+  struct Point {
     std::vector<DitSegment> segments;
     std::vector<std::unique_ptr<EntryKvSource>> sources;
-    StepSample s{0, double(batch), 0, 0};
+    StepSample sample;
+    std::vector<double> ms;
+  };
+  std::vector<Point> points(static_cast<size_t>(o.points));
+  for (Point& pt : points) {
+    const int batch = 1 + static_cast<int>(rng() % static_cast<uint64_t>(o.max_batch));
+    pt.sample = StepSample{0, double(batch), 0, 0};
     for (int b = 0; b < batch; ++b) {
       const double ratio = o.mask_ratios[rng() % o.mask_ratios.size()];
       const int64_t m = std::clamp<int64_t>(static_cast<int64_t>(ratio * double(total)), 1, total);
       const at::Tensor ids = std::get<0>(at::randperm(total, gen).narrow(0, 0, m).sort());
-      sources.push_back(std::make_unique<EntryKvSource>(entry, 0));
+      pt.sources.push_back(std::make_unique<EntryKvSource>(entry, 0));
       DitSegment seg;
       seg.tokens = rows.index_select(0, ids);
       seg.token_ids = ids;
@@ -140,16 +149,20 @@ Result<Calibration> calibrate_step_cost(const Model& model, const CalibrationOpt
       seg.grid_w = gw;
       seg.cond = cond;
       seg.null_cond = cond;
-      seg.kv = sources.back().get();
-      segments.push_back(seg);
-      s.tokens += double(m);
-      s.attention_work += double(m) * double(total);
+      seg.kv = pt.sources.back().get();
+      pt.segments.push_back(seg);
+      pt.sample.tokens += double(m);
+      pt.sample.attention_work += double(m) * double(total);
     }
-    (void)dit.forward(segments);  // warm-up
-    std::vector<double> ms;
-    for (int r = 0; r < o.repeats; ++r) ms.push_back(time_ms([&] { (void)dit.forward(segments); }));
-    s.ms = median(ms);
-    samples.push_back(s);
+  }
+  for (Point& pt : points) (void)dit.forward(pt.segments);  // warm-up
+  for (int r = 0; r < o.repeats; ++r) {
+    for (Point& pt : points) pt.ms.push_back(time_ms([&] { (void)dit.forward(pt.segments); }));
+  }
+  std::vector<StepSample> samples;
+  for (Point& pt : points) {
+    pt.sample.ms = median(pt.ms);
+    samples.push_back(pt.sample);
   }
   std::shuffle(samples.begin(), samples.end(), rng);
   const size_t n_test = std::max<size_t>(2, static_cast<size_t>(o.held_out_fraction * double(samples.size())));

@@ -54,7 +54,7 @@ SchedDecision schedule_step(const std::vector<SchedCandidate>& candidates, int64
     const SchedCandidate& c = *it.c;
     const bool on_time = now_ms + dt * c.steps_left <= c.deadline_ms;
     const bool late_if_skipped = now_ms + dt * (c.steps_left + 1) > c.deadline_ms;
-    it.starving = c.cls == RequestClass::kBatch && c.waiting_ms > options.max_wait_ms;
+    it.starving = c.waiting_ms > options.max_wait_ms;
     if (!on_time && options.allow_step_reduction && dt > 0) {
       // Largest step count that still finishes on time; never below the class bound.
       const double fit = std::floor((c.deadline_ms - now_ms) / dt);
@@ -101,6 +101,32 @@ SchedDecision schedule_step(const std::vector<SchedCandidate>& candidates, int64
   });
   const std::vector<size_t> hopeless = order_of(Kind::kHopeless, by_deadline);
 
+  // Hopeless requests have lost their deadline whatever runs now. Where a step's latency grows
+  // with its tokens (a CPU), every token of theirs delays the requests that can still be on
+  // time, today's and the next arrivals'; so beside other requests they join only while the
+  // step grows by at most hopeless_ride_fraction (nearly free, as on a GPU's flat step cost),
+  // fewest tokens first, and within `limit`. Alone they fill the budget, earliest deadline
+  // first, so the device never idles while they wait (and max_wait_ms bounds the wait).
+  auto add_hopeless = [&](double limit) {
+    if (decision.advance.empty()) {
+      for (size_t i : hopeless) {
+        if (items[i].tokens <= remaining) take(i);
+      }
+      return;
+    }
+    std::vector<size_t> by_size = hopeless;
+    std::stable_sort(by_size.begin(), by_size.end(),
+                     [&](size_t a, size_t b) { return items[a].tokens < items[b].tokens; });
+    int batch = static_cast<int>(decision.advance.size());
+    const double cap = std::min(limit, step_ms(budget - remaining, batch) *
+                                           (1.0 + std::max(0.0, options.hopeless_ride_fraction)));
+    for (size_t i : by_size) {
+      if (items[i].tokens > remaining || step_ms(budget - remaining + items[i].tokens, batch + 1) > cap) break;
+      take(i);
+      ++batch;
+    }
+  };
+
   for (size_t i : urgent) {
     if (items[i].tokens <= remaining) take(i);
   }
@@ -119,19 +145,18 @@ SchedDecision schedule_step(const std::vector<SchedCandidate>& candidates, int64
     }
   }
   if (std::isfinite(limit)) {
-    // A protected request sets the pace: add slack, then hopeless requests, fewest tokens
-    // first, while the step stays within `limit`. Step latency grows with tokens and with
-    // batch size, so the k smallest are the cheapest k: this maximises the count exactly.
-    for (const std::vector<size_t>* group : {&slack, &hopeless}) {
-      std::vector<size_t> by_size = *group;
-      std::stable_sort(by_size.begin(), by_size.end(),
-                       [&](size_t a, size_t b) { return items[a].tokens < items[b].tokens; });
-      for (size_t i : by_size) {
-        if (items[i].tokens > remaining || step_ms(budget - remaining + items[i].tokens, batch + 1) > limit) break;
-        take(i);
-        ++batch;
-      }
+    // A protected request sets the pace: add slack requests, fewest tokens first, while the
+    // step stays within `limit`. Step latency grows with tokens and with batch size, so the k
+    // smallest are the cheapest k: this maximises the count exactly. Then hopeless ones.
+    std::vector<size_t> by_size = slack;
+    std::stable_sort(by_size.begin(), by_size.end(),
+                     [&](size_t a, size_t b) { return items[a].tokens < items[b].tokens; });
+    for (size_t i : by_size) {
+      if (items[i].tokens > remaining || step_ms(budget - remaining + items[i].tokens, batch + 1) > limit) break;
+      take(i);
+      ++batch;
     }
+    add_hopeless(limit);
     return decision;
   }
 
@@ -175,12 +200,11 @@ SchedDecision schedule_step(const std::vector<SchedCandidate>& candidates, int64
     for (auto it = chosen.rbegin(); it != chosen.rend(); ++it) take(*it);
   }
 
-  // Bucket rounding can leave room an exact count would use; then hopeless requests get the rest.
-  for (const std::vector<size_t>* group : {&slack, &hopeless}) {
-    for (size_t i : *group) {
-      if (!taken[i] && items[i].tokens <= remaining) take(i);
-    }
+  // Bucket rounding can leave room an exact count would use; then hopeless requests.
+  for (size_t i : slack) {
+    if (!taken[i] && items[i].tokens <= remaining) take(i);
   }
+  add_hopeless(std::numeric_limits<double>::infinity());
 
   if (decision.advance.empty()) {
     // Everything exceeds the budget on its own: run the most pressing one alone.

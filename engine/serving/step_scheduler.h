@@ -7,22 +7,27 @@
 /// Each candidate is classified with one estimated step latency dt = step_ms(tokens the batch
 /// would carry if everything fit, capped at the budget; number of candidates):
 ///   - urgent:   skipping this step makes it late (now + dt * (steps_left + 1) > deadline) while
-///               advancing keeps it on time (now + dt * steps_left <= deadline); also a batch-class
-///               request that waited longer than max_wait_ms (anti-starvation), and, with
+///               advancing keeps it on time (now + dt * steps_left <= deadline); also any request
+///               that waited longer than max_wait_ms (anti-starvation), and, with
 ///               allow_step_reduction, a request late at its current step count but on time at
 ///               some count in [min_steps_left, steps_left) ("rescuable").
 ///   - slack:    on time whether advanced or not this step.
 ///   - tight:    late at dt, but on time in a smaller, faster batch: its allowance
 ///               (deadline - now) / steps_left is at least step_ms(its tokens, 1).
 ///   - hopeless: late whatever happens now.
-/// Selection: urgent first (starving batch requests by longest wait, then earliest deadline)
+/// Selection: urgent first (starving requests by longest wait, then earliest deadline)
 /// while each fits the remaining token budget; then tight requests, smallest allowance first,
 /// each only while the predicted step stays within the allowance of every tight request taken.
-/// If one was taken, its allowance paces the step: slack, then hopeless requests join fewest
-/// tokens first while the step stays within it (latency grows with tokens and batch size, so
-/// this is the largest count), and selection ends. Otherwise a 0/1 knapsack DP over the
-/// remaining budget picks the slack requests (maximum count, ties to earlier deadlines);
-/// leftover budget goes to remaining slack then hopeless requests, earliest deadline first.
+/// If one was taken, its allowance paces the step: slack requests join fewest tokens first
+/// while the step stays within it (latency grows with tokens and batch size, so this is the
+/// largest count), then hopeless ones, and selection ends. Otherwise a 0/1 knapsack DP over
+/// the remaining budget picks the slack requests (maximum count, ties to earlier deadlines);
+/// leftover budget goes to remaining slack requests, then hopeless ones. Hopeless requests
+/// beside others join fewest tokens first only while the step's predicted latency grows by at
+/// most hopeless_ride_fraction (and stays within the pace); in a step of their own they fill
+/// the budget, earliest deadline first. Late work thus yields to work that can still be on
+/// time (under overload, serving it anyway makes everyone late), yet rides along where it is
+/// nearly free and runs whenever nothing else is ready.
 /// Urgent and slack requests never constrain the batch: their deadlines hold even at dt, the
 /// latency of the fullest batch. If nothing fits at all, the
 /// single highest-priority request is advanced alone even though it exceeds the budget, so an
@@ -49,8 +54,12 @@ struct SchedCandidate {
 };
 
 struct SchedulerOptions {
-  /// A batch-class request that waited longer than this is treated as urgent.
+  /// A request that waited longer than this (since it last advanced) is treated as urgent:
+  /// the batch class, and hopeless requests under sustained overload, cannot starve.
   double max_wait_ms = 30000.0;
+  /// How much longer (as a fraction of its predicted latency) a step with other requests may
+  /// get for hopeless ones to ride along; see the selection rules above.
+  double hopeless_ride_fraction = 0.1;
   /// Lets the scheduler cut a request's remaining steps (down to min_steps_left) to save its
   /// deadline; every cut is reported in SchedDecision::reduce_steps.
   bool allow_step_reduction = true;

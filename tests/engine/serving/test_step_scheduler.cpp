@@ -37,7 +37,7 @@ RefClass classify(const SchedCandidate& c, double now, double dt, const Schedule
   RefClass r;
   const bool on_time = now + dt * c.steps_left <= c.deadline_ms;
   const bool late_skip = now + dt * (c.steps_left + 1) > c.deadline_ms;
-  r.starving = c.cls == RequestClass::kBatch && c.waiting_ms > o.max_wait_ms;
+  r.starving = c.waiting_ms > o.max_wait_ms;
   if (!on_time && o.allow_step_reduction) {
     for (int s = c.steps_left - 1; s >= std::max(1, c.min_steps_left); --s) {
       if (now + dt * s <= c.deadline_ms) {
@@ -158,15 +158,17 @@ TEST_CASE("knapsack DP matches exhaustive subset enumeration on small instances"
       const auto adv = as_set(d.advance);
       for (uint64_t id : ref_urgent) CHECK(adv.count(id) == 1);
       for (uint64_t id : ref_tight) CHECK(adv.count(id) == 1);
-      // Paced: the most slack requests (then hopeless) whose step stays within the limit.
+      // Paced: the most slack requests whose step stays within the limit; then hopeless
+      // ones while the step also grows by at most hopeless_ride_fraction.
       int64_t used = budget - remaining;
       for (std::vector<size_t>* group : {&slack, &hopeless}) {
         std::vector<int64_t> sizes;
         for (size_t i : *group) sizes.push_back(cs[i].tokens);
         std::sort(sizes.begin(), sizes.end());
+        const double cap = group == &slack ? limit
+                                           : std::min(limit, int_step_ms(used, batch) * (1 + opt.hopeless_ride_fraction));
         size_t fit = 0;
-        while (fit < sizes.size() && used + sizes[fit] <= budget &&
-               int_step_ms(used + sizes[fit], batch + 1) <= limit) {
+        while (fit < sizes.size() && used + sizes[fit] <= budget && int_step_ms(used + sizes[fit], batch + 1) <= cap) {
           used += sizes[fit++];
           ++batch;
         }
@@ -261,9 +263,15 @@ TEST_CASE("a request late in a full batch but on time in a small one paces the s
   const auto d = schedule_step(cs, 200, 0.0, kStepFn, opt);
   CHECK(as_set(d.advance) == std::set<uint64_t>{1, 2});
   CHECK(int_step_ms(40, 2) * 2 <= 12.0);
-  // With a deadline even one step alone cannot meet, it is hopeless: the full batch runs.
+  // With a deadline even one step alone cannot meet, it is hopeless: the nine others run, and
+  // it rides along only if that lengthens their step (20 -> 22 ms) by no more than allowed.
   cs[0].deadline_ms = 7.0;
+  opt.hopeless_ride_fraction = 0.05;
+  CHECK(as_set(schedule_step(cs, 200, 0.0, kStepFn, opt).advance) == std::set<uint64_t>{2, 3, 4, 5, 6, 7, 8, 9, 10});
+  opt.hopeless_ride_fraction = 0.2;
   CHECK(schedule_step(cs, 200, 0.0, kStepFn, opt).advance.size() == 10);
+  // Alone, it runs: the device does not idle while late work waits.
+  CHECK(schedule_step({cs[0]}, 200, 0.0, kStepFn, opt).advance == std::vector<uint64_t>{1});
 }
 
 TEST_CASE("token budget is never exceeded except by a single oversized request",
