@@ -229,7 +229,11 @@ double capacity_rps(const Setup& s, const Model& model, int workers, int n, doub
 }
 
 // The pool thread's work per request: pre-processing as its mean, post-processing as a line
-// in the masked tokens (least squares; the decoded crop grows with the mask).
+// in the masked tokens (the decoded crop grows with the mask). The line is Theil-Sen (median
+// of pairwise slopes, then median intercept): a post task preempted by a step loop takes
+// several times its usual time, and least squares let a few of those tilt the line (once to a
+// negative intercept, which made small tasks' predictions near 0 and their measured /
+// predicted factors huge). A negative intercept is refitted as a line through 0.
 struct PoolService {
   double pre_ms = 0, post_ms = 0, post_ms_per_token = 0;
 };
@@ -237,17 +241,27 @@ struct PoolService {
 PoolService fit_pool_service(const std::vector<PoolWork>& work) {
   PoolService out;
   if (work.empty()) return out;
-  double n = double(work.size()), st = 0, sp = 0, stt = 0, stp = 0;
-  for (const PoolWork& w : work) {
-    out.pre_ms += w.pre_ms / n;
-    st += double(w.tokens);
-    sp += w.post_ms;
-    stt += double(w.tokens) * double(w.tokens);
-    stp += double(w.tokens) * w.post_ms;
+  for (const PoolWork& w : work) out.pre_ms += w.pre_ms / double(work.size());
+  std::vector<double> slopes;
+  for (size_t i = 0; i < work.size(); ++i) {
+    for (size_t j = i + 1; j < work.size(); ++j) {
+      if (work[i].tokens != work[j].tokens) {
+        slopes.push_back((work[j].post_ms - work[i].post_ms) / double(work[j].tokens - work[i].tokens));
+      }
+    }
   }
-  const double var = stt - st * st / n;
-  out.post_ms_per_token = var > 0 ? std::max(0.0, (stp - st * sp / n) / var) : 0.0;
-  out.post_ms = sp / n - out.post_ms_per_token * st / n;
+  out.post_ms_per_token = slopes.empty() ? 0.0 : std::max(0.0, percentile(slopes, 0.5));
+  std::vector<double> intercepts;
+  for (const PoolWork& w : work) intercepts.push_back(w.post_ms - out.post_ms_per_token * double(w.tokens));
+  out.post_ms = percentile(intercepts, 0.5);
+  if (out.post_ms < 0) {
+    std::vector<double> per_token;
+    for (const PoolWork& w : work) {
+      if (w.tokens > 0) per_token.push_back(w.post_ms / double(w.tokens));
+    }
+    out.post_ms = 0;
+    out.post_ms_per_token = per_token.empty() ? 0.0 : percentile(per_token, 0.5);
+  }
   return out;
 }
 
