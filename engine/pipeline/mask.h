@@ -74,9 +74,9 @@ struct PixelRect {
 
 /// feather(pixel_mask, radius_px) restricted to `region` ([region.height, region.width]),
 /// with the distance transform run on the region grown by one pixel only, so that its cost
-/// follows the edit rather than the image. Exact when every pixel > 0 lies inside `region` (the nearest kept pixel of a pixel
-/// inside is then at most as far as the one-pixel ring around it); std::invalid_argument
-/// otherwise, or when `region` is empty or leaves the mask.
+/// follows the edit rather than the image. Exact when every pixel > 0 lies inside `region`
+/// (the nearest kept pixel of a pixel inside is then at most as far as the one-pixel ring
+/// around it); std::invalid_argument otherwise, or when `region` is empty or leaves the mask.
 at::Tensor feather_region(const at::Tensor& pixel_mask, float radius_px, const PixelRect& region);
 
 /// Bounding box of the pixels > 0 of a mask [H, W], grown by `margin` on every side, aligned

@@ -23,7 +23,7 @@ struct CalibrationOptions {
   std::vector<double> mask_ratios = {0.02, 0.05, 0.1, 0.15, 0.25, 0.4};
   int max_batch = 6;
   int points = 48;         ///< timed configurations (train + held out)
-  int repeats = 3;         ///< each configuration's latency: the median of this many passes over all
+  int repeats = 3;         ///< timing passes over all configurations; each one's latency is its median
   double held_out_fraction = 0.25;
   int threads = 1;         ///< compute threads of the worker the model is for
   uint64_t seed = 1;

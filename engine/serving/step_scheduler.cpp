@@ -103,10 +103,10 @@ SchedDecision schedule_step(const std::vector<SchedCandidate>& candidates, int64
 
   // Hopeless requests have lost their deadline whatever runs now. Where a step's latency grows
   // with its tokens (a CPU), every token of theirs delays the requests that can still be on
-  // time, today's and the next arrivals'; so beside other requests they join only while the
-  // step grows by at most hopeless_ride_fraction (nearly free, as on a GPU's flat step cost),
-  // fewest tokens first, and within `limit`. Alone they fill the budget, earliest deadline
-  // first, so the device never idles while they wait (and max_wait_ms bounds the wait).
+  // time, those queued now and those arriving next; so beside other requests they join only
+  // while the step grows by at most hopeless_ride_fraction (nearly free, as on a GPU's flat
+  // step cost), fewest tokens first, and within `limit`. Alone they fill the budget, earliest
+  // deadline first, so the device never idles while they wait (max_wait_ms bounds the wait).
   auto add_hopeless = [&](double limit) {
     if (decision.advance.empty()) {
       for (size_t i : hopeless) {
