@@ -602,8 +602,8 @@ int main(int argc, char** argv) {
     if (!startup_fit.ok() || !live_fit.ok()) die(Status(ErrorCode::kInternal, "no steps at 80% load"), "cost fit");
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     // The spread of real times around the predictions, at 50% load: measured / predicted, per
-    // set-up, since two step loops sharing the memory system slow each other down (one worker:
-    // the batching runs; two: the routing runs).
+    // set-up, since two step loops sharing the memory system can slow each other down (one
+    // worker: the batching runs; two: the routing runs).
     const RunResult base_two = pooled(at_50_two);
     auto step_factors = [&](const StepCostModel& cost, double step_overhead_ms, const RunResult& setup) {
       std::vector<double> f;
