@@ -107,6 +107,19 @@ SchedDecision schedule_step(const std::vector<SchedCandidate>& candidates, int64
   // while the step grows by at most hopeless_ride_fraction (nearly free, as on a GPU's flat
   // step cost), fewest tokens first, and within `limit`. Alone they fill the budget, earliest
   // deadline first, so the device never idles while they wait (max_wait_ms bounds the wait).
+  // Takes from `group`, fewest tokens first, while each fits the budget and the predicted step
+  // stays within `cap`. Step latency grows with tokens and with batch size, so the k smallest
+  // are the cheapest k: this maximises the count exactly.
+  auto take_smallest_within = [&](const std::vector<size_t>& group, double cap) {
+    std::vector<size_t> by_size = group;
+    std::stable_sort(by_size.begin(), by_size.end(),
+                     [&](size_t a, size_t b) { return items[a].tokens < items[b].tokens; });
+    for (size_t i : by_size) {
+      const int batch = static_cast<int>(decision.advance.size());
+      if (items[i].tokens > remaining || step_ms(budget - remaining + items[i].tokens, batch + 1) > cap) break;
+      take(i);
+    }
+  };
   auto add_hopeless = [&](double limit) {
     if (decision.advance.empty()) {
       for (size_t i : hopeless) {
@@ -114,17 +127,9 @@ SchedDecision schedule_step(const std::vector<SchedCandidate>& candidates, int64
       }
       return;
     }
-    std::vector<size_t> by_size = hopeless;
-    std::stable_sort(by_size.begin(), by_size.end(),
-                     [&](size_t a, size_t b) { return items[a].tokens < items[b].tokens; });
-    int batch = static_cast<int>(decision.advance.size());
-    const double cap = std::min(limit, step_ms(budget - remaining, batch) *
-                                           (1.0 + std::max(0.0, options.hopeless_ride_fraction)));
-    for (size_t i : by_size) {
-      if (items[i].tokens > remaining || step_ms(budget - remaining + items[i].tokens, batch + 1) > cap) break;
-      take(i);
-      ++batch;
-    }
+    const double ride = step_ms(budget - remaining, static_cast<int>(decision.advance.size())) *
+                        (1.0 + std::max(0.0, options.hopeless_ride_fraction));
+    take_smallest_within(hopeless, std::min(limit, ride));
   };
 
   for (size_t i : urgent) {
@@ -135,27 +140,18 @@ SchedDecision schedule_step(const std::vector<SchedCandidate>& candidates, int64
   // of every tight request taken (urgent ones tolerate even a full batch). The smallest
   // allowance taken, `limit`, then paces the rest of the step.
   double limit = std::numeric_limits<double>::infinity();
-  int batch = static_cast<int>(decision.advance.size());
   for (size_t i : tight) {
     const double l = std::min(limit, items[i].allowance);
+    const int batch = static_cast<int>(decision.advance.size());
     if (items[i].tokens <= remaining && step_ms(budget - remaining + items[i].tokens, batch + 1) <= l) {
       take(i);
       limit = l;
-      ++batch;
     }
   }
   if (std::isfinite(limit)) {
-    // A protected request sets the pace: add slack requests, fewest tokens first, while the
-    // step stays within `limit`. Step latency grows with tokens and with batch size, so the k
-    // smallest are the cheapest k: this maximises the count exactly. Then hopeless ones.
-    std::vector<size_t> by_size = slack;
-    std::stable_sort(by_size.begin(), by_size.end(),
-                     [&](size_t a, size_t b) { return items[a].tokens < items[b].tokens; });
-    for (size_t i : by_size) {
-      if (items[i].tokens > remaining || step_ms(budget - remaining + items[i].tokens, batch + 1) > limit) break;
-      take(i);
-      ++batch;
-    }
+    // A protected request sets the pace: as many slack requests as the step holds within
+    // `limit`, then hopeless ones.
+    take_smallest_within(slack, limit);
     add_hopeless(limit);
     return decision;
   }
