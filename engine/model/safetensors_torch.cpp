@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -41,29 +42,49 @@ bool write_all(int fd, const void* bytes, size_t count) {
 
 }  // namespace
 
-Result<at::Tensor> load_float_tensor(const SafetensorsFile& file, const std::string& name,
-                                     const std::vector<int64_t>& expected_shape) {
-  const TensorInfo* info = file.find(name);
-  if (info == nullptr) return not_found(file.path() + ": no tensor '" + name + "'");
-  at::ScalarType stored;
-  switch (info->dtype) {
+namespace {
+
+// The torch dtype of a stored tensor, or an error naming it when it is not a float type.
+Result<at::ScalarType> float_storage_type(const SafetensorsFile& file, const TensorInfo& info) {
+  switch (info.dtype) {
     case DType::kF32:
-      stored = at::kFloat;
-      break;
+      return at::kFloat;
     case DType::kF16:
-      stored = at::kHalf;
-      break;
+      return at::kHalf;
     case DType::kBF16:
-      stored = at::kBFloat16;
-      break;
+      return at::kBFloat16;
     default:
-      return invalid_argument(file.path() + ": " + name + " is " + dtype_name(info->dtype) +
+      return invalid_argument(file.path() + ": " + info.name + " is " + dtype_name(info.dtype) +
                               ", expected F32, F16 or BF16");
   }
+}
+
+Result<const TensorInfo*> find_checked(const SafetensorsFile& file, const std::string& name,
+                                       const std::vector<int64_t>& expected_shape) {
+  const TensorInfo* info = file.find(name);
+  if (info == nullptr) return not_found(file.path() + ": no tensor '" + name + "'");
   if (!expected_shape.empty() && info->shape != expected_shape) {
     return invalid_argument(file.path() + ": " + name + " is " + shape_text(info->shape) +
                             ", expected " + shape_text(expected_shape));
   }
+  return info;
+}
+
+// corrupt_data naming the first non-finite value of `t`, or success.
+Status check_finite(const SafetensorsFile& file, const std::string& name, const at::Tensor& t) {
+  if (t.numel() == 0 || at::isfinite(t).all().item<bool>()) return {};
+  const at::Tensor flat = t.reshape({-1});
+  const int64_t index = at::logical_not(at::isfinite(flat)).nonzero()[0][0].item<int64_t>();
+  return corrupt_data(file.path() + ": " + name + " has a non-finite value (" +
+                      std::to_string(flat[index].item<float>()) + ") at flat index " + std::to_string(index));
+}
+
+}  // namespace
+
+Result<at::Tensor> load_float_tensor(const SafetensorsFile& file, const std::string& name,
+                                     const std::vector<int64_t>& expected_shape) {
+  INFILL_ASSIGN_OR_RETURN(const TensorInfo* info, find_checked(file, name, expected_shape));
+  INFILL_ASSIGN_OR_RETURN(const at::ScalarType stored, float_storage_type(file, *info));
   // Copy rather than wrap: the data section need not be aligned for the element type, and
   // the result must outlive the mapping.
   at::Tensor raw = at::empty(info->shape, at::TensorOptions().dtype(stored));
@@ -79,6 +100,27 @@ Result<at::Tensor> load_float_tensor(const SafetensorsFile& file, const std::str
                           std::to_string(values[i]) + ") at flat index " + std::to_string(i));
     }
   }
+  return out;
+}
+
+Result<at::Tensor> load_stored_tensor(const SafetensorsFile& file, const std::string& name,
+                                      const std::vector<int64_t>& expected_shape) {
+  INFILL_ASSIGN_OR_RETURN(const TensorInfo* info, find_checked(file, name, expected_shape));
+  INFILL_ASSIGN_OR_RETURN(const at::ScalarType stored, float_storage_type(file, *info));
+  const std::span<const std::byte> bytes = file.bytes(*info);
+  const auto options = at::TensorOptions().dtype(stored);
+  at::Tensor out;
+  const auto address = reinterpret_cast<uintptr_t>(bytes.data());
+  if (!bytes.empty() && address % dtype_size(info->dtype) == 0) {
+    // The deleter owns a copy of the file object, which shares the mapping.
+    auto keep_alive = std::make_shared<SafetensorsFile>(file);
+    out = at::from_blob(const_cast<std::byte*>(bytes.data()), info->shape,
+                        [keep_alive](void*) mutable { keep_alive.reset(); }, options);
+  } else {
+    out = at::empty(info->shape, options);
+    if (!bytes.empty()) std::memcpy(out.data_ptr(), bytes.data(), bytes.size());
+  }
+  INFILL_RETURN_IF_ERROR(check_finite(file, name, out));
   return out;
 }
 

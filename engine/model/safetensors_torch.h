@@ -21,6 +21,14 @@ namespace infill {
 Result<at::Tensor> load_float_tensor(const SafetensorsFile& file, const std::string& name,
                                      const std::vector<int64_t>& expected_shape = {});
 
+/// Tensor `name` in its stored dtype (F32, F16 or BF16), without a float copy: a read-only view
+/// of the file's mapping when the data is aligned for its element type (the view keeps the
+/// mapping alive; writing through it is a programming error), else a copy. Checks the shape
+/// as load_float_tensor does and refuses NaN or infinite values (corrupt_data naming the
+/// tensor and the flat index), so large checkpoints load without a float32 copy of the model.
+Result<at::Tensor> load_stored_tensor(const SafetensorsFile& file, const std::string& name,
+                                      const std::vector<int64_t>& expected_shape = {});
+
 /// Writes tensors (F32, F16 or BF16, CPU) in header order plus string metadata, atomically
 /// (temporary file + rename).
 Status write_safetensors(const std::string& path,

@@ -6,7 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "cache/activation_entry.h"
-#include "model/dit.h"
+#include "model/kv_io.h"
 
 namespace infill {
 

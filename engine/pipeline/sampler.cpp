@@ -25,6 +25,21 @@ const char* sampler_name(SamplerKind kind) {
   return "unknown";
 }
 
+double flux2_schedule_shift(int image_tokens, int steps) {
+  // compute_empirical_mu of black-forest-labs/flux2 src/flux2/sampling.py: two lines in the
+  // token count, for 10 and 200 steps, interpolated linearly in the step count; past 4300
+  // tokens the 200-step line alone.
+  constexpr double a1 = 8.73809524e-05, b1 = 1.89833333;
+  constexpr double a2 = 0.00016927, b2 = 0.45666666;
+  const double n = image_tokens;
+  const double m200 = a2 * n + b2;
+  if (image_tokens > 4300) return std::exp(m200);
+  const double m10 = a1 * n + b1;
+  const double a = (m200 - m10) / 190.0;
+  const double b = m200 - 200.0 * a;
+  return std::exp(a * steps + b);
+}
+
 Status validate_strength(double strength) {
   if (!std::isfinite(strength) || strength <= 0.0 || strength > 1.0) {
     return invalid_argument("strength " + std::to_string(strength) + " is outside (0, 1]");

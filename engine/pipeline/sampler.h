@@ -34,6 +34,12 @@ Result<SamplerKind> parse_sampler(std::string_view name);
 /// Stable name ("euler_rf", "ddim"); the inverse of parse_sampler.
 const char* sampler_name(SamplerKind kind);
 
+/// The Euler RF `shift` of FLUX.2's schedule (upstream get_schedule: the time shift
+/// exp(mu) / (exp(mu) + 1/t - 1), mu fitted empirically from the image token count and the
+/// step count): exp(mu), so Sampler::make(kEulerRF, steps, kFlow, shift) gives the same
+/// timesteps. `image_tokens` counts the generated image's tokens (not reference or text).
+double flux2_schedule_shift(int image_tokens, int steps);
+
 /// Checks an img2img strength: finite and in (0, 1].
 Status validate_strength(double strength);
 

@@ -1,9 +1,14 @@
 #include "support/catch.h"
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <limits>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include "pipeline/sampler.h"
 
@@ -233,5 +238,31 @@ TEST_CASE("step_to skips levels: oracle models still land on x0, bounds are chec
     CHECK(max_abs_diff(x, x0) < tolerance);
     CHECK_THROWS_AS(s->step_to(x, prediction, 4, 4), std::out_of_range);
     CHECK_THROWS_AS(s->step_to(x, prediction, 4, 13), std::out_of_range);
+  }
+}
+
+TEST_CASE("FLUX.2 schedule matches upstream get_schedule", "[sampler][shared]") {
+  const std::string path = std::string(INFILL_SHARED_DIR) + "/testdata/flux2/flux2_schedules.json";
+  std::ifstream in(path);
+  if (!in) {
+    const std::string message = "SKIPPED: shared test data " + path + " not found";
+    WARN(message);
+    std::fprintf(stderr, "%s\n", message.c_str());
+    std::exit(4);
+  }
+  const auto doc = nlohmann::json::parse(in);
+  REQUIRE(doc.at("cases").size() >= 16u);
+  for (const auto& c : doc.at("cases")) {
+    const int steps = c.at("num_steps"), tokens = c.at("image_seq_len");
+    auto sampler = infill::Sampler::make(infill::SamplerKind::kEulerRF, steps, infill::Prediction::kFlow,
+                                         infill::flux2_schedule_shift(tokens, steps));
+    REQUIRE(sampler.ok());
+    const auto& expected = c.at("timesteps");
+    REQUIRE(expected.size() == static_cast<size_t>(steps + 1));
+    for (int level = 0; level <= steps; ++level) {
+      INFO(steps << " steps, " << tokens << " tokens, level " << level);
+      // Upstream computes in float32: within 2e-6 of our double.
+      CHECK(sampler->noise_scale(level) == Approx(expected[level].get<double>()).margin(2e-6));
+    }
   }
 }

@@ -1,0 +1,306 @@
+// bench_flux2: the FLUX.2 transformer at FLUX.2 [klein] 4B sizes with random bf16 weights
+// (generated into a file on first use, never committed): load time and peak memory, one full
+// step at 512x512 (1024 image + 1024 reference + 512 text tokens) against one mask-aware step
+// in both cache modes at several mask fractions, in the same run, with achieved GFLOP/s.
+// Prints one JSON document on stdout. A long benchmark (minutes per full step on a 2-core
+// CPU); not part of CI. --size small runs the same protocol on a small model in seconds.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <nlohmann/json.hpp>
+
+#include "bench_stats.h"
+#include "cache/activation_entry.h"
+#include "machine_info.h"
+#include "model/compute_threads.h"
+#include "model/flux2_transformer.h"
+#include "model/safetensors.h"
+#include "pipeline/cached_kv.h"
+
+namespace fs = std::filesystem;
+using infill::Flux2Config;
+using infill::Flux2Segment;
+using infill::Flux2Transformer;
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Peak resident set (VmHWM) in bytes; reset_peak() starts a new measurement (Linux
+// clear_refs "5").
+int64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+Flux2Config klein_4b() {
+  Flux2Config c;  // the defaults are klein 4B: hidden 3072, 24 heads, 5 + 20 blocks, context 7680
+  return c;
+}
+
+Flux2Config small() {
+  Flux2Config c;
+  c.hidden_size = 256;
+  c.num_heads = 4;
+  c.double_blocks = 2;
+  c.single_blocks = 4;
+  c.mlp_hidden = 768;
+  c.context_dim = 512;
+  c.axes_dim = {16, 16, 16, 16};
+  return c;
+}
+
+// FLOPs of a forward computing `rows` of a sequence of `length` tokens: the linear layers
+// (2 per multiply-add; the blocks' 4H^2 + 3MH weights per row and block, plus the input and
+// final layers) and the attention (QK^T and PV: 4 * rows * length * H per block).
+double forward_flop(const Flux2Config& c, int64_t rows, int64_t image_rows, int64_t text_rows, int64_t length) {
+  const double h = c.hidden_size, m = c.mlp_hidden;
+  const double per_block = 4 * h * h + 3 * m * h;
+  double flop = 2.0 * rows * per_block * c.depth();
+  flop += 2.0 * image_rows * (c.in_channels * h + h * c.in_channels) + 2.0 * text_rows * c.context_dim * h;
+  flop += 4.0 * rows * static_cast<double>(length) * h * c.depth();
+  return flop;
+}
+
+struct Inputs {
+  at::Tensor txt, txt_ids, img, img_ids;  // img: image grid then reference grid
+};
+
+Inputs make_inputs(const Flux2Config& c, int text_tokens, int grid, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  Inputs in;
+  in.txt = at::empty({text_tokens, c.context_dim}).normal_(0, 1, gen);
+  in.txt_ids = at::zeros({text_tokens, 4});
+  in.txt_ids.select(1, 3).copy_(at::arange(text_tokens, at::kFloat));
+  const int64_t n = int64_t{grid} * grid;
+  in.img = at::empty({2 * n, c.in_channels}).normal_(0, 1, gen);
+  in.img_ids = at::zeros({2 * n, 4});
+  const at::Tensor ys = at::arange(grid, at::kFloat).repeat_interleave(grid);
+  const at::Tensor xs = at::arange(grid, at::kFloat).repeat({grid});
+  for (int g = 0; g < 2; ++g) {
+    at::Tensor part = in.img_ids.narrow(0, g * n, n);
+    part.select(1, 0).fill_(g == 0 ? 0.0 : 10.0);  // reference tokens at t = 10, as klein edits
+    part.select(1, 1).copy_(ys);
+    part.select(1, 2).copy_(xs);
+  }
+  return in;
+}
+
+// The image tokens of a centred rectangle covering about `fraction` of the grid (the mask
+// and its halo, as one box): ascending ids.
+at::Tensor rectangle_tokens(int grid, double fraction) {
+  const int side_w = std::max(1, static_cast<int>(std::lround(std::sqrt(fraction) * grid)));
+  const int side_h = std::max(1, static_cast<int>(std::lround(fraction * grid * grid / side_w)));
+  const int x0 = (grid - side_w) / 2, y0 = (grid - side_h) / 2;
+  std::vector<int64_t> ids;
+  for (int y = y0; y < y0 + side_h; ++y)
+    for (int x = x0; x < x0 + side_w; ++x) ids.push_back(int64_t{y} * grid + x);
+  return at::tensor(ids, at::kLong);
+}
+
+double median_ms(int repeats, const std::function<void()>& fn, bool warm_up = true) {
+  if (warm_up) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    ms.push_back(ms_since(t0));
+  }
+  return infill::bench::percentile(ms, 0.5);
+}
+
+void drop_from_page_cache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+int usage(const char* error) {
+  if (error != nullptr) std::cerr << "bench_flux2: " << error << "\n";
+  std::cerr << "usage: bench_flux2 [--size klein-4b|small] [--weights FILE] [--repeats N] [--full-repeats N]\n"
+               "                   [--text-tokens N] [--grid N] [--threads N]\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string size = "klein-4b";
+  std::string weights;
+  int repeats = 3, full_repeats = 1, text_tokens = 512, grid = 32, threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) return usage(("option " + flag + " needs a value").c_str());
+    const std::string value = argv[++i];
+    try {
+      if (flag == "--size") size = value;
+      else if (flag == "--weights") weights = value;
+      else if (flag == "--repeats") repeats = std::stoi(value);
+      else if (flag == "--full-repeats") full_repeats = std::stoi(value);
+      else if (flag == "--text-tokens") text_tokens = std::stoi(value);
+      else if (flag == "--grid") grid = std::stoi(value);
+      else if (flag == "--threads") threads = std::stoi(value);
+      else return usage(("unknown option " + flag).c_str());
+    } catch (const std::exception&) {
+      return usage((flag + " takes a number, not '" + value + "'").c_str());
+    }
+  }
+  if (size != "klein-4b" && size != "small") return usage("--size must be klein-4b or small");
+  if (repeats < 1 || full_repeats < 1 || text_tokens < 0 || grid < 2) return usage("counts must be positive");
+  threads = infill::set_compute_threads(threads);
+  const Flux2Config cfg = size == "small" ? small() : klein_4b();
+  if (weights.empty()) weights = (fs::temp_directory_path() / ("infill-bench-flux2-" + size + ".safetensors")).string();
+
+  nlohmann::ordered_json out;
+  out["benchmark"] = "bench_flux2";
+  out["machine"] = infill::bench::machine_info();
+  out["device"] = "cpu (float32 compute, bf16 weights converted per layer)";
+  out["model"] = {{"size", size},
+                  {"hidden", cfg.hidden_size},
+                  {"heads", cfg.num_heads},
+                  {"double_blocks", cfg.double_blocks},
+                  {"single_blocks", cfg.single_blocks},
+                  {"context_dim", cfg.context_dim},
+                  {"weights", "random bf16, generated (never committed)"}};
+
+  // Weights: generated once into a file, then loaded from it like a user's checkpoint.
+  {
+    bool reuse = false;
+    if (fs::exists(weights)) {
+      auto file = infill::SafetensorsFile::open(weights);
+      auto prefix = file.ok() ? infill::find_flux2_transformer_prefix(*file) : infill::Result<std::string>(file.status());
+      auto found = prefix.ok() ? infill::infer_flux2_config(*file, *prefix) : infill::Result<Flux2Config>(prefix.status());
+      reuse = found.ok() && found->hidden_size == cfg.hidden_size && found->depth() == cfg.depth();
+    }
+    if (!reuse) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const Flux2Transformer generated = Flux2Transformer::random(cfg, 42, at::kBFloat16);
+      const infill::Status saved = generated.save(weights);
+      if (!saved.ok()) {
+        std::cerr << "bench_flux2: " << saved.to_string() << "\n";
+        return 1;
+      }
+      out["weights_generated_ms"] = ms_since(t0);
+    }
+  }
+  drop_from_page_cache(weights);
+  reset_peak();
+  const auto load_start = std::chrono::steady_clock::now();
+  auto file = infill::SafetensorsFile::open(weights);
+  if (!file.ok()) {
+    std::cerr << "bench_flux2: " << file.status().to_string() << "\n";
+    return 1;
+  }
+  auto loaded = Flux2Transformer::load(*file, "");
+  if (!loaded.ok()) {
+    std::cerr << "bench_flux2: " << loaded.status().to_string() << "\n";
+    return 1;
+  }
+  const Flux2Transformer& model = *loaded;
+  out["load"] = {{"ms", ms_since(load_start)},
+                 {"file", weights},
+                 {"page_cache", "dropped before loading (posix_fadvise DONTNEED)"},
+                 {"weight_bytes", model.weight_bytes()},
+                 {"peak_rss_bytes", peak_rss_bytes()}};
+
+  c10::InferenceMode guard;
+  const Inputs in = make_inputs(cfg, text_tokens, grid, 7);
+  const int64_t image_tokens = int64_t{grid} * grid;
+  const int64_t length = text_tokens + 2 * image_tokens;
+  const double t = 0.7;
+
+  // The prepare run records every block's K/V in an activation cache entry (fp16).
+  auto entry = std::make_shared<infill::ActivationEntry>(
+      infill::ActivationLayout{1, cfg.depth(), static_cast<int>(length), cfg.hidden_size});
+  infill::EntryKvSink sink(*entry, 0);
+  infill::EntryKvSource source(entry, 0);
+  auto full_segment = [&]() {
+    Flux2Segment s;
+    s.txt = in.txt;
+    s.txt_ids = in.txt_ids;
+    s.img = in.img;
+    s.img_ids = in.img_ids;
+    s.timestep = t;
+    return s;
+  };
+  auto run = [&](Flux2Segment s) { return model.forward(std::span<Flux2Segment>(&s, 1)); };
+  reset_peak();
+  {
+    Flux2Segment prepare = full_segment();
+    prepare.sink = &sink;
+    const auto t0 = std::chrono::steady_clock::now();
+    run(prepare);
+    out["prepare_ms"] = ms_since(t0);
+  }
+  const double full_flop = forward_flop(cfg, length, 2 * image_tokens, text_tokens, length);
+  // The prepare run was the warm-up of the full step.
+  const double full_ms = median_ms(full_repeats, [&] { run(full_segment()); }, /*warm_up=*/false);
+  out["full_step"] = {{"tokens", {{"image", image_tokens}, {"reference", image_tokens}, {"text", text_tokens}}},
+                      {"ms", full_ms},
+                      {"repeats", full_repeats},
+                      {"gflop", full_flop / 1e9},
+                      {"gflop_per_s", full_flop / full_ms / 1e6}};
+  out["cached_kv_bytes_per_step"] = entry->bytes();
+
+  nlohmann::ordered_json masked = nlohmann::ordered_json::array();
+  for (const double m : {0.05, 0.1, 0.2}) {
+    const at::Tensor rows = rectangle_tokens(grid, m);
+    const int64_t r = rows.size(0);
+    nlohmann::ordered_json row;
+    row["m"] = m;
+    row["image_rows"] = r;
+    for (const bool prompt_keyed : {true, false}) {
+      // Prompt-keyed: only the masked image rows; template-keyed: the text rows as well.
+      const int64_t text_rows = prompt_keyed ? 0 : text_tokens;
+      Flux2Segment s;
+      s.txt = in.txt.narrow(0, 0, text_rows);
+      s.txt_ids = in.txt_ids.narrow(0, 0, text_rows);
+      s.img = in.img.index_select(0, rows);
+      s.img_ids = in.img_ids.index_select(0, rows);
+      s.positions = at::cat({at::arange(text_rows, at::kLong), rows + text_tokens});
+      s.sequence_length = length;
+      s.timestep = t;
+      s.kv = &source;
+      const double ms = median_ms(repeats, [&] { run(s); });
+      const double flop = forward_flop(cfg, text_rows + r, r, text_rows, length);
+      row[prompt_keyed ? "prompt_keyed" : "template_keyed"] = {
+          {"rows", text_rows + r}, {"ms", ms}, {"speedup", full_ms / ms}, {"gflop_per_s", flop / ms / 1e6}};
+    }
+    masked.push_back(row);
+  }
+  out["masked_steps"] = masked;
+  out["repeats"] = {{"masked", repeats}, {"full", full_repeats}, {"statistic", "median"}};
+  out["peak_rss_bytes"] = std::max<int64_t>(peak_rss_bytes(), out["load"]["peak_rss_bytes"].get<int64_t>());
+  const auto& at_10 = masked[1];
+  out["targets"] = {
+      {"prompt_keyed_speedup_at_0.1", {{"value", at_10["prompt_keyed"]["speedup"]}, {"target", ">= 12"},
+                                       {"met", at_10["prompt_keyed"]["speedup"].get<double>() >= 12}}},
+      {"template_keyed_speedup_at_0.1", {{"value", at_10["template_keyed"]["speedup"]}, {"target", ">= 3"},
+                                         {"met", at_10["template_keyed"]["speedup"].get<double>() >= 3}}},
+      {"peak_rss_gib", {{"value", out["peak_rss_bytes"].get<double>() / (1024.0 * 1024 * 1024)}, {"target", "<= 20"},
+                        {"met", out["peak_rss_bytes"].get<double>() <= 20.0 * 1024 * 1024 * 1024}}}};
+  out["threads"] = threads;
+  std::cout << out.dump(2) << std::endl;
+  return 0;
+}

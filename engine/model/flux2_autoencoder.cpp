@@ -1,0 +1,497 @@
+#include "model/flux2_autoencoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "model/safetensors_torch.h"
+
+namespace infill {
+namespace {
+
+constexpr int kGroups = 32;  // every GroupNorm of the upstream model
+constexpr double kGroupNormEps = 1e-6;
+constexpr double kBatchNormEps = 1e-4;  // upstream `bn_eps`
+constexpr int64_t kPatch = 2;           // upstream `ps = [2, 2]`
+constexpr int kMaxLevels = 16;          // keeps factor() far from int overflow
+constexpr int kMaxResBlocks = 64;       // bounds the search for a file's block count
+// Attention scores are computed for at most this many (query, key) pairs of the whole batch at
+// a time, so that the score matrix stays near 256 MB for large images (the published model's
+// mid attention runs at 1/8 of the pixels: 16384 positions at 1024x1024, a full score matrix of
+// 1 GiB per image, 16 GiB at 2048x2048). Rows of a softmax are independent, so chunking the
+// queries changes nothing.
+constexpr int64_t kMaxScoreElements = int64_t{1} << 26;
+
+struct Conv {
+  at::Tensor weight;  // [out, in, k, k]
+  at::Tensor bias;    // [out]
+};
+
+struct Norm {
+  at::Tensor weight;  // [C]
+  at::Tensor bias;    // [C]
+};
+
+struct ResBlock {
+  Norm norm1;
+  Conv conv1;
+  Norm norm2;
+  Conv conv2;
+  Conv nin_shortcut;  // undefined weight when the block keeps its channel count
+};
+
+struct AttnBlock {
+  Norm norm;
+  Conv q, k, v, proj_out;
+};
+
+struct Mid {
+  ResBlock block_1;
+  AttnBlock attn_1;
+  ResBlock block_2;
+};
+
+struct Level {
+  std::vector<ResBlock> blocks;
+  // The encoder's `downsample.conv` or the decoder's `upsample.conv`; undefined weight on the
+  // level that has none (the encoder's last, the decoder's first).
+  Conv resample;
+};
+
+struct Encoder {
+  Conv conv_in;
+  std::vector<Level> down;
+  Mid mid;
+  Norm norm_out;
+  Conv conv_out;
+  Conv quant_conv;
+};
+
+struct Decoder {
+  Conv post_quant_conv;
+  Conv conv_in;
+  Mid mid;
+  std::vector<Level> up;  // indexed by level, as upstream: up[0] is the full-resolution level
+  Norm norm_out;
+  Conv conv_out;
+};
+
+struct Slot {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::Tensor* tensor;
+};
+
+/// Collects every weight's upstream name and expected shape: the one place that knows them.
+class SlotList {
+ public:
+  void tensor(const std::string& name, at::Tensor& t, std::vector<int64_t> shape) {
+    slots_.push_back({name, std::move(shape), &t});
+  }
+  void conv(const std::string& name, Conv& c, int64_t out, int64_t in, int64_t kernel) {
+    tensor(name + ".weight", c.weight, {out, in, kernel, kernel});
+    tensor(name + ".bias", c.bias, {out});
+  }
+  void norm(const std::string& name, Norm& n, int64_t channels) {
+    tensor(name + ".weight", n.weight, {channels});
+    tensor(name + ".bias", n.bias, {channels});
+  }
+  void res_block(const std::string& name, ResBlock& b, int64_t in, int64_t out) {
+    norm(name + ".norm1", b.norm1, in);
+    conv(name + ".conv1", b.conv1, out, in, 3);
+    norm(name + ".norm2", b.norm2, out);
+    conv(name + ".conv2", b.conv2, out, out, 3);
+    if (in != out) conv(name + ".nin_shortcut", b.nin_shortcut, out, in, 1);
+  }
+  void attn_block(const std::string& name, AttnBlock& a, int64_t channels) {
+    norm(name + ".norm", a.norm, channels);
+    conv(name + ".q", a.q, channels, channels, 1);
+    conv(name + ".k", a.k, channels, channels, 1);
+    conv(name + ".v", a.v, channels, channels, 1);
+    conv(name + ".proj_out", a.proj_out, channels, channels, 1);
+  }
+  void mid(const std::string& name, Mid& m, int64_t channels) {
+    res_block(name + ".block_1", m.block_1, channels, channels);
+    attn_block(name + ".attn_1", m.attn_1, channels);
+    res_block(name + ".block_2", m.block_2, channels, channels);
+  }
+  std::vector<Slot> take() { return std::move(slots_); }
+
+ private:
+  std::vector<Slot> slots_;
+};
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// ---- forward pass (inside InferenceMode) ----
+
+at::Tensor conv(const at::Tensor& x, const Conv& c, int64_t stride = 1) {
+  const int64_t pad = stride == 1 ? c.weight.size(2) / 2 : 0;
+  return at::conv2d(x, c.weight, c.bias, {stride, stride}, {pad, pad});
+}
+
+at::Tensor norm(const at::Tensor& x, const Norm& n) {
+  return at::group_norm(x, kGroups, n.weight, n.bias, kGroupNormEps);
+}
+
+at::Tensor res_block(const at::Tensor& x, const ResBlock& b) {
+  at::Tensor h = conv(at::silu(norm(x, b.norm1)), b.conv1);
+  h = conv(at::silu(norm(h, b.norm2)), b.conv2);
+  return (b.nin_shortcut.weight.defined() ? conv(x, b.nin_shortcut) : x) + h;
+}
+
+at::Tensor attn_block(const at::Tensor& x, const AttnBlock& a) {
+  const int64_t batch = x.size(0), channels = x.size(1), height = x.size(2), width = x.size(3);
+  const int64_t positions = height * width;
+  const at::Tensor h = norm(x, a.norm);
+  // q and v [B, L, C], k [B, C, L] with L = h*w positions.
+  const at::Tensor q = conv(h, a.q).reshape({batch, channels, positions}).transpose(1, 2);
+  const at::Tensor k = conv(h, a.k).reshape({batch, channels, positions});
+  const at::Tensor v = conv(h, a.v).reshape({batch, channels, positions}).transpose(1, 2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(channels));
+  const int64_t rows =
+      std::max<int64_t>(1, kMaxScoreElements / std::max<int64_t>(1, batch * positions));
+  at::Tensor out = at::empty({batch, positions, channels}, x.options());  // [B, L, C]
+  for (int64_t r0 = 0; r0 < positions; r0 += rows) {
+    const int64_t r1 = std::min(positions, r0 + rows);
+    at::Tensor scores = at::bmm(q.slice(1, r0, r1), k).mul_(scale);  // [B, rows, L]
+    out.slice(1, r0, r1).copy_(at::bmm(at::softmax(scores, -1), v));
+  }
+  out = out.transpose(1, 2).reshape({batch, channels, height, width});
+  return x + conv(out, a.proj_out);
+}
+
+at::Tensor mid(at::Tensor h, const Mid& m) {
+  h = res_block(h, m.block_1);
+  h = attn_block(h, m.attn_1);
+  return res_block(h, m.block_2);
+}
+
+// image [B, C_in, H, W] -> moments [B, 2z, H/2^(L-1), W/2^(L-1)]
+at::Tensor run_encoder(const Encoder& e, const at::Tensor& image) {
+  at::Tensor h = conv(image, e.conv_in);
+  for (const Level& level : e.down) {
+    for (const ResBlock& b : level.blocks) h = res_block(h, b);
+    if (level.resample.weight.defined()) {
+      // Upstream pads right and bottom only, then convolves without padding.
+      h = conv(at::constant_pad_nd(h, {0, 1, 0, 1}, 0.0), level.resample, 2);
+    }
+  }
+  h = mid(h, e.mid);
+  h = conv(at::silu(norm(h, e.norm_out)), e.conv_out);
+  return conv(h, e.quant_conv);
+}
+
+// z [B, z, h, w] -> image [B, C_out, h*2^(L-1), w*2^(L-1)]
+at::Tensor run_decoder(const Decoder& d, const at::Tensor& z) {
+  at::Tensor h = conv(conv(z, d.post_quant_conv), d.conv_in);
+  h = mid(h, d.mid);
+  for (auto level = d.up.rbegin(); level != d.up.rend(); ++level) {
+    for (const ResBlock& b : level->blocks) h = res_block(h, b);
+    if (level->resample.weight.defined()) {
+      h = conv(at::upsample_nearest2d(h, {2 * h.size(2), 2 * h.size(3)}), level->resample);
+    }
+  }
+  return conv(at::silu(norm(h, d.norm_out)), d.conv_out);
+}
+
+void check_input(const at::Tensor& x, int64_t channels, const char* what, const char* expected) {
+  TORCH_CHECK(x.defined() && x.dim() == 4 && x.size(1) == channels, "flux2 autoencoder: ", what,
+              " is ", x.defined() ? x.sizes() : at::IntArrayRef{}, ", expected ", expected,
+              " with ", channels, " channels");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "flux2 autoencoder: ", what,
+              " is ", x.scalar_type(), " on ", x.device(), ", expected float32 on CPU");
+}
+
+// ---- config inference ----
+
+// The 4-d shape of conv weight `key`, or why there is none.
+Result<std::vector<int64_t>> conv_shape(const SafetensorsFile& file, const std::string& key) {
+  const TensorInfo* info = file.find(key);
+  if (info == nullptr) {
+    return not_found(file.path() + ": no tensor '" + key +
+                     "' (needed to infer the FLUX.2 autoencoder's config)");
+  }
+  if (info->shape.size() != 4 || info->shape[0] <= 0 || info->shape[1] <= 0) {
+    return invalid_argument(file.path() + ": " + key + " is " + shape_text(info->shape) +
+                            ", expected a 4-d conv weight [out, in, k, k]");
+  }
+  return info->shape;
+}
+
+Result<Flux2AutoencoderConfig> infer_config(const SafetensorsFile& file,
+                                            const std::string& prefix) {
+  Flux2AutoencoderConfig c;
+  c.ch_mult.clear();
+  INFILL_ASSIGN_OR_RETURN(auto conv_in, conv_shape(file, prefix + "encoder.conv_in.weight"));
+  c.ch = static_cast<int>(conv_in[0]);
+  c.in_channels = static_cast<int>(conv_in[1]);
+  const auto block_key = [&](size_t level, int block) {
+    return prefix + "encoder.down." + std::to_string(level) + ".block." + std::to_string(block) +
+           ".conv1.weight";
+  };
+  while (c.ch_mult.size() <= static_cast<size_t>(kMaxLevels) &&
+         file.find(block_key(c.ch_mult.size(), 0)) != nullptr) {
+    const std::string key = block_key(c.ch_mult.size(), 0);
+    INFILL_ASSIGN_OR_RETURN(auto shape, conv_shape(file, key));
+    if (shape[0] % c.ch != 0) {
+      return invalid_argument(file.path() + ": " + key + " is " + shape_text(shape) +
+                              ", expected a multiple of ch=" + std::to_string(c.ch) +
+                              " (from encoder.conv_in.weight) output channels");
+    }
+    c.ch_mult.push_back(static_cast<int>(shape[0] / c.ch));
+  }
+  if (c.ch_mult.empty()) {
+    return not_found(file.path() + ": no tensor '" + block_key(0, 0) +
+                     "' (needed to infer the FLUX.2 autoencoder's config)");
+  }
+  c.num_res_blocks = 0;
+  while (c.num_res_blocks <= kMaxResBlocks &&
+         file.find(block_key(0, c.num_res_blocks)) != nullptr) {
+    ++c.num_res_blocks;
+  }
+  const std::string conv_out_key = prefix + "encoder.conv_out.weight";
+  INFILL_ASSIGN_OR_RETURN(auto conv_out, conv_shape(file, conv_out_key));
+  if (conv_out[0] % 2 != 0) {
+    return invalid_argument(file.path() + ": " + conv_out_key + " is " + shape_text(conv_out) +
+                            ", expected an even number of output channels (mean and log-variance)");
+  }
+  c.z_channels = static_cast<int>(conv_out[0] / 2);
+  INFILL_ASSIGN_OR_RETURN(auto dec_out, conv_shape(file, prefix + "decoder.conv_out.weight"));
+  c.out_channels = static_cast<int>(dec_out[0]);
+  const Status valid = c.validate();
+  if (!valid.ok()) {
+    return Status(valid.code(), file.path() + ": the FLUX.2 autoencoder config inferred from '" +
+                                    prefix + "encoder.conv_in.weight', '" + prefix +
+                                    "encoder.down.N.block.M.conv1.weight', '" + conv_out_key +
+                                    "' and '" + prefix +
+                                    "decoder.conv_out.weight' is not usable: " + valid.message());
+  }
+  return c;
+}
+
+}  // namespace
+
+struct Flux2Autoencoder::Weights {
+  Flux2AutoencoderConfig config;
+  Encoder encoder;
+  Decoder decoder;
+  at::Tensor bn_running_mean;  // [4z]
+  at::Tensor bn_running_var;   // [4z]
+  // Derived after loading, shaped [1, 4z, 1, 1] to broadcast over [B, 4z, h, w].
+  at::Tensor bn_mean, bn_std;
+
+  // Every weight with its upstream name and expected shape, sizing the level vectors on the
+  // way: the single list that loading walks.
+  std::vector<Slot> slots() {
+    const Flux2AutoencoderConfig& c = config;
+    const auto levels = static_cast<int>(c.ch_mult.size());
+    const auto width = [&](int level) { return int64_t{c.ch} * c.ch_mult[level]; };
+    SlotList s;
+
+    s.conv("encoder.conv_in", encoder.conv_in, c.ch, c.in_channels, 3);
+    encoder.down.assign(levels, Level{});
+    int64_t block_in = c.ch;
+    for (int i = 0; i < levels; ++i) {
+      const std::string name = "encoder.down." + std::to_string(i);
+      Level& level = encoder.down[i];
+      level.blocks.resize(c.num_res_blocks);
+      for (int j = 0; j < c.num_res_blocks; ++j) {
+        s.res_block(name + ".block." + std::to_string(j), level.blocks[j], block_in, width(i));
+        block_in = width(i);
+      }
+      if (i != levels - 1) s.conv(name + ".downsample.conv", level.resample, block_in, block_in, 3);
+    }
+    s.mid("encoder.mid", encoder.mid, block_in);
+    s.norm("encoder.norm_out", encoder.norm_out, block_in);
+    s.conv("encoder.conv_out", encoder.conv_out, 2 * c.z_channels, block_in, 3);
+    s.conv("encoder.quant_conv", encoder.quant_conv, 2 * c.z_channels, 2 * c.z_channels, 1);
+
+    s.conv("decoder.post_quant_conv", decoder.post_quant_conv, c.z_channels, c.z_channels, 1);
+    block_in = width(levels - 1);
+    s.conv("decoder.conv_in", decoder.conv_in, block_in, c.z_channels, 3);
+    s.mid("decoder.mid", decoder.mid, block_in);
+    decoder.up.assign(levels, Level{});
+    for (int i = levels - 1; i >= 0; --i) {
+      const std::string name = "decoder.up." + std::to_string(i);
+      Level& level = decoder.up[i];
+      level.blocks.resize(c.num_res_blocks + 1);
+      for (int j = 0; j <= c.num_res_blocks; ++j) {
+        s.res_block(name + ".block." + std::to_string(j), level.blocks[j], block_in, width(i));
+        block_in = width(i);
+      }
+      if (i != 0) s.conv(name + ".upsample.conv", level.resample, block_in, block_in, 3);
+    }
+    s.norm("decoder.norm_out", decoder.norm_out, block_in);
+    s.conv("decoder.conv_out", decoder.conv_out, c.out_channels, block_in, 3);
+
+    s.tensor("bn.running_mean", bn_running_mean, {c.latent_channels()});
+    s.tensor("bn.running_var", bn_running_var, {c.latent_channels()});
+    return s.take();
+  }
+};
+
+int Flux2AutoencoderConfig::latent_channels() const { return kPatch * kPatch * z_channels; }
+
+int Flux2AutoencoderConfig::factor() const {
+  return (1 << (static_cast<int>(ch_mult.size()) - 1)) * static_cast<int>(kPatch);
+}
+
+Status Flux2AutoencoderConfig::validate() const {
+  const auto fail = [&](const std::string& why) {
+    return invalid_argument("FLUX.2 autoencoder config (" + to_string() + "): " + why);
+  };
+  if (in_channels <= 0 || out_channels <= 0 || ch <= 0 || num_res_blocks <= 0 || z_channels <= 0) {
+    return fail("expected every size positive");
+  }
+  if (ch_mult.empty() || ch_mult.size() > static_cast<size_t>(kMaxLevels)) {
+    return fail("expected 1 to " + std::to_string(kMaxLevels) + " levels in ch_mult");
+  }
+  if (ch % kGroups != 0) {
+    return fail("expected ch a multiple of " + std::to_string(kGroups) + " (GroupNorm groups)");
+  }
+  for (int m : ch_mult) {
+    if (m <= 0) return fail("expected every ch_mult entry positive");
+  }
+  return {};
+}
+
+std::string Flux2AutoencoderConfig::to_string() const {
+  std::string mult = "[";
+  for (size_t i = 0; i < ch_mult.size(); ++i) mult += (i ? ", " : "") + std::to_string(ch_mult[i]);
+  return "ch=" + std::to_string(ch) + ", ch_mult=" + mult +
+         "], num_res_blocks=" + std::to_string(num_res_blocks) +
+         ", z_channels=" + std::to_string(z_channels) +
+         ", in_channels=" + std::to_string(in_channels) +
+         ", out_channels=" + std::to_string(out_channels);
+}
+
+Flux2Autoencoder::Flux2Autoencoder(std::shared_ptr<const Weights> weights)
+    : w_(std::move(weights)) {}
+
+Result<Flux2Autoencoder> Flux2Autoencoder::load(const SafetensorsFile& file,
+                                                const std::string& key_prefix) {
+  INFILL_ASSIGN_OR_RETURN(Flux2AutoencoderConfig config, infer_config(file, key_prefix));
+  auto w = std::make_shared<Weights>();
+  w->config = config;
+  std::vector<Slot> slots = w->slots();
+  const std::string context = " (a FLUX.2 autoencoder with " + config.to_string() +
+                              ", inferred from the shapes, under key prefix '" + key_prefix + "')";
+
+  // Unexpected tensors first: they mean the file is not the layout we inferred, which is a
+  // better explanation than whatever shape mismatch loading would then hit.
+  std::set<std::string> expected;
+  for (const Slot& slot : slots) expected.insert(key_prefix + slot.name);
+  const std::string ignored = key_prefix + "bn.num_batches_tracked";  // a training counter
+  for (const TensorInfo& info : file.tensors()) {
+    if (!info.name.starts_with(key_prefix) || info.name == ignored) continue;
+    if (expected.count(info.name) == 0) {
+      return invalid_argument(file.path() + ": unexpected tensor '" + info.name + "'" + context);
+    }
+  }
+
+  for (Slot& slot : slots) {
+    auto t = load_float_tensor(file, key_prefix + slot.name, slot.shape);
+    if (!t.ok()) return Status(t.status().code(), t.status().message() + context);
+    *slot.tensor = std::move(t).value();
+  }
+  if (!(w->bn_running_var.min().item<float>() >= 0.0f)) {
+    return corrupt_data(file.path() + ": " + key_prefix +
+                        "bn.running_var has a negative value, expected variances >= 0");
+  }
+  const int64_t latent = config.latent_channels();
+  w->bn_mean = w->bn_running_mean.reshape({1, latent, 1, 1});
+  w->bn_std = (w->bn_running_var + kBatchNormEps).sqrt().reshape({1, latent, 1, 1});
+  return Flux2Autoencoder(std::move(w));
+}
+
+Result<Flux2Autoencoder> Flux2Autoencoder::load(const std::string& path) {
+  INFILL_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path));
+  return load(file, "");
+}
+
+const Flux2AutoencoderConfig& Flux2Autoencoder::config() const { return w_->config; }
+int Flux2Autoencoder::factor() const { return w_->config.factor(); }
+int Flux2Autoencoder::latent_channels() const { return w_->config.latent_channels(); }
+
+at::Tensor Flux2Autoencoder::encode_normalized(const at::Tensor& image) const {
+  const Flux2AutoencoderConfig& c = w_->config;
+  check_input(image, c.in_channels, "image", "[B, C, H, W]");
+  const int64_t f = c.factor();
+  TORCH_CHECK(
+      image.size(2) > 0 && image.size(3) > 0 && image.size(2) % f == 0 && image.size(3) % f == 0,
+      "flux2 autoencoder: image is ", image.sizes(), ", expected H and W multiples of ", f);
+  at::Tensor out;
+  {
+    c10::InferenceMode guard;
+    const at::Tensor moments = run_encoder(w_->encoder, image);  // [B, 2z, H', W']
+    const at::Tensor mean = moments.slice(1, 0, c.z_channels);   // [B, z, H', W']
+    const int64_t batch = mean.size(0), h = mean.size(2) / kPatch, w = mean.size(3) / kPatch;
+    // "c (i pi) (j pj) -> (c pi pj) i j"
+    const at::Tensor z = mean.reshape({batch, c.z_channels, h, kPatch, w, kPatch})
+                             .permute({0, 1, 3, 5, 2, 4})
+                             .reshape({batch, c.latent_channels(), h, w});
+    out = (z - w_->bn_mean) / w_->bn_std;
+  }
+  // A clone made outside InferenceMode is an ordinary tensor, which callers may modify in place.
+  return out.clone(at::MemoryFormat::Contiguous);
+}
+
+at::Tensor Flux2Autoencoder::decode_normalized(const at::Tensor& latent) const {
+  const Flux2AutoencoderConfig& c = w_->config;
+  check_input(latent, c.latent_channels(), "latent", "[B, C, h, w]");
+  at::Tensor out;
+  {
+    c10::InferenceMode guard;
+    const at::Tensor z = latent * w_->bn_std + w_->bn_mean;  // [B, 4z, h, w]
+    const int64_t batch = z.size(0), h = z.size(2), w = z.size(3);
+    // "(c pi pj) i j -> c (i pi) (j pj)"
+    const at::Tensor unpatched = z.reshape({batch, c.z_channels, kPatch, kPatch, h, w})
+                                     .permute({0, 1, 4, 2, 5, 3})
+                                     .reshape({batch, c.z_channels, h * kPatch, w * kPatch});
+    out = run_decoder(w_->decoder, unpatched);
+  }
+  return out.clone(at::MemoryFormat::Contiguous);
+}
+
+at::Tensor Flux2Autoencoder::encode(const at::Tensor& rgb) const {
+  check_input(rgb, 3, "rgb", "[B, 3, H, W]");
+  return encode_normalized(rgb * 2 - 1);
+}
+
+at::Tensor Flux2Autoencoder::decode(const at::Tensor& latent) const {
+  TORCH_CHECK(w_->config.out_channels == 3, "flux2 autoencoder: decode needs 3 output channels, ",
+              "the model has ", w_->config.out_channels);
+  at::Tensor image = decode_normalized(latent);
+  return image.add_(1).mul_(0.5).clamp_(0, 1);
+}
+
+at::Tensor Flux2Autoencoder::decode_crop(const at::Tensor& latent, int x0, int y0, int w, int h,
+                                         int margin) const {
+  check_input(latent, latent_channels(), "latent", "[B, C, h, w]");
+  const int64_t height = latent.size(2);
+  const int64_t width = latent.size(3);
+  TORCH_CHECK(
+      x0 >= 0 && y0 >= 0 && w > 0 && h > 0 && x0 + w <= width && y0 + h <= height && margin >= 0,
+      "flux2 autoencoder: decode_crop box (x0=", x0, ", y0=", y0, ", w=", w, ", h=", h,
+      ", margin=", margin, ") is not inside the ", width, "x", height, " latent");
+  const int64_t cx0 = std::max<int64_t>(0, x0 - margin);
+  const int64_t cy0 = std::max<int64_t>(0, y0 - margin);
+  const int64_t cx1 = std::min<int64_t>(width, int64_t{x0} + w + margin);
+  const int64_t cy1 = std::min<int64_t>(height, int64_t{y0} + h + margin);
+  const int64_t f = factor();
+  const at::Tensor pixels = decode(latent.slice(2, cy0, cy1).slice(3, cx0, cx1));
+  return pixels.slice(2, (y0 - cy0) * f, (y0 - cy0 + h) * f)
+      .slice(3, (x0 - cx0) * f, (x0 - cx0 + w) * f)
+      .contiguous();
+}
+
+}  // namespace infill

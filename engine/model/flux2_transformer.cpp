@@ -1,0 +1,583 @@
+#include "model/flux2_transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "kernels/masked_attention.h"
+#include "kernels/token_rows.h"
+#include "model/flux2_checkpoint.h"
+#include "model/safetensors_torch.h"
+
+namespace infill {
+
+namespace {
+
+constexpr double kNormEps = 1e-6;  // LayerNorm and QK RMSNorm, as upstream
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// A bias-free linear layer whose weight stays in its stored dtype; converted to the
+// activations' dtype only for the duration of the call.
+struct Linear {
+  at::Tensor w;  // [out, in]
+  at::Tensor operator()(const at::Tensor& x) const {
+    return at::linear(x, w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type()));
+  }
+};
+
+// The weights of one stream (image or text) of a double block.
+struct Stream {
+  Linear qkv, proj, mlp_in, mlp_out;
+  at::Tensor q_scale, k_scale;  // QK RMSNorm [head_dim]
+};
+
+struct DoubleBlock {
+  Stream img, txt;
+};
+
+struct SingleBlock {
+  Linear linear1, linear2;
+  at::Tensor q_scale, k_scale;
+};
+
+}  // namespace
+
+struct Flux2Transformer::Weights {
+  Flux2Config cfg;
+  Linear img_in, txt_in, time_in0, time_in1, guidance_in0, guidance_in1;
+  Linear mod_img, mod_txt, mod_single, final_ada, final_linear;
+  std::vector<DoubleBlock> doubles;
+  std::vector<SingleBlock> singles;
+
+  struct Slot {
+    std::string name;
+    std::vector<int64_t> shape;
+    at::Tensor* tensor;
+  };
+  // Every weight with its checkpoint name and shape: the one list that load, save and random
+  // initialisation share.
+  std::vector<Slot> slots() {
+    const int64_t h = cfg.hidden_size, d = cfg.head_dim(), m = cfg.mlp_hidden;
+    std::vector<Slot> s;
+    auto lin = [&](const std::string& name, Linear& l, int64_t out, int64_t in) {
+      s.push_back({name + ".weight", {out, in}, &l.w});
+    };
+    lin("img_in", img_in, h, cfg.in_channels);
+    lin("txt_in", txt_in, h, cfg.context_dim);
+    lin("time_in.in_layer", time_in0, h, cfg.time_embed_dim);
+    lin("time_in.out_layer", time_in1, h, h);
+    if (cfg.guidance_embed) {
+      lin("guidance_in.in_layer", guidance_in0, h, cfg.time_embed_dim);
+      lin("guidance_in.out_layer", guidance_in1, h, h);
+    }
+    lin("double_stream_modulation_img.lin", mod_img, 6 * h, h);
+    lin("double_stream_modulation_txt.lin", mod_txt, 6 * h, h);
+    lin("single_stream_modulation.lin", mod_single, 3 * h, h);
+    doubles.resize(cfg.double_blocks);
+    for (int i = 0; i < cfg.double_blocks; ++i) {
+      const std::string b = "double_blocks." + std::to_string(i) + ".";
+      for (auto [name, stream] : {std::pair{"img", &doubles[i].img}, std::pair{"txt", &doubles[i].txt}}) {
+        const std::string p = b + name;
+        lin(p + "_attn.qkv", stream->qkv, 3 * h, h);
+        lin(p + "_attn.proj", stream->proj, h, h);
+        s.push_back({p + "_attn.norm.query_norm.scale", {d}, &stream->q_scale});
+        s.push_back({p + "_attn.norm.key_norm.scale", {d}, &stream->k_scale});
+        lin(p + "_mlp.0", stream->mlp_in, 2 * m, h);
+        lin(p + "_mlp.2", stream->mlp_out, h, m);
+      }
+    }
+    singles.resize(cfg.single_blocks);
+    for (int i = 0; i < cfg.single_blocks; ++i) {
+      const std::string b = "single_blocks." + std::to_string(i) + ".";
+      lin(b + "linear1", singles[i].linear1, 3 * h + 2 * m, h);
+      lin(b + "linear2", singles[i].linear2, h, h + m);
+      s.push_back({b + "norm.query_norm.scale", {d}, &singles[i].q_scale});
+      s.push_back({b + "norm.key_norm.scale", {d}, &singles[i].k_scale});
+    }
+    lin("final_layer.adaLN_modulation.1", final_ada, 2 * h, h);
+    lin("final_layer.linear", final_linear, cfg.in_channels, h);
+    return s;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+
+Status Flux2Config::validate() const {
+  auto bad = [](const std::string& what) { return invalid_argument("FLUX.2 transformer config: " + what); };
+  if (in_channels <= 0 || context_dim <= 0 || hidden_size <= 0 || mlp_hidden <= 0 || time_embed_dim <= 0) {
+    return bad("sizes must be positive");
+  }
+  if (num_heads <= 0 || hidden_size % num_heads != 0) {
+    return bad("hidden_size " + std::to_string(hidden_size) + " is not a multiple of num_heads " +
+               std::to_string(num_heads));
+  }
+  if (double_blocks < 0 || single_blocks < 0 || depth() == 0) return bad("no transformer blocks");
+  int axes = 0;
+  for (int a : axes_dim) {
+    if (a <= 0 || a % 2 != 0) return bad("RoPE axis widths must be positive and even");
+    axes += a;
+  }
+  if (axes_dim.size() != 4 || axes != head_dim()) {
+    return bad("RoPE axes_dim must be 4 widths summing to head_dim " + std::to_string(head_dim()));
+  }
+  if (!(theta > 0)) return bad("theta must be positive");
+  return {};
+}
+
+std::string Flux2Config::family_size() const {
+  if (in_channels != 128) return "custom";
+  if (hidden_size == 3072 && num_heads == 24 && double_blocks == 5 && single_blocks == 20 && context_dim == 7680) {
+    return "klein-4b";
+  }
+  if (hidden_size == 4096 && num_heads == 32 && double_blocks == 8 && single_blocks == 24 && context_dim == 12288) {
+    return "klein-9b";
+  }
+  if (hidden_size == 6144 && num_heads == 48 && double_blocks == 8 && single_blocks == 48 && context_dim == 15360) {
+    return "dev";
+  }
+  return "custom";
+}
+
+Result<std::string> find_flux2_transformer_prefix(const SafetensorsFile& file) {
+  static const std::string kAnchor = "img_in.weight";
+  for (const TensorInfo& t : file.tensors()) {
+    if (t.name.size() < kAnchor.size() || t.name.compare(t.name.size() - kAnchor.size(), kAnchor.size(), kAnchor) != 0) {
+      continue;
+    }
+    const std::string prefix = t.name.substr(0, t.name.size() - kAnchor.size());
+    if (file.find(prefix + "double_blocks.0.img_attn.qkv.weight") != nullptr ||
+        file.find(prefix + "single_blocks.0.linear1.weight") != nullptr) {
+      return prefix;
+    }
+  }
+  return not_found(file.path() + ": not a FLUX.2 transformer (no img_in.weight with double_blocks or "
+                   "single_blocks beside it)");
+}
+
+Result<Flux2Config> infer_flux2_config(const Flux2Checkpoint& checkpoint) {
+  const auto& shapes = checkpoint.shapes();
+  auto shape_of = [&](const std::string& name, size_t rank) -> Result<std::vector<int64_t>> {
+    const auto it = shapes.find(name);
+    if (it == shapes.end()) return not_found(checkpoint.where() + ": weight " + name + " is missing");
+    if (it->second.size() != rank) {
+      return invalid_argument(checkpoint.where() + ": " + name + " is " + shape_string(it->second) + ", expected " +
+                              std::to_string(rank) + " dimensions");
+    }
+    return it->second;
+  };
+  // Blocks are counted by their indices; a gap (block 3 missing while 4 exists) is caught
+  // later as a missing weight.
+  auto count_blocks = [&](const std::string& kind) {
+    int n = 0;
+    const std::string head = kind + ".";
+    for (const auto& [name, _] : shapes) {
+      if (name.rfind(head, 0) != 0) continue;
+      const size_t dot = name.find('.', head.size());
+      try {
+        n = std::max(n, std::stoi(name.substr(head.size(), dot - head.size())) + 1);
+      } catch (const std::exception&) {
+      }
+    }
+    return n;
+  };
+  Flux2Config c;
+  INFILL_ASSIGN_OR_RETURN(auto img_in, shape_of("img_in.weight", 2));
+  INFILL_ASSIGN_OR_RETURN(auto txt_in, shape_of("txt_in.weight", 2));
+  INFILL_ASSIGN_OR_RETURN(auto time_in, shape_of("time_in.in_layer.weight", 2));
+  c.hidden_size = static_cast<int>(img_in[0]);
+  c.in_channels = static_cast<int>(img_in[1]);
+  c.context_dim = static_cast<int>(txt_in[1]);
+  c.time_embed_dim = static_cast<int>(time_in[1]);
+  c.double_blocks = count_blocks("double_blocks");
+  c.single_blocks = count_blocks("single_blocks");
+  c.guidance_embed = shapes.count("guidance_in.in_layer.weight") > 0;
+  if (c.double_blocks > 0) {
+    INFILL_ASSIGN_OR_RETURN(auto q_scale, shape_of("double_blocks.0.img_attn.norm.query_norm.scale", 1));
+    INFILL_ASSIGN_OR_RETURN(auto mlp_out, shape_of("double_blocks.0.img_mlp.2.weight", 2));
+    c.num_heads = q_scale[0] > 0 ? static_cast<int>(c.hidden_size / q_scale[0]) : 0;
+    c.mlp_hidden = static_cast<int>(mlp_out[1]);
+  } else if (c.single_blocks > 0) {
+    INFILL_ASSIGN_OR_RETURN(auto q_scale, shape_of("single_blocks.0.norm.query_norm.scale", 1));
+    INFILL_ASSIGN_OR_RETURN(auto linear2, shape_of("single_blocks.0.linear2.weight", 2));
+    c.num_heads = q_scale[0] > 0 ? static_cast<int>(c.hidden_size / q_scale[0]) : 0;
+    c.mlp_hidden = static_cast<int>(linear2[1] - c.hidden_size);
+  }
+  // The RoPE split is not in the weights: upstream gives each of (t, h, w, l) a quarter.
+  const int quarter = c.num_heads > 0 ? c.head_dim() / 4 : 0;
+  c.axes_dim = {quarter, quarter, quarter, quarter};
+  if (Status s = c.validate(); !s.ok()) return invalid_argument(checkpoint.where() + ": " + s.message());
+  return c;
+}
+
+Result<Flux2Config> infer_flux2_config(const SafetensorsFile& file, const std::string& prefix) {
+  INFILL_ASSIGN_OR_RETURN(Flux2Checkpoint checkpoint, Flux2Checkpoint::from_file(file, prefix));
+  return infer_flux2_config(checkpoint);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading and saving
+
+Flux2Transformer::Flux2Transformer(std::unique_ptr<Weights> weights) : w_(std::move(weights)) {}
+Flux2Transformer::Flux2Transformer(Flux2Transformer&&) noexcept = default;
+Flux2Transformer& Flux2Transformer::operator=(Flux2Transformer&&) noexcept = default;
+Flux2Transformer::~Flux2Transformer() = default;
+
+const Flux2Config& Flux2Transformer::config() const { return w_->cfg; }
+
+Result<Flux2Transformer> Flux2Transformer::load(const Flux2Checkpoint& checkpoint) {
+  INFILL_ASSIGN_OR_RETURN(Flux2Config cfg, infer_flux2_config(checkpoint));
+  auto w = std::make_unique<Weights>();
+  w->cfg = cfg;
+  c10::InferenceMode guard;
+  std::set<std::string> expected;
+  for (auto& slot : w->slots()) {
+    expected.insert(slot.name);
+    INFILL_ASSIGN_OR_RETURN(*slot.tensor, checkpoint.read(slot.name, slot.shape));
+  }
+  for (const auto& [name, _] : checkpoint.shapes()) {
+    if (expected.count(name) == 0) {
+      return invalid_argument(checkpoint.where() + ": unexpected tensor " + name + " for a FLUX.2 transformer with " +
+                              std::to_string(cfg.double_blocks) + " double and " + std::to_string(cfg.single_blocks) +
+                              " single blocks");
+    }
+  }
+  return Flux2Transformer(std::move(w));
+}
+
+Result<Flux2Transformer> Flux2Transformer::load(const SafetensorsFile& file, const std::string& prefix) {
+  INFILL_ASSIGN_OR_RETURN(Flux2Checkpoint checkpoint, Flux2Checkpoint::from_file(file, prefix));
+  return load(checkpoint);
+}
+
+Flux2Transformer Flux2Transformer::random(const Flux2Config& config, uint64_t seed, at::ScalarType dtype) {
+  TORCH_CHECK(config.validate().ok(), config.validate().message());
+  auto w = std::make_unique<Weights>();
+  w->cfg = config;
+  c10::InferenceMode guard;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (auto& slot : w->slots()) {
+    // Norm scales start near one, as trained ones do; one tensor at a time in float32, so
+    // the peak is the largest layer, not the model.
+    const bool norm_scale = slot.shape.size() == 1;
+    at::Tensor t = at::empty(slot.shape, at::kFloat).normal_(norm_scale ? 1.0 : 0.0, 0.02, gen);
+    *slot.tensor = t.to(dtype);
+  }
+  return Flux2Transformer(std::move(w));
+}
+
+Status Flux2Transformer::save(const std::string& path, const std::string& prefix) const {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (auto& slot : w_->slots()) tensors.emplace_back(prefix + slot.name, slot.tensor->contiguous());
+  return write_safetensors(path, tensors, {{"format", "pt"}});
+}
+
+int64_t Flux2Transformer::weight_bytes() const {
+  int64_t bytes = 0;
+  for (auto& slot : w_->slots()) bytes += static_cast<int64_t>(slot.tensor->nbytes());
+  return bytes;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embeddings
+
+at::Tensor flux2_timestep_embedding(double t, int dim) {
+  const int half = dim / 2;
+  at::Tensor freqs = at::exp(-std::log(10000.0) * at::arange(half, at::kFloat) / static_cast<float>(half));
+  at::Tensor args = freqs * static_cast<float>(1000.0 * t);
+  at::Tensor emb = at::cat({at::cos(args), at::sin(args)});
+  if (dim % 2 != 0) emb = at::cat({emb, at::zeros({1}, at::kFloat)});
+  return emb;
+}
+
+std::pair<at::Tensor, at::Tensor> flux2_rope_angles(const at::Tensor& ids, const std::vector<int>& axes_dim,
+                                                    double theta) {
+  TORCH_CHECK(ids.dim() == 2 && ids.size(1) == static_cast<int64_t>(axes_dim.size()), "position ids must be [R, ",
+              axes_dim.size(), "]");
+  std::vector<at::Tensor> angles;
+  const at::Tensor pos = ids.to(at::kDouble);
+  for (size_t a = 0; a < axes_dim.size(); ++a) {
+    const int d = axes_dim[a];
+    at::Tensor omega = 1.0 / at::pow(theta, at::arange(0, d, 2, at::kDouble) / static_cast<double>(d));
+    angles.push_back(at::outer(pos.select(1, static_cast<int64_t>(a)), omega));
+  }
+  at::Tensor all = at::cat(angles, 1);
+  return {at::cos(all).to(at::kFloat), at::sin(all).to(at::kFloat)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+namespace {
+
+// Per-segment state of one forward.
+struct SegmentState {
+  Flux2Segment* seg = nullptr;
+  int64_t rt = 0, ri = 0;  // text and image rows computed
+  bool full = false;       // every position is computed: no cached rows are read
+  at::Tensor positions;    // int64 [rt + ri] on the CPU
+  at::Tensor cos, sin;     // [rt + ri, head_dim / 2]
+  std::vector<at::Tensor> mod_img, mod_txt, mod_single, mod_final;  // [1, H] each
+  at::Tensor k_buf, v_buf;  // [L, H] float, for sources without fp16 slabs
+};
+
+at::Tensor layer_norm(const at::Tensor& x) { return at::layer_norm(x, {x.size(1)}, {}, {}, kNormEps); }
+
+// x * (1 + scale) + shift, in place.
+void modulate_(at::Tensor x, const at::Tensor& shift, const at::Tensor& scale) { x.addcmul_(x, scale).add_(shift); }
+
+// RMSNorm over each head's channels: x [R, heads * d], scale [d].
+at::Tensor rms_norm_heads(const at::Tensor& x, const at::Tensor& scale, int64_t heads) {
+  const int64_t r = x.size(0), d = scale.size(0);
+  at::Tensor xv = x.reshape({r, heads, d});
+  at::Tensor rrms = at::rsqrt(xv.pow(2).mean(-1, true).add_(kNormEps));
+  return (xv * rrms).mul_(scale.to(x.scalar_type())).reshape({r, heads * d});
+}
+
+// Rotates each adjacent channel pair (2i, 2i+1) of every head by the row's angle i.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads) {
+  const int64_t r = x.size(0), half = cos.size(1);
+  at::Tensor xv = x.reshape({r, heads, half, 2});
+  at::Tensor x0 = xv.select(3, 0), x1 = xv.select(3, 1);
+  at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  return at::stack({c * x0 - s * x1, s * x0 + c * x1}, 3).reshape({r, heads * half * 2});
+}
+
+// Softmax attention of q [M, heads*d] over k, v [L, heads*d] in plain ATen ops (devices and
+// dtypes the CPU kernel does not take).
+at::Tensor attention_aten(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                          double scale) {
+  const int64_t m = q.size(0), l = k.size(0), d = q.size(1) / heads;
+  at::Tensor qh = q.reshape({m, heads, d}).transpose(0, 1);
+  at::Tensor kh = k.reshape({l, heads, d}).transpose(0, 1);
+  at::Tensor vh = v.reshape({l, heads, d}).transpose(0, 1);
+  at::Tensor p = at::softmax(at::matmul(qh, kh.transpose(1, 2)).mul_(scale), -1);
+  return at::matmul(p, vh).transpose(0, 1).reshape({m, heads * d});
+}
+
+// Attention of one segment's computed rows over all of its positions in block `block`:
+// q, k, v [R, H] are the fresh rows (post norm and RoPE).
+at::Tensor segment_attention(SegmentState& s, int block, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v, int64_t heads, double scale) {
+  const bool cpu_float = q.device().is_cpu() && q.scalar_type() == at::kFloat;
+  auto attend = [&](const at::Tensor& keys, const at::Tensor& values) {
+    return cpu_float ? kernels::masked_attention(q, keys, values, heads, scale)
+                     : attention_aten(q, keys, values, heads, scale);
+  };
+  if (s.full) {
+    if (s.seg->sink != nullptr) s.seg->sink->store(block, k, v);
+    return attend(k, v);
+  }
+  const int64_t L = s.seg->sequence_length, H = q.size(1);
+  if (const uint16_t *k_half = nullptr, *v_half = nullptr; cpu_float && s.seg->kv->fp16_slabs(block, &k_half, &v_half)) {
+    return kernels::masked_attention_over_cache(q, k_half, v_half, L, s.positions, k, v, heads, scale);
+  }
+  if (!s.k_buf.defined()) {
+    s.k_buf = at::empty({L, H}, at::kFloat);
+    s.v_buf = at::empty({L, H}, at::kFloat);
+  }
+  s.seg->kv->fetch(block, s.k_buf, s.v_buf);
+  if (cpu_float) {
+    kernels::scatter_rows(s.k_buf, s.positions, k);
+    kernels::scatter_rows(s.v_buf, s.positions, v);
+    return attend(s.k_buf, s.v_buf);
+  }
+  const at::Tensor index = s.positions.to(q.device());
+  at::Tensor keys = s.k_buf.to(q.device(), q.scalar_type()).index_copy_(0, index, k);
+  at::Tensor values = s.v_buf.to(q.device(), q.scalar_type()).index_copy_(0, index, v);
+  return attend(keys, values);
+}
+
+// Row ranges of segments inside a packed matrix.
+struct Packing {
+  std::vector<int64_t> begin, rows;
+  at::Tensor slice(const at::Tensor& t, size_t i) const { return t.narrow(0, begin[i], rows[i]); }
+};
+
+Packing packing(const std::vector<int64_t>& rows) {
+  Packing p;
+  int64_t total = 0;
+  for (int64_t r : rows) {
+    p.begin.push_back(total);
+    p.rows.push_back(r);
+    total += r;
+  }
+  return p;
+}
+
+at::Tensor concat_rows(const std::vector<at::Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 0); }
+
+}  // namespace
+
+at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trace* trace) const {
+  c10::InferenceMode guard;
+  const Weights& w = *w_;
+  const Flux2Config& cfg = w.cfg;
+  const int64_t H = cfg.hidden_size, M = cfg.mlp_hidden, heads = cfg.num_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim()));
+  const at::Device device = w.img_in.w.device();
+  // float32 on the CPU (no fast bf16 GEMM there); bf16 on an accelerator.
+  const at::ScalarType dtype = device.is_cpu() ? at::kFloat : at::kBFloat16;
+  const auto opts = at::TensorOptions().device(device).dtype(dtype);
+  TORCH_CHECK(!segments.empty(), "FLUX.2 forward: no segments");
+  TORCH_CHECK(trace == nullptr || segments.size() == 1, "FLUX.2 forward: a trace needs a single segment");
+
+  const size_t n = segments.size();
+  std::vector<SegmentState> states(n);
+  std::vector<at::Tensor> txt_parts, img_parts;
+  std::vector<int64_t> txt_rows, img_rows, all_rows;
+  for (size_t i = 0; i < n; ++i) {
+    Flux2Segment& seg = segments[i];
+    SegmentState& s = states[i];
+    s.seg = &seg;
+    s.rt = seg.txt.defined() ? seg.txt.size(0) : 0;
+    s.ri = seg.img.defined() ? seg.img.size(0) : 0;
+    TORCH_CHECK(s.ri > 0 && seg.img.dim() == 2 && seg.img.size(1) == cfg.in_channels, "segment ", i,
+                ": img must be [R >= 1, ", cfg.in_channels, "]");
+    TORCH_CHECK(seg.img_ids.defined() && seg.img_ids.sizes() == at::IntArrayRef({s.ri, 4}), "segment ", i,
+                ": img_ids must be [", s.ri, ", 4]");
+    if (s.rt > 0) {
+      TORCH_CHECK(seg.txt.dim() == 2 && seg.txt.size(1) == cfg.context_dim, "segment ", i, ": txt must be [R, ",
+                  cfg.context_dim, "]");
+      TORCH_CHECK(seg.txt_ids.defined() && seg.txt_ids.sizes() == at::IntArrayRef({s.rt, 4}), "segment ", i,
+                  ": txt_ids must be [", s.rt, ", 4]");
+    }
+    const int64_t rows = s.rt + s.ri;
+    const int64_t L = seg.sequence_length > 0 ? seg.sequence_length : rows;
+    seg.sequence_length = L;
+    TORCH_CHECK(rows <= L, "segment ", i, ": ", rows, " rows computed of a sequence of ", L);
+    s.positions = seg.positions.defined() ? seg.positions.to(at::kCPU, at::kLong).contiguous() : at::arange(L, at::kLong);
+    TORCH_CHECK(s.positions.dim() == 1 && s.positions.size(0) == rows, "segment ", i, ": positions must be [", rows,
+                "]");
+    s.full = rows == L;
+    TORCH_CHECK(s.full || seg.kv != nullptr, "segment ", i, ": computing ", rows, " of ", L,
+                " positions needs a KvSource");
+
+    auto ids = s.rt > 0 ? at::cat({seg.txt_ids.to(at::kCPU, at::kFloat), seg.img_ids.to(at::kCPU, at::kFloat)})
+                        : seg.img_ids.to(at::kCPU, at::kFloat);
+    auto [cos, sin] = flux2_rope_angles(ids, cfg.axes_dim, cfg.theta);
+    s.cos = cos.to(opts);
+    s.sin = sin.to(opts);
+
+    at::Tensor vec = w.time_in1(at::silu(w.time_in0(flux2_timestep_embedding(seg.timestep, cfg.time_embed_dim).to(opts))));
+    if (cfg.guidance_embed) {
+      vec = vec + w.guidance_in1(at::silu(w.guidance_in0(flux2_timestep_embedding(seg.guidance, cfg.time_embed_dim).to(opts))));
+    }
+    const at::Tensor act = at::silu(vec).unsqueeze(0);
+    s.mod_img = w.mod_img(act).chunk(6, 1);
+    s.mod_txt = w.mod_txt(act).chunk(6, 1);
+    s.mod_single = w.mod_single(act).chunk(3, 1);
+    s.mod_final = w.final_ada(act).chunk(2, 1);
+
+    if (s.rt > 0) txt_parts.push_back(seg.txt.to(opts));
+    img_parts.push_back(seg.img.to(opts));
+    txt_rows.push_back(s.rt);
+    img_rows.push_back(s.ri);
+    all_rows.push_back(rows);
+  }
+  const Packing pt = packing(txt_rows), pi = packing(img_rows), pa = packing(all_rows);
+  const int64_t total_txt = std::accumulate(txt_rows.begin(), txt_rows.end(), int64_t{0});
+  at::Tensor x_txt = total_txt > 0 ? w.txt_in(concat_rows(txt_parts)) : at::empty({0, H}, opts);
+  at::Tensor x_img = w.img_in(concat_rows(img_parts));
+
+  // Double blocks: two streams, each with its own weights, attending jointly.
+  for (int b = 0; b < cfg.double_blocks; ++b) {
+    const DoubleBlock& blk = w.doubles[b];
+    at::Tensor ht = layer_norm(x_txt), hi = layer_norm(x_img);
+    for (size_t i = 0; i < n; ++i) {
+      modulate_(pt.slice(ht, i), states[i].mod_txt[0], states[i].mod_txt[1]);
+      modulate_(pi.slice(hi, i), states[i].mod_img[0], states[i].mod_img[1]);
+    }
+    const at::Tensor qkv_t = total_txt > 0 ? blk.txt.qkv(ht) : at::empty({0, 3 * H}, opts);
+    const at::Tensor qkv_i = blk.img.qkv(hi);
+    at::Tensor attn_t = at::empty({total_txt, H}, opts), attn_i = at::empty_like(x_img);
+    for (size_t i = 0; i < n; ++i) {
+      SegmentState& s = states[i];
+      const at::Tensor t = pt.slice(qkv_t, i), im = pi.slice(qkv_i, i);
+      const at::Tensor q = at::cat({rms_norm_heads(t.narrow(1, 0, H), blk.txt.q_scale, heads),
+                                    rms_norm_heads(im.narrow(1, 0, H), blk.img.q_scale, heads)});
+      const at::Tensor k = at::cat({rms_norm_heads(t.narrow(1, H, H), blk.txt.k_scale, heads),
+                                    rms_norm_heads(im.narrow(1, H, H), blk.img.k_scale, heads)});
+      const at::Tensor v = at::cat({t.narrow(1, 2 * H, H), im.narrow(1, 2 * H, H)});
+      const at::Tensor out = segment_attention(s, b, apply_rope(q, s.cos, s.sin, heads),
+                                               apply_rope(k, s.cos, s.sin, heads), v, heads, scale);
+      pt.slice(attn_t, i).copy_(out.narrow(0, 0, s.rt));
+      pi.slice(attn_i, i).copy_(out.narrow(0, s.rt, s.ri));
+    }
+    const at::Tensor proj_t = total_txt > 0 ? blk.txt.proj(attn_t) : attn_t;
+    const at::Tensor proj_i = blk.img.proj(attn_i);
+    for (size_t i = 0; i < n; ++i) {
+      pt.slice(x_txt, i).addcmul_(pt.slice(proj_t, i), states[i].mod_txt[2]);
+      pi.slice(x_img, i).addcmul_(pi.slice(proj_i, i), states[i].mod_img[2]);
+    }
+    auto mlp = [&](const Stream& st, at::Tensor& x, const Packing& p, bool text) {
+      if (x.size(0) == 0) return;
+      at::Tensor h = layer_norm(x);
+      for (size_t i = 0; i < n; ++i) {
+        const auto& mod = text ? states[i].mod_txt : states[i].mod_img;
+        modulate_(p.slice(h, i), mod[3], mod[4]);
+      }
+      at::Tensor up = st.mlp_in(h);
+      at::Tensor out = st.mlp_out(at::silu(up.narrow(1, 0, M)).mul_(up.narrow(1, M, M)));
+      for (size_t i = 0; i < n; ++i) {
+        const auto& mod = text ? states[i].mod_txt : states[i].mod_img;
+        p.slice(x, i).addcmul_(p.slice(out, i), mod[5]);
+      }
+    };
+    mlp(blk.txt, x_txt, pt, true);
+    mlp(blk.img, x_img, pi, false);
+    if (trace != nullptr) {
+      trace->double_img.push_back(x_img.to(at::kFloat).clone());
+      trace->double_txt.push_back(x_txt.to(at::kFloat).clone());
+    }
+  }
+
+  // Single blocks: one stream over [text, image] rows of each segment.
+  std::vector<at::Tensor> joined;
+  for (size_t i = 0; i < n; ++i) {
+    if (states[i].rt > 0) joined.push_back(pt.slice(x_txt, i));
+    joined.push_back(pi.slice(x_img, i));
+  }
+  at::Tensor x = concat_rows(joined).contiguous();
+  for (int sb = 0; sb < cfg.single_blocks; ++sb) {
+    const SingleBlock& blk = w.singles[sb];
+    const int block = cfg.double_blocks + sb;
+    at::Tensor h = layer_norm(x);
+    for (size_t i = 0; i < n; ++i) modulate_(pa.slice(h, i), states[i].mod_single[0], states[i].mod_single[1]);
+    const at::Tensor y = blk.linear1(h);  // [R, 3H + 2M]: q, k, v, then the MLP's gate and up halves
+    at::Tensor inner = at::empty({x.size(0), H + M}, opts);
+    for (size_t i = 0; i < n; ++i) {
+      SegmentState& s = states[i];
+      const at::Tensor ys = pa.slice(y, i);
+      const at::Tensor q = apply_rope(rms_norm_heads(ys.narrow(1, 0, H), blk.q_scale, heads), s.cos, s.sin, heads);
+      const at::Tensor k = apply_rope(rms_norm_heads(ys.narrow(1, H, H), blk.k_scale, heads), s.cos, s.sin, heads);
+      const at::Tensor v = ys.narrow(1, 2 * H, H);
+      pa.slice(inner, i).narrow(1, 0, H).copy_(segment_attention(s, block, q, k, v, heads, scale));
+    }
+    inner.narrow(1, H, M).copy_(at::silu(y.narrow(1, 3 * H, M)).mul_(y.narrow(1, 3 * H + M, M)));
+    const at::Tensor out = blk.linear2(inner);
+    for (size_t i = 0; i < n; ++i) pa.slice(x, i).addcmul_(pa.slice(out, i), states[i].mod_single[2]);
+    if (trace != nullptr) trace->single.push_back(x.to(at::kFloat).clone());
+  }
+
+  // Final layer on the image rows.
+  std::vector<at::Tensor> outs;
+  for (size_t i = 0; i < n; ++i) {
+    at::Tensor h = layer_norm(pa.slice(x, i).narrow(0, states[i].rt, states[i].ri));
+    modulate_(h, states[i].mod_final[0], states[i].mod_final[1]);
+    outs.push_back(h);
+  }
+  return w.final_linear(concat_rows(outs)).to(at::kFloat);
+}
+
+}  // namespace infill

@@ -1,0 +1,142 @@
+#pragma once
+/// The FLUX.2 transformer (black-forest-labs/flux2, src/flux2/model.py): double-stream blocks
+/// (image and text streams with their own weights, joint attention), single-stream blocks,
+/// modulation shared by all blocks and computed once from the timestep (plus guidance where
+/// `guidance_in.*` exists), 4-axis RoPE over (t, h, w, l) position ids, QK RMSNorm, SwiGLU MLPs,
+/// no biases. One class serves FLUX.2 [klein] 4B/9B, [dev] and smaller models of the same
+/// layout: every size is inferred from the weight shapes.
+///
+/// Mask-aware: a forward runs over segments (one per request), each computing only some of
+/// its request's tokens and attending to all of them, the others' K/V read from a KvSource.
+/// A request's token sequence is [text tokens, image tokens, reference tokens], the order of
+/// the single-stream blocks upstream; K/V rows are indexed by that position. Block b counts
+/// the double blocks first (0 .. double_blocks-1), then the single blocks.
+///
+/// Weights keep their stored dtype (F32, F16 or BF16, memory-mapped when aligned); on the CPU
+/// each layer is converted to float32 when it runs, so no float32 copy of a model is held.
+/// Threading: immutable after load; forward may run on several threads at once.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "common/status.h"
+#include "model/kv_io.h"
+#include "model/safetensors.h"
+
+namespace infill {
+
+struct Flux2Config {
+  int in_channels = 128;     ///< latent channels per token (the prediction has as many)
+  int context_dim = 7680;    ///< width of a text embedding row
+  int hidden_size = 3072;
+  int num_heads = 24;
+  int double_blocks = 5;
+  int single_blocks = 20;
+  int mlp_hidden = 9216;     ///< SwiGLU inner width (hidden * mlp_ratio)
+  bool guidance_embed = false;  ///< `guidance_in` present (FLUX.2 [dev]); klein has none
+  int time_embed_dim = 256;
+  std::vector<int> axes_dim{32, 32, 32, 32};  ///< RoPE dims per id axis; sums to head_dim
+  double theta = 2000.0;
+
+  int head_dim() const { return hidden_size / num_heads; }
+  int depth() const { return double_blocks + single_blocks; }
+  /// invalid_argument naming the field unless the sizes are consistent.
+  Status validate() const;
+  /// "klein-4b", "klein-9b", "dev" when the sizes are those of a published checkpoint, else
+  /// "custom".
+  std::string family_size() const;
+};
+
+/// The key prefix under which `file` holds a FLUX.2 transformer ("" for the BFL checkpoints,
+/// "model.diffusion_model." for some ComfyUI files, "weights." in the reference files), or
+/// not_found naming the file when no `img_in.weight` / `double_blocks.0.img_attn.qkv.weight`
+/// pair exists.
+Result<std::string> find_flux2_transformer_prefix(const SafetensorsFile& file);
+
+class Flux2Checkpoint;
+
+/// Infers every size from the weights' shapes; errors name the tensor.
+Result<Flux2Config> infer_flux2_config(const Flux2Checkpoint& checkpoint);
+/// The same for the upstream-named weights under `prefix` of `file`.
+Result<Flux2Config> infer_flux2_config(const SafetensorsFile& file, const std::string& prefix);
+
+/// One request's share of a forward.
+struct Flux2Segment {
+  /// [R_t, context_dim] text embedding rows to compute (R_t may be 0).
+  at::Tensor txt;
+  /// [R_t, 4] float (t, h, w, l) position ids of those rows.
+  at::Tensor txt_ids;
+  /// [R_i, in_channels] image and reference token rows to compute (R_i >= 1).
+  at::Tensor img;
+  /// [R_i, 4] float position ids of those rows (reference tokens have t = 10).
+  at::Tensor img_ids;
+  /// int64 [R_t + R_i]: each computed row's position in the request's sequence
+  /// [text, image, reference] of `sequence_length` tokens, text rows first, ascending.
+  /// Undefined: the rows are the whole sequence in order (a full forward).
+  at::Tensor positions;
+  int64_t sequence_length = 0;
+  double timestep = 0.0;  ///< in [0, 1] (upstream multiplies by 1000 before the embedding)
+  double guidance = 0.0;  ///< read only when the model has guidance_embed
+  /// Cached K/V of every position, required when fewer than sequence_length rows are
+  /// computed; the fresh rows replace theirs. Not owned.
+  KvSource* kv = nullptr;
+  /// Receives every block's K/V ([L, H], post QK-norm and RoPE) of a full forward. Not owned.
+  KvSink* sink = nullptr;
+};
+
+/// Per-block outputs of a forward of one segment, for checking against a reference.
+struct Flux2Trace {
+  std::vector<at::Tensor> double_img;  ///< [R_i, H] after each double block
+  std::vector<at::Tensor> double_txt;  ///< [R_t, H]
+  std::vector<at::Tensor> single;      ///< [R_t + R_i, H] after each single block
+};
+
+class Flux2Transformer {
+ public:
+  /// Loads the transformer of a checkpoint (any layout, model/flux2_checkpoint.h). Every
+  /// expected tensor must be present with its shape and finite values, and no other tensor
+  /// may be there: errors name the file and the tensor; nothing is half-loaded.
+  static Result<Flux2Transformer> load(const Flux2Checkpoint& checkpoint);
+  /// The upstream-named transformer under `prefix` of `file` (find_flux2_transformer_prefix).
+  static Result<Flux2Transformer> load(const SafetensorsFile& file, const std::string& prefix);
+  /// Random weights (normal, std 0.02) in `dtype` (float32, float16 or bfloat16), for tests
+  /// and benchmarks at real sizes.
+  static Flux2Transformer random(const Flux2Config& config, uint64_t seed, at::ScalarType dtype);
+  /// Writes the weights under their checkpoint names (`prefix` prepended), in their dtype.
+  Status save(const std::string& path, const std::string& prefix = "") const;
+
+  const Flux2Config& config() const;
+  /// Bytes of weights held.
+  int64_t weight_bytes() const;
+
+  /// One forward over all segments. Returns the prediction of every computed image (and
+  /// reference) row in segment order: [sum R_i, in_channels] float32. `trace`, when given,
+  /// receives the per-block outputs of a single-segment forward.
+  at::Tensor forward(std::span<Flux2Segment> segments, Flux2Trace* trace = nullptr) const;
+
+  Flux2Transformer(Flux2Transformer&&) noexcept;
+  Flux2Transformer& operator=(Flux2Transformer&&) noexcept;
+  ~Flux2Transformer();
+
+  struct Weights;
+
+ private:
+  explicit Flux2Transformer(std::unique_ptr<Weights> weights);
+  std::unique_ptr<Weights> w_;
+};
+
+/// FLUX.2's sinusoidal embedding of a timestep or guidance value: t * 1000, then
+/// cat(cos, sin) over dim/2 frequencies exp(-ln(10000) i / (dim/2)) : [dim] float32.
+at::Tensor flux2_timestep_embedding(double t, int dim);
+
+/// cos and sin of the RoPE angles of `ids` [R, 4]: each [R, head_dim / 2], axis by axis,
+/// frequency i of an axis of width d being theta^(-2i/d).
+std::pair<at::Tensor, at::Tensor> flux2_rope_angles(const at::Tensor& ids, const std::vector<int>& axes_dim,
+                                                    double theta);
+
+}  // namespace infill

@@ -1,0 +1,34 @@
+#pragma once
+/// How a mask-aware forward reads and writes the per-block K/V of a request's tokens: shared
+/// by every model family (the bundled DiT, the FLUX.2 transformer) and the activation cache.
+/// A block index counts every attention layer of the network in execution order.
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+namespace infill {
+
+/// Supplies the cached K and V of all tokens of one request, block by block.
+class KvSource {
+ public:
+  virtual ~KvSource() = default;
+  /// Fills `k` and `v` ([L, H] float32, contiguous, owned by the caller) with the cached
+  /// activations of `block`. Called on the step loop in increasing block order.
+  virtual void fetch(int block, at::Tensor& k, at::Tensor& v) = 0;
+  /// The cached K and V of `block` as fp16 slabs ([L, H] row-major IEEE binary16), valid
+  /// until the next call on this source, when the source holds them in memory; false when
+  /// it cannot (the caller then uses fetch). Lets the attention read the cache directly
+  /// instead of through a float copy of all L rows.
+  virtual bool fp16_slabs(int /*block*/, const uint16_t** /*k*/, const uint16_t** /*v*/) { return false; }
+};
+
+/// Receives the fresh K and V of all tokens of a request computed in full (the prepare job).
+class KvSink {
+ public:
+  virtual ~KvSink() = default;
+  /// `k`, `v`: [L, H] float32, possibly strided views valid only during the call.
+  virtual void store(int block, const at::Tensor& k, const at::Tensor& v) = 0;
+};
+
+}  // namespace infill

@@ -1,0 +1,46 @@
+#pragma once
+/// Runs the call recorded in a reference tensor file and compares the result with the
+/// recorded output: how the engine's FLUX.2 networks are checked against the upstream code
+/// (../shared/testdata/flux2/, written by black-forest-labs/flux2 run unmodified).
+///
+/// A reference file is a safetensors file holding `weights.*` (the network under its
+/// checkpoint names), `input.*`, `output.*` and optionally `trace.*` (per-block
+/// intermediates), all without the batch dimension, and `__metadata__` with "model"
+/// ("flux2-transformer" or "flux2-autoencoder"). The errors compared are
+/// max |ours - reference| and that divided by max |reference|.
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace infill {
+
+/// One compared tensor.
+struct ReferenceComparison {
+  std::string name;  ///< "output.prediction", "trace.single_blocks.2", ...
+  double max_abs_err = 0.0;
+  double max_rel_err = 0.0;  ///< max_abs_err / max |reference|
+};
+
+struct ReferenceCheck {
+  std::string file;
+  std::string model;  ///< the file's metadata "model"
+  /// Outputs first, then every trace tensor in block order.
+  std::vector<ReferenceComparison> comparisons;
+  /// The worst of all comparisons.
+  double max_abs_err = 0.0;
+  double max_rel_err = 0.0;
+  /// max_rel_err <= tolerance.
+  bool ok = false;
+};
+
+/// The tolerance of every check: max |diff| / max |reference|.
+inline constexpr double kReferenceTolerance = 1e-4;
+
+/// Loads `path`, builds the network from its weights, runs the recorded call and compares.
+/// Errors: the file cannot be read, has no or an unknown "model", or lacks an input or
+/// output the call needs (naming it).
+Result<ReferenceCheck> run_reference_check(const std::string& path);
+
+}  // namespace infill

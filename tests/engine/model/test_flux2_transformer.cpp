@@ -1,0 +1,527 @@
+#include "support/catch.h"
+#include "support/temp_dir.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "model/flux2_checkpoint.h"
+#include "model/flux2_transformer.h"
+#include "model/reference_check.h"
+#include "model/safetensors.h"
+#include "model/safetensors_torch.h"
+
+namespace fs = std::filesystem;
+using infill::Flux2Config;
+using infill::Flux2Segment;
+using infill::Flux2Transformer;
+
+namespace {
+
+const std::string kFlux2Dir = std::string(INFILL_SHARED_DIR) + "/testdata/flux2";
+
+/// Exits with ctest's skip code (4) when the reference file is missing: reported as skipped.
+void require_or_skip(const std::string& path) {
+  if (fs::exists(path)) return;
+  const std::string message = "SKIPPED: shared test data " + path + " not found; the FLUX.2 reference test cannot run";
+  WARN(message);
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::exit(4);
+}
+
+/// Records K/V of a full forward as the activation cache does (fp16) and serves them back,
+/// through fp16 slabs (the CPU fast path) or float copies (the generic path).
+class MemoryKv final : public infill::KvSink, public infill::KvSource {
+ public:
+  explicit MemoryKv(bool slabs) : slabs_(slabs) {}
+  void store(int block, const at::Tensor& k, const at::Tensor& v) override {
+    if (static_cast<int>(k_.size()) <= block) {
+      k_.resize(block + 1);
+      v_.resize(block + 1);
+    }
+    k_[block] = k.to(at::kHalf).contiguous();
+    v_[block] = v.to(at::kHalf).contiguous();
+  }
+  void fetch(int block, at::Tensor& k, at::Tensor& v) override {
+    k.copy_(k_.at(block));
+    v.copy_(v_.at(block));
+  }
+  bool fp16_slabs(int block, const uint16_t** k, const uint16_t** v) override {
+    if (!slabs_) return false;
+    *k = reinterpret_cast<const uint16_t*>(k_.at(block).data_ptr<at::Half>());
+    *v = reinterpret_cast<const uint16_t*>(v_.at(block).data_ptr<at::Half>());
+    return true;
+  }
+  size_t blocks() const { return k_.size(); }
+
+ private:
+  bool slabs_;
+  std::vector<at::Tensor> k_, v_;
+};
+
+Flux2Config small_config() {
+  Flux2Config c;
+  c.in_channels = 16;
+  c.context_dim = 24;
+  c.hidden_size = 64;
+  c.num_heads = 4;
+  c.double_blocks = 2;
+  c.single_blocks = 2;
+  c.mlp_hidden = 192;
+  c.axes_dim = {4, 4, 4, 4};
+  return c;
+}
+
+/// A request: `txt_len` text tokens, an h x w image grid at t = 0 and, when `reference`,
+/// the same grid again as reference tokens at t = 10 (the klein editing layout).
+struct Request {
+  at::Tensor txt, txt_ids, img, img_ids;
+  int64_t length() const { return txt.size(0) + img.size(0); }
+};
+
+Request make_request(const Flux2Config& c, int txt_len, int h, int w, bool reference, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  Request r;
+  r.txt = at::empty({txt_len, c.context_dim}).normal_(0, 1, gen);
+  r.txt_ids = at::zeros({txt_len, 4});
+  r.txt_ids.select(1, 3).copy_(at::arange(txt_len, at::kFloat));
+  const int grids = reference ? 2 : 1;
+  r.img = at::empty({grids * h * w, c.in_channels}).normal_(0, 1, gen);
+  r.img_ids = at::zeros({grids * h * w, 4});
+  for (int g = 0; g < grids; ++g) {
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x) {
+        const int64_t row = (static_cast<int64_t>(g) * h + y) * w + x;
+        r.img_ids[row][0] = g == 0 ? 0.0 : 10.0;
+        r.img_ids[row][1] = static_cast<double>(y);
+        r.img_ids[row][2] = static_cast<double>(x);
+      }
+    }
+  }
+  return r;
+}
+
+Flux2Segment full_segment(const Request& r, double t, double guidance = 0.0) {
+  Flux2Segment s;
+  s.txt = r.txt;
+  s.txt_ids = r.txt_ids;
+  s.img = r.img;
+  s.img_ids = r.img_ids;
+  s.timestep = t;
+  s.guidance = guidance;
+  return s;
+}
+
+/// The segment computing text rows `txt_rows` and image rows `img_rows` (indices into the
+/// request's text and image rows) with the rest from `kv`.
+Flux2Segment masked_segment(const Request& r, const at::Tensor& txt_rows, const at::Tensor& img_rows, double t,
+                            infill::KvSource* kv, double guidance = 0.0) {
+  Flux2Segment s;
+  s.txt = r.txt.index_select(0, txt_rows);
+  s.txt_ids = r.txt_ids.index_select(0, txt_rows);
+  s.img = r.img.index_select(0, img_rows);
+  s.img_ids = r.img_ids.index_select(0, img_rows);
+  s.positions = at::cat({txt_rows, img_rows + r.txt.size(0)});
+  s.sequence_length = r.length();
+  s.timestep = t;
+  s.guidance = guidance;
+  s.kv = kv;
+  return s;
+}
+
+double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+}
+
+at::Tensor forward_one(const Flux2Transformer& model, Flux2Segment seg) {
+  return model.forward(std::span<Flux2Segment>(&seg, 1));
+}
+
+}  // namespace
+
+TEST_CASE("FLUX.2 transformer reproduces the upstream reference tensors block by block", "[flux2][shared]") {
+  for (const std::string name : {"flux2_dit_klein", "flux2_dit_dev"}) {
+    const std::string path = kFlux2Dir + "/" + name + ".safetensors";
+    require_or_skip(path);
+    auto check = infill::run_reference_check(path);
+    REQUIRE(check.ok());
+    CHECK(check->model == "flux2-transformer");
+    // output + per double block img/txt + per single block: 1 + 2*1 + 2 (klein), 1 + 2*2 + 3 (dev)
+    CHECK(check->comparisons.size() == (name == "flux2_dit_klein" ? 5u : 8u));
+    for (const auto& c : check->comparisons) {
+      INFO(name << " " << c.name << ": max_abs_err " << c.max_abs_err << ", max_rel_err " << c.max_rel_err);
+      CHECK(c.max_rel_err <= infill::kReferenceTolerance);
+    }
+    CHECK(check->ok);
+    WARN(name << ": max_rel_err " << check->max_rel_err << " (tolerance " << infill::kReferenceTolerance << ")");
+  }
+}
+
+TEST_CASE("FLUX.2 configuration is inferred from the weight shapes", "[flux2][shared]") {
+  const std::string dev = kFlux2Dir + "/flux2_dit_dev.safetensors";
+  require_or_skip(dev);
+  auto file = infill::SafetensorsFile::open(dev);
+  REQUIRE(file.ok());
+  auto prefix = infill::find_flux2_transformer_prefix(*file);
+  REQUIRE(prefix.ok());
+  CHECK(*prefix == "weights.");
+  auto cfg = infill::infer_flux2_config(*file, *prefix);
+  REQUIRE(cfg.ok());
+  CHECK(cfg->hidden_size == 128);
+  CHECK(cfg->num_heads == 4);
+  CHECK(cfg->double_blocks == 2);
+  CHECK(cfg->single_blocks == 3);
+  CHECK(cfg->context_dim == 96);
+  CHECK(cfg->mlp_hidden == 384);
+  CHECK(cfg->guidance_embed);
+  CHECK(cfg->axes_dim == std::vector<int>{8, 8, 8, 8});
+  CHECK(cfg->family_size() == "custom");
+
+  auto klein = infill::SafetensorsFile::open(kFlux2Dir + "/flux2_dit_klein.safetensors");
+  REQUIRE(klein.ok());
+  auto klein_cfg = infill::infer_flux2_config(*klein, "weights.");
+  REQUIRE(klein_cfg.ok());
+  CHECK_FALSE(klein_cfg->guidance_embed);
+  CHECK(klein_cfg->double_blocks == 1);
+  CHECK(klein_cfg->single_blocks == 2);
+  CHECK(klein_cfg->context_dim == 72);
+}
+
+TEST_CASE("FLUX.2 mask-aware forward on the reference weights: cached rows give the full forward's rows",
+          "[flux2][shared]") {
+  const std::string path = kFlux2Dir + "/flux2_dit_dev.safetensors";
+  require_or_skip(path);
+  auto file = infill::SafetensorsFile::open(path);
+  REQUIRE(file.ok());
+  auto model = Flux2Transformer::load(*file, "weights.");
+  REQUIRE(model.ok());
+  c10::InferenceMode guard;
+  Request r;
+  r.txt = *infill::load_float_tensor(*file, "input.ctx");
+  r.txt_ids = *infill::load_float_tensor(*file, "input.ctx_ids");
+  r.img = *infill::load_float_tensor(*file, "input.x");
+  r.img_ids = *infill::load_float_tensor(*file, "input.x_ids");
+  const double t = 0.73, g = 4.0;
+
+  MemoryKv kv(/*slabs=*/true);
+  Flux2Segment prepare = full_segment(r, t, g);
+  prepare.sink = &kv;
+  const at::Tensor full = forward_one(*model, prepare);
+  CHECK(kv.blocks() == 5u);
+  // Prompt-keyed: image rows 3, 4, 10, 11 only (text and reference from the cache).
+  const at::Tensor rows = at::tensor(std::vector<int64_t>{3, 4, 10, 11});
+  const at::Tensor masked = forward_one(*model, masked_segment(r, at::empty({0}, at::kLong), rows, t, &kv, g));
+  const double err = rel_err(masked, full.index_select(0, rows));
+  INFO("prompt-keyed rows vs full forward: max rel err " << err);
+  // The cache holds fp16: each cached K/V value is rounded to 2^-11 relative.
+  CHECK(err <= 2e-3);
+}
+
+TEST_CASE("FLUX.2 mask-aware forward equals the full forward (random weights)", "[flux2]") {
+  const Flux2Config cfg = small_config();
+  const Flux2Transformer model = Flux2Transformer::random(cfg, 7, at::kFloat);
+  c10::InferenceMode guard;
+  const Request r = make_request(cfg, 6, 4, 5, /*reference=*/true, 3);
+  const double t = 0.6;
+  const at::Tensor all_txt = at::arange(6, at::kLong), all_img = at::arange(40, at::kLong);
+
+  for (const bool slabs : {true, false}) {
+    MemoryKv kv(slabs);
+    Flux2Segment prepare = full_segment(r, t);
+    prepare.sink = &kv;
+    const at::Tensor full = forward_one(model, prepare);
+    REQUIRE(full.sizes() == at::IntArrayRef({40, cfg.in_channels}));
+    CHECK(kv.blocks() == static_cast<size_t>(cfg.depth()));
+
+    SECTION(std::string("every token computed, with a cache present, is the full forward; slabs ") +
+            (slabs ? "on" : "off")) {
+      const at::Tensor out = forward_one(model, masked_segment(r, all_txt, all_img, t, &kv));
+      CHECK(at::equal(out, full));
+    }
+    SECTION(std::string("prompt-keyed: masked image rows only; slabs ") + (slabs ? "on" : "off")) {
+      const at::Tensor rows = at::tensor(std::vector<int64_t>{0, 1, 6, 7, 19});
+      const at::Tensor out = forward_one(model, masked_segment(r, at::empty({0}, at::kLong), rows, t, &kv));
+      const double err = rel_err(out, full.index_select(0, rows));
+      INFO("max rel err " << err);
+      CHECK(err <= 2e-3);
+      // A different image input in those rows changes the output: the rows are really computed.
+      Request changed = r;
+      changed.img = r.img.clone();
+      changed.img.index_fill_(0, rows, 0.5);
+      const at::Tensor other = forward_one(model, masked_segment(changed, at::empty({0}, at::kLong), rows, t, &kv));
+      CHECK(rel_err(other, full.index_select(0, rows)) > 1e-2);
+    }
+    SECTION(std::string("template-keyed: text and masked image rows; slabs ") + (slabs ? "on" : "off")) {
+      const at::Tensor rows = at::tensor(std::vector<int64_t>{5, 12, 13});
+      const at::Tensor out = forward_one(model, masked_segment(r, all_txt, rows, t, &kv));
+      const double err = rel_err(out, full.index_select(0, rows));
+      INFO("max rel err " << err);
+      CHECK(err <= 2e-3);
+    }
+  }
+}
+
+TEST_CASE("FLUX.2 packed segments give each request the output it gets alone", "[flux2]") {
+  Flux2Config cfg = small_config();
+  cfg.guidance_embed = true;
+  const Flux2Transformer model = Flux2Transformer::random(cfg, 11, at::kFloat);
+  c10::InferenceMode guard;
+  const Request a = make_request(cfg, 5, 3, 4, true, 1);
+  const Request b = make_request(cfg, 0, 4, 4, false, 2);
+  const Request c = make_request(cfg, 7, 2, 3, true, 3);
+  MemoryKv kv_c(true);
+  Flux2Segment prep_c = full_segment(c, 0.3, 2.0);
+  prep_c.sink = &kv_c;
+  forward_one(model, prep_c);
+
+  const at::Tensor rows_c = at::tensor(std::vector<int64_t>{1, 2, 8});
+  std::vector<Flux2Segment> segs{full_segment(a, 0.9, 4.0), full_segment(b, 0.1, 1.0),
+                                 masked_segment(c, at::empty({0}, at::kLong), rows_c, 0.3, &kv_c, 2.0)};
+  const at::Tensor packed = model.forward(segs);
+  const at::Tensor alone_a = forward_one(model, full_segment(a, 0.9, 4.0));
+  const at::Tensor alone_b = forward_one(model, full_segment(b, 0.1, 1.0));
+  const at::Tensor alone_c = forward_one(model, masked_segment(c, at::empty({0}, at::kLong), rows_c, 0.3, &kv_c, 2.0));
+  REQUIRE(packed.size(0) == alone_a.size(0) + alone_b.size(0) + alone_c.size(0));
+  // Batched GEMMs may sum in another order than single ones: equal to float rounding.
+  CHECK(at::allclose(packed.narrow(0, 0, 24), alone_a, 1e-5, 1e-5));
+  CHECK(at::allclose(packed.narrow(0, 24, 16), alone_b, 1e-5, 1e-5));
+  CHECK(at::allclose(packed.narrow(0, 40, 3), alone_c, 1e-5, 1e-5));
+  // Timestep and guidance matter: another guidance gives another output.
+  CHECK_FALSE(at::allclose(forward_one(model, full_segment(b, 0.1, 3.0)), alone_b, 1e-3, 1e-3));
+}
+
+TEST_CASE("FLUX.2 weights keep their stored dtype and round-trip through a file", "[flux2]") {
+  infill::test::TempDir dir;
+  const Flux2Config cfg = small_config();
+  const Flux2Transformer model = Flux2Transformer::random(cfg, 5, at::kBFloat16);
+  CHECK(model.weight_bytes() > 0);
+  const std::string path = dir.path() + "/flux2.safetensors";
+  REQUIRE(model.save(path, "model.diffusion_model.").ok());
+  auto file = infill::SafetensorsFile::open(path);
+  REQUIRE(file.ok());
+  for (const auto& t : file->tensors()) CHECK(t.dtype == infill::DType::kBF16);
+  auto prefix = infill::find_flux2_transformer_prefix(*file);
+  REQUIRE(prefix.ok());
+  CHECK(*prefix == "model.diffusion_model.");
+  auto loaded = Flux2Transformer::load(*file, *prefix);
+  REQUIRE(loaded.ok());
+  CHECK(loaded->weight_bytes() == model.weight_bytes());
+  // bf16 weights hold half the bytes of float32 ones.
+  CHECK(Flux2Transformer::random(cfg, 5, at::kFloat).weight_bytes() == 2 * model.weight_bytes());
+  c10::InferenceMode guard;
+  const Request r = make_request(cfg, 4, 3, 3, false, 9);
+  CHECK(at::equal(forward_one(model, full_segment(r, 0.5)), forward_one(*loaded, full_segment(r, 0.5))));
+}
+
+TEST_CASE("FLUX.2 bad checkpoints are refused naming the tensor", "[flux2]") {
+  infill::test::TempDir dir;
+  const Flux2Config cfg = small_config();
+  const std::string good = dir.path() + "/good.safetensors";
+  REQUIRE(Flux2Transformer::random(cfg, 5, at::kFloat).save(good).ok());
+  auto good_file = infill::SafetensorsFile::open(good);
+  REQUIRE(good_file.ok());
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& t : good_file->tensors()) tensors.emplace_back(t.name, *infill::load_float_tensor(*good_file, t.name));
+
+  auto write_variant = [&](const std::string& name, auto edit) {
+    auto copy = tensors;
+    edit(copy);
+    const std::string path = dir.path() + "/" + name + ".safetensors";
+    REQUIRE(infill::write_safetensors(path, copy).ok());
+    auto file = infill::SafetensorsFile::open(path);
+    REQUIRE(file.ok());
+    return Flux2Transformer::load(*file, "");
+  };
+  auto message = [](const auto& result) { return result.ok() ? std::string("(loaded)") : result.status().message(); };
+
+  auto missing = write_variant("missing", [](auto& t) {
+    std::erase_if(t, [](const auto& p) { return p.first == "single_blocks.1.norm.key_norm.scale"; });
+  });
+  CHECK_FALSE(missing.ok());
+  CHECK_THAT(message(missing), Catch::Contains("single_blocks.1.norm.key_norm.scale"));
+
+  auto wrong_shape = write_variant("shape", [](auto& t) {
+    for (auto& p : t) {
+      if (p.first == "double_blocks.1.txt_mlp.2.weight") p.second = at::zeros({64, 191});
+    }
+  });
+  CHECK_FALSE(wrong_shape.ok());
+  CHECK_THAT(message(wrong_shape), Catch::Contains("double_blocks.1.txt_mlp.2.weight"));
+
+  auto nan = write_variant("nan", [](auto& t) {
+    for (auto& p : t) {
+      if (p.first != "double_blocks.0.img_attn.proj.weight") continue;
+      p.second = p.second.clone();  // the variants share the good file's tensors
+      p.second[3][5] = std::nan("");
+    }
+  });
+  CHECK_FALSE(nan.ok());
+  CHECK_THAT(message(nan), Catch::Contains("double_blocks.0.img_attn.proj.weight"));
+
+  auto extra = write_variant("extra", [](auto& t) { t.emplace_back("double_blocks.0.img_attn.bias", at::zeros({3})); });
+  CHECK_FALSE(extra.ok());
+  CHECK_THAT(message(extra), Catch::Contains("double_blocks.0.img_attn.bias"));
+
+  auto unknown = write_variant("unknown", [](auto& t) {
+    std::erase_if(t, [](const auto& p) { return p.first.rfind("img_in", 0) == 0; });
+  });
+  CHECK_FALSE(unknown.ok());
+  {
+    auto file = infill::SafetensorsFile::open(dir.path() + "/unknown.safetensors");
+    REQUIRE(file.ok());
+    auto prefix = infill::find_flux2_transformer_prefix(*file);
+    CHECK_FALSE(prefix.ok());
+    CHECK_THAT(prefix.status().message(), Catch::Contains("not a FLUX.2 transformer"));
+  }
+
+  // Truncated: the reader refuses the file before any tensor is used.
+  const std::string truncated = dir.path() + "/truncated.safetensors";
+  fs::copy_file(good, truncated);
+  fs::resize_file(truncated, fs::file_size(good) - 100);
+  auto file = infill::SafetensorsFile::open(truncated);
+  CHECK_FALSE(file.ok());
+}
+
+TEST_CASE("FLUX.2 RoPE and timestep embedding follow the upstream formulas", "[flux2]") {
+  // rope(): angle of axis a, pair i = pos_a * theta^(-2i/d_a); cos and sin of it.
+  const at::Tensor ids = at::tensor(std::vector<float>{10, 2, 3, 0, 0, 0, 0, 5}).reshape({2, 4});
+  auto [cos, sin] = infill::flux2_rope_angles(ids, {4, 4, 4, 4}, 2000.0);
+  REQUIRE(cos.sizes() == at::IntArrayRef({2, 8}));
+  CHECK(cos[0][0].item<double>() == Approx(std::cos(10.0)));
+  CHECK(sin[0][1].item<double>() == Approx(std::sin(10.0 / std::sqrt(2000.0))));
+  CHECK(sin[0][3].item<double>() == Approx(std::sin(2.0 / std::sqrt(2000.0))));
+  CHECK(cos[1][6].item<double>() == Approx(std::cos(5.0)));
+  CHECK(cos[1][0].item<double>() == 1.0);
+  // timestep_embedding(t): t * 1000 against frequencies exp(-ln(10000) i / half), cos then sin.
+  const at::Tensor e = infill::flux2_timestep_embedding(0.25, 8);
+  REQUIRE(e.size(0) == 8);
+  CHECK(e[0].item<double>() == Approx(std::cos(250.0)).margin(1e-4));
+  CHECK(e[5].item<double>() == Approx(std::sin(250.0 * std::exp(-std::log(10000.0) / 4))).margin(1e-4));
+}
+
+namespace {
+
+// diffusers' scripts/convert_flux2_to_diffusers.py (huggingface/diffusers 207bae7), applied
+// forward to upstream names as that script does: renames, q/k/v split, final-layer
+// (shift, scale) -> (scale, shift). The loader must undo it.
+std::vector<std::pair<std::string, at::Tensor>> to_diffusers(const std::vector<std::pair<std::string, at::Tensor>>& upstream) {
+  const std::vector<std::pair<std::string, std::string>> renames = {
+      {"img_in", "x_embedder"},
+      {"txt_in", "context_embedder"},
+      {"time_in.in_layer", "time_guidance_embed.timestep_embedder.linear_1"},
+      {"time_in.out_layer", "time_guidance_embed.timestep_embedder.linear_2"},
+      {"guidance_in.in_layer", "time_guidance_embed.guidance_embedder.linear_1"},
+      {"guidance_in.out_layer", "time_guidance_embed.guidance_embedder.linear_2"},
+      {"double_stream_modulation_img.lin", "double_stream_modulation_img.linear"},
+      {"double_stream_modulation_txt.lin", "double_stream_modulation_txt.linear"},
+      {"single_stream_modulation.lin", "single_stream_modulation.linear"},
+      {"final_layer.linear", "proj_out"}};
+  const std::vector<std::pair<std::string, std::string>> double_map = {
+      {"img_attn.norm.query_norm", "attn.norm_q"},        {"img_attn.norm.key_norm", "attn.norm_k"},
+      {"img_attn.proj", "attn.to_out.0"},                 {"img_mlp.0", "ff.linear_in"},
+      {"img_mlp.2", "ff.linear_out"},                     {"txt_attn.norm.query_norm", "attn.norm_added_q"},
+      {"txt_attn.norm.key_norm", "attn.norm_added_k"},    {"txt_attn.proj", "attn.to_add_out"},
+      {"txt_mlp.0", "ff_context.linear_in"},              {"txt_mlp.2", "ff_context.linear_out"}};
+  const std::vector<std::pair<std::string, std::string>> single_map = {{"linear1", "attn.to_qkv_mlp_proj"},
+                                                                       {"linear2", "attn.to_out"},
+                                                                       {"norm.query_norm", "attn.norm_q"},
+                                                                       {"norm.key_norm", "attn.norm_k"}};
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [key, tensor] : upstream) {
+    const size_t dot = key.rfind('.');
+    std::string base = key.substr(0, dot), param = key.substr(dot + 1);
+    if (param == "scale") param = "weight";
+    if (base == "final_layer.adaLN_modulation.1") {
+      const auto halves = tensor.chunk(2, 0);
+      out.emplace_back("norm_out.linear.weight", at::cat({halves[1], halves[0]}).contiguous());
+      continue;
+    }
+    bool done = false;
+    for (const auto& [from, to] : renames) {
+      if (base == from) {
+        out.emplace_back(to + "." + param, tensor);
+        done = true;
+      }
+    }
+    if (done) continue;
+    const bool is_double = base.rfind("double_blocks.", 0) == 0;
+    constexpr size_t kHead = 14;  // strlen("double_blocks.") == strlen("single_blocks.")
+    const size_t idx_end = base.find('.', kHead);
+    const std::string idx = base.substr(kHead, idx_end - kHead);
+    const std::string within = base.substr(idx_end + 1);
+    if (is_double) {
+      if (within == "img_attn.qkv" || within == "txt_attn.qkv") {
+        const auto qkv = tensor.chunk(3, 0);
+        const bool img = within[0] == 'i';
+        const std::vector<std::string> names = img ? std::vector<std::string>{"attn.to_q", "attn.to_k", "attn.to_v"}
+                                                   : std::vector<std::string>{"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
+        for (int i = 0; i < 3; ++i) out.emplace_back("transformer_blocks." + idx + "." + names[i] + "." + param, qkv[i].contiguous());
+        continue;
+      }
+      for (const auto& [from, to] : double_map) {
+        if (within == from) out.emplace_back("transformer_blocks." + idx + "." + to + "." + param, tensor);
+      }
+    } else {
+      for (const auto& [from, to] : single_map) {
+        if (within == from) out.emplace_back("single_transformer_blocks." + idx + "." + to + "." + param, tensor);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("FLUX.2 transformer loads diffusers' layout, sharded, to the same numbers", "[flux2][shared]") {
+  const std::string path = kFlux2Dir + "/flux2_dit_dev.safetensors";
+  require_or_skip(path);
+  auto file = infill::SafetensorsFile::open(path);
+  REQUIRE(file.ok());
+  std::vector<std::pair<std::string, at::Tensor>> upstream;
+  for (const auto& t : file->tensors()) {
+    if (t.name.rfind("weights.", 0) == 0) upstream.emplace_back(t.name.substr(8), *infill::load_float_tensor(*file, t.name));
+  }
+  const auto diffusers = to_diffusers(upstream);
+  REQUIRE(diffusers.size() == upstream.size() + 2 * 2 * 2);  // 2 double blocks x 2 streams: qkv -> 3
+  infill::test::TempDir dir;
+  const size_t half = diffusers.size() / 2;
+  const std::vector<std::string> shards = {dir.path() + "/diffusion_pytorch_model-00001-of-00002.safetensors",
+                                           dir.path() + "/diffusion_pytorch_model-00002-of-00002.safetensors"};
+  REQUIRE(infill::write_safetensors(shards[0], {diffusers.begin(), diffusers.begin() + half}).ok());
+  REQUIRE(infill::write_safetensors(shards[1], {diffusers.begin() + half, diffusers.end()}).ok());
+
+  auto checkpoint = infill::Flux2Checkpoint::open(shards);
+  REQUIRE(checkpoint.ok());
+  CHECK(checkpoint->naming() == infill::Flux2Checkpoint::Naming::kDiffusers);
+  auto model = Flux2Transformer::load(*checkpoint);
+  REQUIRE(model.ok());
+  CHECK(model->config().guidance_embed);
+  c10::InferenceMode guard;
+  Request r;
+  r.txt = *infill::load_float_tensor(*file, "input.ctx");
+  r.txt_ids = *infill::load_float_tensor(*file, "input.ctx_ids");
+  r.img = *infill::load_float_tensor(*file, "input.x");
+  r.img_ids = *infill::load_float_tensor(*file, "input.x_ids");
+  const at::Tensor out = forward_one(*model, full_segment(r, 0.73, 4.0));
+  const double err = rel_err(out, *infill::load_float_tensor(*file, "output.prediction"));
+  INFO("diffusers layout: max rel err " << err);
+  CHECK(err <= infill::kReferenceTolerance);
+
+  // A shard lost: the error names the missing projection.
+  auto partial = infill::Flux2Checkpoint::open({shards[0]});
+  CHECK_FALSE((partial.ok() && Flux2Transformer::load(*partial).ok()));
+  // A key diffusers' model does not have.
+  auto extra = diffusers;
+  extra.emplace_back("transformer_blocks.0.attn.to_q.bias", at::zeros({128}));
+  REQUIRE(infill::write_safetensors(dir.path() + "/extra.safetensors", extra).ok());
+  auto extra_ckpt = infill::Flux2Checkpoint::open({dir.path() + "/extra.safetensors"});
+  CHECK_FALSE(extra_ckpt.ok());
+  CHECK_THAT(extra_ckpt.status().message(), Catch::Contains("transformer_blocks.0.attn.to_q.bias"));
+}
