@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
+#include <regex>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -211,69 +215,221 @@ void check_input(const at::Tensor& x, int64_t channels, const char* what, const 
               " is ", x.scalar_type(), " on ", x.device(), ", expected float32 on CPU");
 }
 
+// ---- naming: upstream or diffusers ----
+
+// The upstream name of a weight of diffusers' AutoencoderKLFlux2 (`name` without the key prefix),
+// or nullopt when diffusers has no such weight: the exact inverse of
+// convert_flux2_vae_checkpoint_to_diffusers in scripts/convert_flux2_to_diffusers.py
+// (huggingface/diffusers, commit 207bae7). `levels` is the encoder's number of down blocks,
+// which upstream's decoder shares (the script's num_up_blocks).
+struct UpstreamName {
+  std::string name;
+  // The script stores the attention's 1x1 conv weights [C, C, 1, 1] as linear weights [C, C]
+  // (`[:, :, 0, 0]`).
+  bool linear = false;
+};
+
+std::optional<UpstreamName> upstream_name(const std::string& name, int levels) {
+  // DIFFUSERS_VAE_TO_FLUX2_MAPPING, as the script states it.
+  static const std::map<std::string, std::string> kFixed = {
+      {"encoder.conv_in.weight", "encoder.conv_in.weight"},
+      {"encoder.conv_in.bias", "encoder.conv_in.bias"},
+      {"encoder.conv_out.weight", "encoder.conv_out.weight"},
+      {"encoder.conv_out.bias", "encoder.conv_out.bias"},
+      {"encoder.conv_norm_out.weight", "encoder.norm_out.weight"},
+      {"encoder.conv_norm_out.bias", "encoder.norm_out.bias"},
+      {"decoder.conv_in.weight", "decoder.conv_in.weight"},
+      {"decoder.conv_in.bias", "decoder.conv_in.bias"},
+      {"decoder.conv_out.weight", "decoder.conv_out.weight"},
+      {"decoder.conv_out.bias", "decoder.conv_out.bias"},
+      {"decoder.conv_norm_out.weight", "decoder.norm_out.weight"},
+      {"decoder.conv_norm_out.bias", "decoder.norm_out.bias"},
+      {"quant_conv.weight", "encoder.quant_conv.weight"},
+      {"quant_conv.bias", "encoder.quant_conv.bias"},
+      {"post_quant_conv.weight", "decoder.post_quant_conv.weight"},
+      {"post_quant_conv.bias", "decoder.post_quant_conv.bias"},
+      {"bn.running_mean", "bn.running_mean"},
+      {"bn.running_var", "bn.running_var"},
+  };
+  if (const auto it = kFixed.find(name); it != kFixed.end()) return UpstreamName{it->second};
+
+  // The script writes upstream's decoder.up.{block_id} as up_blocks.{i} with
+  // block_id = num_up_blocks - 1 - i: diffusers counts from the lowest resolution. A leading
+  // zero or an index past the levels has no upstream counterpart.
+  static const std::regex kUpBlock(R"(decoder\.up_blocks\.(0|[1-9]\d{0,5})\.(.+))");
+  std::smatch m;
+  std::string key = name;
+  if (std::regex_match(name, m, kUpBlock)) {
+    const int i = std::stoi(m[1].str());
+    if (i >= levels) return std::nullopt;
+    key = "decoder.up_blocks." + std::to_string(levels - 1 - i) + "." + m[2].str();
+  }
+
+  struct Rule {
+    std::regex diffusers;
+    const char* upstream;
+    bool linear;
+  };
+  static const std::vector<Rule> kRules = [] {
+    const std::vector<std::tuple<const char*, const char*, bool>> table = {
+        // update_vae_resnet_ldm_to_diffusers: down.{i}.block -> down_blocks.{i}.resnets,
+        // up.{block_id}.block -> up_blocks.{i}.resnets, mid.block_{i} -> mid_block.resnets.{i-1}.
+        {R"(encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.(norm1|conv1|norm2|conv2|conv_shortcut)\.(weight|bias))",
+         "encoder.down.$1.block.$2.$3.$4", false},
+        {R"(decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(norm1|conv1|norm2|conv2|conv_shortcut)\.(weight|bias))",
+         "decoder.up.$1.block.$2.$3.$4", false},
+        {R"((encoder|decoder)\.mid_block\.resnets\.0\.(norm1|conv1|norm2|conv2|conv_shortcut)\.(weight|bias))",
+         "$1.mid.block_1.$2.$3", false},
+        {R"((encoder|decoder)\.mid_block\.resnets\.1\.(norm1|conv1|norm2|conv2|conv_shortcut)\.(weight|bias))",
+         "$1.mid.block_2.$2.$3", false},
+        {R"(encoder\.down_blocks\.(\d+)\.downsamplers\.0\.conv\.(weight|bias))",
+         "encoder.down.$1.downsample.conv.$2", false},
+        {R"(decoder\.up_blocks\.(\d+)\.upsamplers\.0\.conv\.(weight|bias))",
+         "decoder.up.$1.upsample.conv.$2", false},
+        // update_vae_attentions_ldm_to_diffusers: mid.attn_1 -> mid_block.attentions.0.
+        {R"((encoder|decoder)\.mid_block\.attentions\.0\.group_norm\.(weight|bias))",
+         "$1.mid.attn_1.norm.$2", false},
+        {R"((encoder|decoder)\.mid_block\.attentions\.0\.to_([qkv])\.weight)",
+         "$1.mid.attn_1.$2.weight", true},
+        {R"((encoder|decoder)\.mid_block\.attentions\.0\.to_([qkv])\.bias)",
+         "$1.mid.attn_1.$2.bias", false},
+        {R"((encoder|decoder)\.mid_block\.attentions\.0\.to_out\.0\.weight)",
+         "$1.mid.attn_1.proj_out.weight", true},
+        {R"((encoder|decoder)\.mid_block\.attentions\.0\.to_out\.0\.bias)",
+         "$1.mid.attn_1.proj_out.bias", false},
+    };
+    std::vector<Rule> rules;
+    for (const auto& [from, to, linear] : table) rules.push_back({std::regex(from), to, linear});
+    return rules;
+  }();
+  for (const Rule& rule : kRules) {
+    if (!std::regex_match(key, m, rule.diffusers)) continue;
+    std::string upstream = m.format(rule.upstream);
+    // The script's `.replace("nin_shortcut", "conv_shortcut")` on the whole resnet key.
+    if (const size_t at = upstream.find(".conv_shortcut."); at != std::string::npos) {
+      upstream.replace(at + 1, std::string("conv_shortcut").size(), "nin_shortcut");
+    }
+    return UpstreamName{std::move(upstream), rule.linear};
+  }
+  return std::nullopt;
+}
+
+// The file's tensors under the key prefix, each with its upstream name (without the prefix).
+class StoredNames {
+ public:
+  struct Entry {
+    std::string stored;    // as in the file, prefix included
+    std::string upstream;  // empty when the stored name has no upstream counterpart
+    bool linear = false;   // see UpstreamName::linear
+  };
+
+  // Recognises the naming from diffusers' first encoder resnet; upstream names otherwise.
+  StoredNames(const SafetensorsFile& file, const std::string& prefix) : prefix_(prefix) {
+    const auto down_block = [&](int i) {
+      return prefix + "encoder.down_blocks." + std::to_string(i) + ".resnets.0.conv1.weight";
+    };
+    diffusers_ = file.find(down_block(0)) != nullptr;
+    int levels = 0;
+    while (diffusers_ && levels <= kMaxLevels && file.find(down_block(levels)) != nullptr) ++levels;
+    // The BatchNorm's training counter, which diffusers' save_pretrained writes too.
+    const std::string ignored = prefix + "bn.num_batches_tracked";
+    for (const TensorInfo& info : file.tensors()) {
+      if (!info.name.starts_with(prefix) || info.name == ignored) continue;
+      const std::string key = info.name.substr(prefix.size());
+      const std::optional<UpstreamName> upstream =
+          diffusers_ ? upstream_name(key, levels) : UpstreamName{key};
+      entries_.push_back({info.name, upstream ? upstream->name : "", upstream && upstream->linear});
+      if (upstream) by_upstream_[upstream->name] = entries_.size() - 1;
+    }
+  }
+
+  bool diffusers() const { return diffusers_; }
+  // In the file's order.
+  const std::vector<Entry>& entries() const { return entries_; }
+  // nullptr when no stored tensor has this upstream name.
+  const Entry* find(const std::string& upstream) const {
+    const auto it = by_upstream_.find(upstream);
+    return it == by_upstream_.end() ? nullptr : &entries_[it->second];
+  }
+  // "no tensor '<prefix><name>'", saying that the name is upstream's when the file's are not.
+  std::string missing(const std::string& upstream) const {
+    return diffusers_ ? "no diffusers tensor maps to the upstream name '" + upstream + "'"
+                      : "no tensor '" + prefix_ + upstream + "'";
+  }
+
+ private:
+  std::string prefix_;
+  bool diffusers_ = false;
+  std::vector<Entry> entries_;
+  std::map<std::string, size_t> by_upstream_;
+};
+
 // ---- config inference ----
 
-// The 4-d shape of conv weight `key`, or why there is none.
-Result<std::vector<int64_t>> conv_shape(const SafetensorsFile& file, const std::string& key) {
-  const TensorInfo* info = file.find(key);
-  if (info == nullptr) {
-    return not_found(file.path() + ": no tensor '" + key +
-                     "' (needed to infer the FLUX.2 autoencoder's config)");
+// The 4-d shape of conv weight `upstream`, or why there is none.
+Result<std::vector<int64_t>> conv_shape(const SafetensorsFile& file, const StoredNames& names,
+                                        const std::string& upstream) {
+  const StoredNames::Entry* entry = names.find(upstream);
+  if (entry == nullptr) {
+    return not_found(file.path() + ": " + names.missing(upstream) +
+                     " (needed to infer the FLUX.2 autoencoder's config)");
   }
+  const TensorInfo* info = file.find(entry->stored);
   if (info->shape.size() != 4 || info->shape[0] <= 0 || info->shape[1] <= 0) {
-    return invalid_argument(file.path() + ": " + key + " is " + shape_text(info->shape) +
+    return invalid_argument(file.path() + ": " + entry->stored + " is " + shape_text(info->shape) +
                             ", expected a 4-d conv weight [out, in, k, k]");
   }
   return info->shape;
 }
 
-Result<Flux2AutoencoderConfig> infer_config(const SafetensorsFile& file,
-                                            const std::string& prefix) {
+Result<Flux2AutoencoderConfig> infer_config(const SafetensorsFile& file, const StoredNames& names) {
   Flux2AutoencoderConfig c;
   c.ch_mult.clear();
-  INFILL_ASSIGN_OR_RETURN(auto conv_in, conv_shape(file, prefix + "encoder.conv_in.weight"));
+  INFILL_ASSIGN_OR_RETURN(auto conv_in, conv_shape(file, names, "encoder.conv_in.weight"));
   c.ch = static_cast<int>(conv_in[0]);
   c.in_channels = static_cast<int>(conv_in[1]);
   const auto block_key = [&](size_t level, int block) {
-    return prefix + "encoder.down." + std::to_string(level) + ".block." + std::to_string(block) +
+    return "encoder.down." + std::to_string(level) + ".block." + std::to_string(block) +
            ".conv1.weight";
   };
   while (c.ch_mult.size() <= static_cast<size_t>(kMaxLevels) &&
-         file.find(block_key(c.ch_mult.size(), 0)) != nullptr) {
+         names.find(block_key(c.ch_mult.size(), 0)) != nullptr) {
     const std::string key = block_key(c.ch_mult.size(), 0);
-    INFILL_ASSIGN_OR_RETURN(auto shape, conv_shape(file, key));
+    INFILL_ASSIGN_OR_RETURN(auto shape, conv_shape(file, names, key));
     if (shape[0] % c.ch != 0) {
-      return invalid_argument(file.path() + ": " + key + " is " + shape_text(shape) +
+      return invalid_argument(file.path() + ": " + names.find(key)->stored + " is " +
+                              shape_text(shape) +
                               ", expected a multiple of ch=" + std::to_string(c.ch) +
                               " (from encoder.conv_in.weight) output channels");
     }
     c.ch_mult.push_back(static_cast<int>(shape[0] / c.ch));
   }
   if (c.ch_mult.empty()) {
-    return not_found(file.path() + ": no tensor '" + block_key(0, 0) +
-                     "' (needed to infer the FLUX.2 autoencoder's config)");
+    return not_found(file.path() + ": " + names.missing(block_key(0, 0)) +
+                     " (needed to infer the FLUX.2 autoencoder's config)");
   }
   c.num_res_blocks = 0;
   while (c.num_res_blocks <= kMaxResBlocks &&
-         file.find(block_key(0, c.num_res_blocks)) != nullptr) {
+         names.find(block_key(0, c.num_res_blocks)) != nullptr) {
     ++c.num_res_blocks;
   }
-  const std::string conv_out_key = prefix + "encoder.conv_out.weight";
-  INFILL_ASSIGN_OR_RETURN(auto conv_out, conv_shape(file, conv_out_key));
+  INFILL_ASSIGN_OR_RETURN(auto conv_out, conv_shape(file, names, "encoder.conv_out.weight"));
+  const std::string& conv_out_key = names.find("encoder.conv_out.weight")->stored;
   if (conv_out[0] % 2 != 0) {
     return invalid_argument(file.path() + ": " + conv_out_key + " is " + shape_text(conv_out) +
                             ", expected an even number of output channels (mean and log-variance)");
   }
   c.z_channels = static_cast<int>(conv_out[0] / 2);
-  INFILL_ASSIGN_OR_RETURN(auto dec_out, conv_shape(file, prefix + "decoder.conv_out.weight"));
+  INFILL_ASSIGN_OR_RETURN(auto dec_out, conv_shape(file, names, "decoder.conv_out.weight"));
   c.out_channels = static_cast<int>(dec_out[0]);
   const Status valid = c.validate();
   if (!valid.ok()) {
     return Status(valid.code(), file.path() + ": the FLUX.2 autoencoder config inferred from '" +
-                                    prefix + "encoder.conv_in.weight', '" + prefix +
-                                    "encoder.down.N.block.M.conv1.weight', '" + conv_out_key +
-                                    "' and '" + prefix +
-                                    "decoder.conv_out.weight' is not usable: " + valid.message());
+                                    names.find("encoder.conv_in.weight")->stored + "', '" +
+                                    names.find(block_key(0, 0))->stored +
+                                    "' and the other levels, '" + conv_out_key + "' and '" +
+                                    names.find("decoder.conv_out.weight")->stored +
+                                    "' is not usable: " + valid.message());
   }
   return c;
 }
@@ -379,29 +535,34 @@ Flux2Autoencoder::Flux2Autoencoder(std::shared_ptr<const Weights> weights)
 
 Result<Flux2Autoencoder> Flux2Autoencoder::load(const SafetensorsFile& file,
                                                 const std::string& key_prefix) {
-  INFILL_ASSIGN_OR_RETURN(Flux2AutoencoderConfig config, infer_config(file, key_prefix));
+  const StoredNames names(file, key_prefix);
+  INFILL_ASSIGN_OR_RETURN(Flux2AutoencoderConfig config, infer_config(file, names));
   auto w = std::make_shared<Weights>();
   w->config = config;
   std::vector<Slot> slots = w->slots();
   const std::string context = " (a FLUX.2 autoencoder with " + config.to_string() +
-                              ", inferred from the shapes, under key prefix '" + key_prefix + "')";
+                              ", inferred from the shapes, " +
+                              (names.diffusers() ? "diffusers" : "upstream") +
+                              " names under key prefix '" + key_prefix + "')";
 
   // Unexpected tensors first: they mean the file is not the layout we inferred, which is a
   // better explanation than whatever shape mismatch loading would then hit.
   std::set<std::string> expected;
-  for (const Slot& slot : slots) expected.insert(key_prefix + slot.name);
-  const std::string ignored = key_prefix + "bn.num_batches_tracked";  // a training counter
-  for (const TensorInfo& info : file.tensors()) {
-    if (!info.name.starts_with(key_prefix) || info.name == ignored) continue;
-    if (expected.count(info.name) == 0) {
-      return invalid_argument(file.path() + ": unexpected tensor '" + info.name + "'" + context);
+  for (const Slot& slot : slots) expected.insert(slot.name);
+  for (const StoredNames::Entry& entry : names.entries()) {
+    if (expected.count(entry.upstream) == 0) {
+      return invalid_argument(file.path() + ": unexpected tensor '" + entry.stored + "'" + context);
     }
   }
 
   for (Slot& slot : slots) {
-    auto t = load_float_tensor(file, key_prefix + slot.name, slot.shape);
+    const StoredNames::Entry* entry = names.find(slot.name);
+    if (entry == nullptr) return not_found(file.path() + ": " + names.missing(slot.name) + context);
+    std::vector<int64_t> shape = slot.shape;
+    if (entry->linear) shape.resize(2);  // [C, C, 1, 1] stored as [C, C]
+    auto t = load_float_tensor(file, entry->stored, shape);
     if (!t.ok()) return Status(t.status().code(), t.status().message() + context);
-    *slot.tensor = std::move(t).value();
+    *slot.tensor = entry->linear ? t->reshape(slot.shape) : std::move(t).value();
   }
   if (!(w->bn_running_var.min().item<float>() >= 0.0f)) {
     return corrupt_data(file.path() + ": " + key_prefix +

@@ -2,7 +2,8 @@
 /// The FLUX.2 autoencoder (black-forest-labs/flux2, `src/flux2/autoencoder.py`): RGB <-> a
 /// 4z-channel latent at 1/16 resolution (for the published ch_mult of four levels).
 ///
-/// Layout (weight keys are the upstream module names, as in `ae.safetensors`):
+/// Layout (weight keys are the upstream module names, as in `ae.safetensors`; diffusers' names
+/// are mapped to them on load):
 ///   ResnetBlock(x) = shortcut(x) + conv2(silu(norm2(conv1(silu(norm1(x)))))), 3x3 convs,
 ///                    GroupNorm(32 groups, eps 1e-6), a 1x1 `nin_shortcut` where channels change;
 ///   AttnBlock(x)   = x + proj_out(softmax(q k^T / sqrt(C)) v), one head over the h*w positions,
@@ -56,12 +57,17 @@ struct Flux2AutoencoderConfig {
 
 class Flux2Autoencoder final : public LatentCodec {
  public:
-  /// Loads the upstream module names (encoder.*, decoder.*, bn.running_mean, bn.running_var;
-  /// bn.num_batches_tracked is ignored if present) under `key_prefix` ("weights." in the
-  /// reference test files, "" in ae.safetensors); tensors outside the prefix are ignored. The
-  /// config is inferred from the shapes and then every tensor's shape is checked. Errors name
-  /// the file and the tensor: not_found (a missing tensor), invalid_argument (a wrong shape or
-  /// dtype, an unexpected tensor under the prefix, a config that cannot be inferred),
+  /// Loads the weights under `key_prefix` ("weights." in the reference test files, "" in
+  /// ae.safetensors and in diffusers' vae/diffusion_pytorch_model.safetensors); tensors outside
+  /// the prefix are ignored, and so is bn.num_batches_tracked. The naming is recognised from the
+  /// keys: the upstream module names (encoder.*, decoder.*, bn.running_mean, bn.running_var), or
+  /// diffusers' AutoencoderKLFlux2 names (when encoder.down_blocks.0.resnets.0.conv1.weight is
+  /// present), read back as upstream names by inverting diffusers'
+  /// scripts/convert_flux2_to_diffusers.py. The config is inferred from the shapes and then every
+  /// tensor's shape is checked. Errors name the file and the tensor as stored (a missing one by
+  /// its upstream name when the file has diffusers names): not_found (a missing tensor),
+  /// invalid_argument (a wrong shape or dtype, an unexpected tensor under the prefix, such as a
+  /// diffusers name with no upstream counterpart, a config that cannot be inferred),
   /// corrupt_data (a NaN or infinite value, a negative running variance). Nothing is
   /// half-loaded.
   static Result<Flux2Autoencoder> load(const SafetensorsFile& file,

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -136,6 +137,143 @@ infill::Status load_status(const std::string& path, const std::string& prefix) {
 
 double relative_max_diff(const at::Tensor& got, const at::Tensor& ref) {
   return (got - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+}
+
+/// Python's str.replace: every occurrence.
+std::string py_replace(std::string s, const std::string& old, const std::string& with) {
+  for (size_t at = s.find(old); at != std::string::npos; at = s.find(old, at + with.size())) {
+    s.replace(at, old.size(), with);
+  }
+  return s;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+/// diffusers' convert_flux2_vae_checkpoint_to_diffusers (scripts/convert_flux2_to_diffusers.py,
+/// huggingface/diffusers 207bae7), transcribed step by step in its own terms (substring filters
+/// and str.replace) rather than from the loader's inverse: upstream names without a prefix ->
+/// AutoencoderKLFlux2 names. `levels` is len(down_block_types) == len(up_block_types).
+TensorList to_diffusers(const TensorList& upstream, int levels) {
+  std::vector<std::string> keys;  // vae_state_dict in its order
+  std::map<std::string, at::Tensor> vae_state_dict;
+  for (const auto& [name, t] : upstream) {
+    keys.push_back(name);
+    vae_state_dict[name] = t;
+  }
+  std::map<std::string, at::Tensor> new_checkpoint;
+  const auto keys_with = [&](const std::string& part) {
+    std::vector<std::string> out;
+    for (const std::string& k : keys) {
+      if (contains(k, part)) out.push_back(k);
+    }
+    return out;
+  };
+  // update_vae_resnet_ldm_to_diffusers
+  const auto resnets = [&](const std::vector<std::string>& ldm_keys, const std::string& old,
+                           const std::string& with) {
+    for (const std::string& k : ldm_keys) {
+      new_checkpoint[py_replace(py_replace(k, old, with), "nin_shortcut", "conv_shortcut")] =
+          vae_state_dict.at(k);
+    }
+  };
+  // update_vae_attentions_ldm_to_diffusers
+  const std::vector<std::pair<std::string, std::string>> attention_replaces = {
+      {"norm.weight", "group_norm.weight"},
+      {"norm.bias", "group_norm.bias"},
+      {"q.weight", "to_q.weight"},
+      {"q.bias", "to_q.bias"},
+      {"k.weight", "to_k.weight"},
+      {"k.bias", "to_k.bias"},
+      {"v.weight", "to_v.weight"},
+      {"v.bias", "to_v.bias"},
+      {"proj_out.weight", "to_out.0.weight"},
+      {"proj_out.bias", "to_out.0.bias"}};
+  const auto attentions = [&](const std::vector<std::string>& ldm_keys) {
+    for (const std::string& k : ldm_keys) {
+      std::string d = py_replace(k, "mid.attn_1", "mid_block.attentions.0");
+      for (const auto& [from, to] : attention_replaces) d = py_replace(d, from, to);
+      at::Tensor t = vae_state_dict.at(k);
+      if (t.dim() == 3) t = t.select(2, 0);               // [:, :, 0]
+      if (t.dim() == 4) t = t.select(3, 0).select(2, 0);  // [:, :, 0, 0]
+      new_checkpoint[d] = t.contiguous();
+    }
+  };
+
+  // DIFFUSERS_VAE_TO_FLUX2_MAPPING
+  const std::vector<std::pair<std::string, std::string>> mapping = {
+      {"encoder.conv_in.weight", "encoder.conv_in.weight"},
+      {"encoder.conv_in.bias", "encoder.conv_in.bias"},
+      {"encoder.conv_out.weight", "encoder.conv_out.weight"},
+      {"encoder.conv_out.bias", "encoder.conv_out.bias"},
+      {"encoder.conv_norm_out.weight", "encoder.norm_out.weight"},
+      {"encoder.conv_norm_out.bias", "encoder.norm_out.bias"},
+      {"decoder.conv_in.weight", "decoder.conv_in.weight"},
+      {"decoder.conv_in.bias", "decoder.conv_in.bias"},
+      {"decoder.conv_out.weight", "decoder.conv_out.weight"},
+      {"decoder.conv_out.bias", "decoder.conv_out.bias"},
+      {"decoder.conv_norm_out.weight", "decoder.norm_out.weight"},
+      {"decoder.conv_norm_out.bias", "decoder.norm_out.bias"},
+      {"quant_conv.weight", "encoder.quant_conv.weight"},
+      {"quant_conv.bias", "encoder.quant_conv.bias"},
+      {"post_quant_conv.weight", "decoder.post_quant_conv.weight"},
+      {"post_quant_conv.bias", "decoder.post_quant_conv.bias"},
+      {"bn.running_mean", "bn.running_mean"},
+      {"bn.running_var", "bn.running_var"},
+  };
+  for (const auto& [diffusers_key, ldm_key] : mapping) {
+    if (vae_state_dict.count(ldm_key)) new_checkpoint[diffusers_key] = vae_state_dict[ldm_key];
+  }
+
+  for (int i = 0; i < levels; ++i) {
+    const std::string down = "down." + std::to_string(i);
+    std::vector<std::string> block_keys;
+    for (const std::string& k : keys_with(down)) {
+      if (!contains(k, down + ".downsample")) block_keys.push_back(k);
+    }
+    resnets(block_keys, down + ".block", "down_blocks." + std::to_string(i) + ".resnets");
+    const std::string conv = "encoder." + down + ".downsample.conv";
+    if (vae_state_dict.count(conv + ".weight")) {
+      const std::string to = "encoder.down_blocks." + std::to_string(i) + ".downsamplers.0.conv";
+      new_checkpoint[to + ".weight"] = vae_state_dict.at(conv + ".weight");
+      new_checkpoint[to + ".bias"] = vae_state_dict.at(conv + ".bias");
+    }
+  }
+  for (int i = 1; i <= 2; ++i) {
+    resnets(keys_with("encoder.mid.block_" + std::to_string(i)), "mid.block_" + std::to_string(i),
+            "mid_block.resnets." + std::to_string(i - 1));
+  }
+  attentions(keys_with("encoder.mid.attn"));
+
+  for (int i = 0; i < levels; ++i) {
+    const int block_id = levels - 1 - i;
+    const std::string up = "up." + std::to_string(block_id);
+    std::vector<std::string> block_keys;
+    for (const std::string& k : keys_with(up)) {
+      if (!contains(k, up + ".upsample")) block_keys.push_back(k);
+    }
+    resnets(block_keys, up + ".block", "up_blocks." + std::to_string(i) + ".resnets");
+    const std::string conv = "decoder." + up + ".upsample.conv";
+    if (vae_state_dict.count(conv + ".weight")) {
+      const std::string to = "decoder.up_blocks." + std::to_string(i) + ".upsamplers.0.conv";
+      new_checkpoint[to + ".weight"] = vae_state_dict.at(conv + ".weight");
+      new_checkpoint[to + ".bias"] = vae_state_dict.at(conv + ".bias");
+    }
+  }
+  for (int i = 1; i <= 2; ++i) {
+    resnets(keys_with("decoder.mid.block_" + std::to_string(i)), "mid.block_" + std::to_string(i),
+            "mid_block.resnets." + std::to_string(i - 1));
+  }
+  attentions(keys_with("decoder.mid.attn"));
+  // conv_attn_to_linear touches only query/key/value/proj_attn names: none here.
+  return TensorList(new_checkpoint.begin(), new_checkpoint.end());
+}
+
+TensorList with_prefix(const TensorList& tensors, const std::string& prefix) {
+  TensorList out;
+  for (const auto& [name, t] : tensors) out.emplace_back(prefix + name, t);
+  return out;
 }
 
 /// Exits with ctest's skip code (4) when ../shared is missing: the test is then reported as
@@ -326,6 +464,108 @@ TEST_CASE("FLUX.2 autoencoder: damaged files are refused, naming the tensor", "[
   }
 }
 
+TEST_CASE("FLUX.2 autoencoder: diffusers names load as the same model", "[flux2_ae]") {
+  TempDir dir;
+  const TensorList upstream = tiny_weights("");
+  const TensorList diffusers = to_diffusers(upstream, 2);
+  REQUIRE(diffusers.size() == upstream.size());
+  // The conversion as the script does it: the attention's 1x1 convs become linear weights, and
+  // up_blocks.0 is the decoder's lowest-resolution level (upstream's up.1, 64 channels).
+  const std::map<std::string, at::Tensor> by_name(diffusers.begin(), diffusers.end());
+  REQUIRE(by_name.count("encoder.mid_block.attentions.0.to_q.weight"));
+  CHECK(by_name.at("encoder.mid_block.attentions.0.to_q.weight").sizes() ==
+        at::IntArrayRef({64, 64}));
+  REQUIRE(by_name.count("decoder.up_blocks.0.upsamplers.0.conv.weight"));
+  CHECK(by_name.at("decoder.up_blocks.0.upsamplers.0.conv.weight").sizes() ==
+        at::IntArrayRef({64, 64, 3, 3}));
+  CHECK(by_name.count("decoder.up_blocks.1.resnets.0.conv_shortcut.weight"));
+  CHECK(by_name.count("encoder.down_blocks.1.resnets.0.conv_shortcut.weight"));
+
+  const std::string upstream_path = dir.file("ae.safetensors");
+  REQUIRE(infill::write_safetensors(upstream_path, upstream).ok());
+  const Flux2Autoencoder reference = load_or_fail(upstream_path, "");
+
+  const std::string prefix = "vae.";
+  const auto write_variant = [&](const std::string& file_name, auto&& edit) {
+    TensorList tensors;
+    for (const auto& [name, t] : diffusers) tensors.emplace_back(name, t.clone());
+    // diffusers' save_pretrained also writes the BatchNorm's counter.
+    tensors.emplace_back("bn.num_batches_tracked", at::zeros({}));
+    edit(tensors);
+    const std::string path = dir.file(file_name);
+    REQUIRE(infill::write_safetensors(path, with_prefix(tensors, prefix)).ok());
+    return path;
+  };
+  const auto find = [](TensorList& tensors, const std::string& name) -> at::Tensor& {
+    auto it = std::find_if(tensors.begin(), tensors.end(),
+                           [&](const auto& entry) { return entry.first == name; });
+    REQUIRE(it != tensors.end());
+    return it->second;
+  };
+
+  SECTION("the same outputs as the upstream names") {
+    const Flux2Autoencoder ae = load_or_fail(write_variant("vae.st", [](TensorList&) {}), prefix);
+    CHECK(ae.config().to_string() == reference.config().to_string());
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(23);
+    const at::Tensor image = at::rand({2, 3, 16, 24}, gen) * 2 - 1;
+    const at::Tensor latent = reference.encode_normalized(image);
+    CHECK(ae.encode_normalized(image).equal(latent));
+    CHECK(ae.decode_normalized(latent).equal(reference.decode_normalized(latent)));
+  }
+
+  SECTION("a diffusers name without an upstream counterpart") {
+    for (const std::string name :
+         {"encoder.mid_block.attentions.0.to_q.lora_A.weight", "encoder.norm_out.weight",
+          "decoder.up_blocks.2.resnets.0.conv1.weight",
+          "decoder.up_blocks.01.resnets.0.conv1.weight"}) {
+      const std::string path = write_variant("extra.st", [&](TensorList& tensors) {
+        tensors.emplace_back(name, at::zeros({4, 64}));
+      });
+      const infill::Status status = load_status(path, prefix);
+      REQUIRE_FALSE(status.ok());
+      CHECK(status.code() == infill::ErrorCode::kInvalidArgument);
+      CHECK_THAT(status.message(),
+                 Catch::Matchers::Contains("unexpected tensor '" + prefix + name + "'") &&
+                     Catch::Matchers::Contains("diffusers names"));
+    }
+  }
+
+  SECTION("a wrong shape names the stored tensor and its stored shape") {
+    const std::string name = "decoder.mid_block.attentions.0.to_q.weight";
+    const std::string path = write_variant("shape.st", [&](TensorList& tensors) {
+      find(tensors, name) = at::zeros({64, 64, 1, 1});  // upstream's conv shape
+    });
+    const infill::Status status = load_status(path, prefix);
+    REQUIRE_FALSE(status.ok());
+    CHECK(status.code() == infill::ErrorCode::kInvalidArgument);
+    CHECK_THAT(status.message(), Catch::Matchers::Contains(prefix + name) &&
+                                     Catch::Matchers::Contains("expected [64, 64]"));
+  }
+
+  SECTION("a missing tensor is named by its upstream name") {
+    const std::string name = "decoder.up_blocks.1.resnets.0.conv_shortcut.bias";
+    const std::string path = write_variant("missing.st", [&](TensorList& tensors) {
+      std::erase_if(tensors, [&](const auto& entry) { return entry.first == name; });
+    });
+    const infill::Status status = load_status(path, prefix);
+    REQUIRE_FALSE(status.ok());
+    CHECK(status.code() == infill::ErrorCode::kNotFound);
+    CHECK_THAT(status.message(),
+               Catch::Matchers::Contains("'decoder.up.0.block.0.nin_shortcut.bias'"));
+  }
+
+  SECTION("a NaN names the stored tensor") {
+    const std::string name = "decoder.up_blocks.1.resnets.1.conv2.weight";
+    const std::string path = write_variant("nan.st", [&](TensorList& tensors) {
+      find(tensors, name).view(-1)[3].fill_(std::numeric_limits<float>::quiet_NaN());
+    });
+    const infill::Status status = load_status(path, prefix);
+    REQUIRE_FALSE(status.ok());
+    CHECK(status.code() == infill::ErrorCode::kCorruptData);
+    CHECK_THAT(status.message(), Catch::Matchers::Contains(prefix + name));
+  }
+}
+
 // Last in the file: it ends the process with the skip code when ../shared is absent.
 TEST_CASE("FLUX.2 autoencoder matches the upstream reference tensors", "[flux2_ae][shared]") {
   require_reference_or_skip();
@@ -367,4 +607,46 @@ TEST_CASE("FLUX.2 autoencoder matches the upstream reference tensors", "[flux2_a
   // The LatentCodec face is the same network on [0, 1] pixels.
   const at::Tensor via_codec = ae->encode((image->unsqueeze(0) + 1) / 2);
   CHECK(relative_max_diff(via_codec[0], *latent_ref) <= 1e-4);
+}
+
+TEST_CASE("FLUX.2 autoencoder under diffusers names matches the upstream reference tensors",
+          "[flux2_ae][shared]") {
+  require_reference_or_skip();
+  auto ref = infill::SafetensorsFile::open(kReferencePath);
+  REQUIRE(ref.ok());
+  const std::string prefix = "weights.";
+  TensorList upstream;
+  for (const infill::TensorInfo& info : ref->tensors()) {
+    if (!info.name.starts_with(prefix)) continue;
+    auto t = infill::load_float_tensor(*ref, info.name);
+    REQUIRE(t.ok());
+    upstream.emplace_back(info.name.substr(prefix.size()), *t);
+  }
+  // The file's config has ch_mult [1, 1, 2, 2]: four down and four up blocks.
+  const TensorList diffusers = to_diffusers(upstream, 4);
+  REQUIRE(diffusers.size() == upstream.size());
+  TempDir dir;
+  const std::string path = dir.file("diffusion_pytorch_model.safetensors");
+  REQUIRE(infill::write_safetensors(path, diffusers).ok());
+  auto ae = Flux2Autoencoder::load(path);
+  if (!ae.ok()) FAIL(ae.status().to_string());
+  CHECK(ae->config().ch_mult == std::vector<int>{1, 1, 2, 2});
+  CHECK(ae->config().z_channels == 32);
+
+  auto image = infill::load_float_tensor(*ref, "input.image", {3, 48, 32});
+  auto latent_ref = infill::load_float_tensor(*ref, "output.latent", {128, 3, 2});
+  auto decoded_ref = infill::load_float_tensor(*ref, "output.decoded", {3, 48, 32});
+  REQUIRE(image.ok());
+  REQUIRE(latent_ref.ok());
+  REQUIRE(decoded_ref.ok());
+  const at::Tensor latent = ae->encode_normalized(image->unsqueeze(0));
+  REQUIRE(latent.sizes() == at::IntArrayRef({1, 128, 3, 2}));
+  const double latent_ratio = relative_max_diff(latent[0], *latent_ref);
+  const at::Tensor decoded = ae->decode_normalized(latent_ref->unsqueeze(0));
+  REQUIRE(decoded.sizes() == at::IntArrayRef({1, 3, 48, 32}));
+  const double decoded_ratio = relative_max_diff(decoded[0], *decoded_ref);
+  WARN("FLUX.2 autoencoder (diffusers names) vs upstream reference, max|diff| / max|ref|: latent "
+       << latent_ratio << ", decoded " << decoded_ratio);
+  CHECK(latent_ratio <= 1e-4);
+  CHECK(decoded_ratio <= 1e-4);
 }
