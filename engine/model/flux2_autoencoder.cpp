@@ -594,13 +594,7 @@ at::Tensor Flux2Autoencoder::encode_normalized(const at::Tensor& image) const {
   {
     c10::InferenceMode guard;
     const at::Tensor moments = run_encoder(w_->encoder, image);  // [B, 2z, H', W']
-    const at::Tensor mean = moments.slice(1, 0, c.z_channels);   // [B, z, H', W']
-    const int64_t batch = mean.size(0), h = mean.size(2) / kPatch, w = mean.size(3) / kPatch;
-    // "c (i pi) (j pj) -> (c pi pj) i j"
-    const at::Tensor z = mean.reshape({batch, c.z_channels, h, kPatch, w, kPatch})
-                             .permute({0, 1, 3, 5, 2, 4})
-                             .reshape({batch, c.latent_channels(), h, w});
-    out = (z - w_->bn_mean) / w_->bn_std;
+    out = patchify_normalize(moments.slice(1, 0, c.z_channels));  // the mean [B, z, H', W']
   }
   // A clone made outside InferenceMode is an ordinary tensor, which callers may modify in place.
   return out.clone(at::MemoryFormat::Contiguous);
@@ -612,15 +606,36 @@ at::Tensor Flux2Autoencoder::decode_normalized(const at::Tensor& latent) const {
   at::Tensor out;
   {
     c10::InferenceMode guard;
-    const at::Tensor z = latent * w_->bn_std + w_->bn_mean;  // [B, 4z, h, w]
-    const int64_t batch = z.size(0), h = z.size(2), w = z.size(3);
-    // "(c pi pj) i j -> c (i pi) (j pj)"
-    const at::Tensor unpatched = z.reshape({batch, c.z_channels, kPatch, kPatch, h, w})
-                                     .permute({0, 1, 4, 2, 5, 3})
-                                     .reshape({batch, c.z_channels, h * kPatch, w * kPatch});
+    const at::Tensor unpatched = unpatchify_denormalize(latent);
     out = run_decoder(w_->decoder, unpatched);
   }
   return out.clone(at::MemoryFormat::Contiguous);
+}
+
+at::Tensor Flux2Autoencoder::patchify_normalize(const at::Tensor& mean) const {
+  const Flux2AutoencoderConfig& c = w_->config;
+  check_input(mean, c.z_channels, "latent mean", "[B, z, H', W']");
+  TORCH_CHECK(mean.size(2) % kPatch == 0 && mean.size(3) % kPatch == 0, "flux2 autoencoder: latent mean is ",
+              mean.sizes(), ", expected even H' and W'");
+  c10::InferenceMode guard;
+  const int64_t batch = mean.size(0), h = mean.size(2) / kPatch, w = mean.size(3) / kPatch;
+  // "c (i pi) (j pj) -> (c pi pj) i j"
+  const at::Tensor z = mean.reshape({batch, c.z_channels, h, kPatch, w, kPatch})
+                           .permute({0, 1, 3, 5, 2, 4})
+                           .reshape({batch, c.latent_channels(), h, w});
+  return (z - w_->bn_mean) / w_->bn_std;
+}
+
+at::Tensor Flux2Autoencoder::unpatchify_denormalize(const at::Tensor& latent) const {
+  const Flux2AutoencoderConfig& c = w_->config;
+  check_input(latent, c.latent_channels(), "latent", "[B, C, h, w]");
+  c10::InferenceMode guard;
+  const at::Tensor z = latent * w_->bn_std + w_->bn_mean;  // [B, 4z, h, w]
+  const int64_t batch = z.size(0), h = z.size(2), w = z.size(3);
+  // "(c pi pj) i j -> c (i pi) (j pj)"
+  return z.reshape({batch, c.z_channels, kPatch, kPatch, h, w})
+      .permute({0, 1, 4, 2, 5, 3})
+      .reshape({batch, c.z_channels, h * kPatch, w * kPatch});
 }
 
 at::Tensor Flux2Autoencoder::encode(const at::Tensor& rgb) const {

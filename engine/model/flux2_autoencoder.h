@@ -86,6 +86,13 @@ class Flux2Autoencoder final : public LatentCodec {
   /// image [B, out_channels, f*h, f*w], about [-1, 1] and not clamped.
   at::Tensor decode_normalized(const at::Tensor& latent) const;
 
+  /// The encoder's mean [B, z, H', W'] (H', W' even) -> the normalised latent
+  /// [B, 4z, H'/2, W'/2]: 2x2 patchify and batch-norm statistics, the last step of
+  /// encode_normalized. Shared with decoders of the same latent space (TAEF2).
+  at::Tensor patchify_normalize(const at::Tensor& mean) const;
+  /// The inverse: normalised latent [B, 4z, h, w] -> [B, z, 2h, 2w], what the decoder reads.
+  at::Tensor unpatchify_denormalize(const at::Tensor& latent) const;
+
   int factor() const override;
   int latent_channels() const override;
 

@@ -13,6 +13,7 @@
 #include "kernels/token_rows.h"
 #include "model/flux2_checkpoint.h"
 #include "model/safetensors_torch.h"
+#include "model/stored_linear.h"
 
 namespace infill {
 
@@ -26,13 +27,10 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// A bias-free linear layer whose weight stays in its stored dtype; converted to the
-// activations' dtype only for the duration of the call.
+// A bias-free linear layer whose weight stays in its stored dtype (model/stored_linear.h).
 struct Linear {
   at::Tensor w;  // [out, in]
-  at::Tensor operator()(const at::Tensor& x) const {
-    return at::linear(x, w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type()));
-  }
+  at::Tensor operator()(const at::Tensor& x) const { return stored_linear(x, w); }
 };
 
 // The weights of one stream (image or text) of a double block.

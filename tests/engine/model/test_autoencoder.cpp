@@ -1,4 +1,5 @@
 #include "support/catch.h"
+#include "support/shared_data.h"
 #include "support/temp_dir.h"
 #include <unistd.h>
 
@@ -38,16 +39,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-/// Exits with ctest's skip code (4) when ../shared is missing: the test is then reported as
-/// skipped, not passed.
 void require_shared_or_skip() {
-  if (fs::exists(kEncoderPath) && fs::exists(kDecoderPath) && fs::exists(kReferencePath)) return;
-  const std::string message = "SKIPPED: shared test data not found at " + kShared +
-                              "/models/taef2 and /testdata; the TAEF2 reference test cannot run";
-  WARN(message);
-  // Also straight to stderr: Catch's report may not be flushed before exit.
-  std::fprintf(stderr, "%s\n", message.c_str());
-  std::exit(4);
+  infill::test::require_shared_or_skip({kEncoderPath, kDecoderPath, kReferencePath});
 }
 
 

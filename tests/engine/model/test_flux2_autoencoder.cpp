@@ -1,4 +1,5 @@
 #include "support/catch.h"
+#include "support/shared_data.h"
 #include "support/temp_dir.h"
 
 #include <algorithm>
@@ -276,17 +277,7 @@ TensorList with_prefix(const TensorList& tensors, const std::string& prefix) {
   return out;
 }
 
-/// Exits with ctest's skip code (4) when ../shared is missing: the test is then reported as
-/// skipped, not passed.
-void require_reference_or_skip() {
-  if (fs::exists(kReferencePath)) return;
-  const std::string message = "SKIPPED: shared test data not found: " + kReferencePath +
-                              "; the FLUX.2 autoencoder reference test cannot run";
-  WARN(message);
-  // Also straight to stderr: Catch's report may not be flushed before exit.
-  std::fprintf(stderr, "%s\n", message.c_str());
-  std::exit(4);
-}
+void require_reference_or_skip() { infill::test::require_shared_or_skip({kReferencePath}); }
 
 }  // namespace
 

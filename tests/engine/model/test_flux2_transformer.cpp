@@ -1,4 +1,5 @@
 #include "support/catch.h"
+#include "support/shared_data.h"
 #include "support/temp_dir.h"
 
 #include <cmath>
@@ -27,14 +28,7 @@ namespace {
 
 const std::string kFlux2Dir = std::string(INFILL_SHARED_DIR) + "/testdata/flux2";
 
-/// Exits with ctest's skip code (4) when the reference file is missing: reported as skipped.
-void require_or_skip(const std::string& path) {
-  if (fs::exists(path)) return;
-  const std::string message = "SKIPPED: shared test data " + path + " not found; the FLUX.2 reference test cannot run";
-  WARN(message);
-  std::fprintf(stderr, "%s\n", message.c_str());
-  std::exit(4);
-}
+void require_or_skip(const std::string& path) { infill::test::require_shared_or_skip({path}); }
 
 /// Records K/V of a full forward as the activation cache does (fp16) and serves them back,
 /// through fp16 slabs (the CPU fast path) or float copies (the generic path).

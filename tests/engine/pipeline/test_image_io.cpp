@@ -1,4 +1,5 @@
 #include "support/catch.h"
+#include "support/shared_data.h"
 #include "support/random_image.h"
 #include "support/temp_dir.h"
 #include <unistd.h>
@@ -236,10 +237,7 @@ TEST_CASE("to_rgb_tensor normalises, replicates grey and drops alpha", "[image_i
 
 TEST_CASE("the shared astronaut test image loads as 512x512", "[image_io]") {
   const std::string path = std::string(INFILL_SHARED_DIR) + "/testdata/astronaut.png";
-  if (!fs::exists(path)) {
-    WARN("skipped: " << path << " is missing");
-    return;
-  }
+  infill::test::require_shared_or_skip({path});
   auto image = load_image(path, kNoLimit);
   REQUIRE(image.ok());
   CHECK(image->width == 512);
