@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "pipeline/prepare_run.h"
+
 namespace infill {
 
 namespace {
@@ -40,41 +42,17 @@ Result<std::shared_ptr<const ActivationEntry>> EditPipeline::prepare(const Templ
     auto cached = store_->get(key);
     if (cached.ok()) return cached.value();
   }
-  INFILL_ASSIGN_OR_RETURN(Sampler sampler, make_model_sampler(*model_, schedule));
-  c10::InferenceMode guard;
+  // The run lives only inside this call, so it may borrow the caller's template.
+  const std::shared_ptr<const TemplateImage> borrowed(&tmpl, [](const TemplateImage*) {});
+  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<PrepareRun> run, PrepareRun::create(model_, borrowed, schedule));
   const DitConfig& cfg = model_->manifest.dit;
-  const Dit& dit = model_->dit;
-  const int grid_h = static_cast<int>(tmpl.latent.size(1)) / cfg.patch_size;
-  const int grid_w = static_cast<int>(tmpl.latent.size(2)) / cfg.patch_size;
-  const int64_t tokens = static_cast<int64_t>(grid_h) * grid_w;
-  auto entry = std::make_shared<ActivationEntry>(
-      ActivationLayout{sampler.steps(), cfg.depth, static_cast<int>(tokens), cfg.hidden_size});
-  const at::Tensor noise = template_noise(tmpl, resolve_schedule(*model_, schedule).template_seed);
-  const at::Tensor no_mask = at::zeros({tmpl.latent.size(1), tmpl.latent.size(2)}, at::kFloat);
-  const at::Tensor ids = at::arange(tokens, at::kLong);
-  EntryKvSink sink(*entry, 0);
   const auto t0 = std::chrono::steady_clock::now();
-  for (int step = 0; step < sampler.steps(); ++step) {
-    // With an empty mask every latent pixel is reset each step, so the input of step i is
-    // the template noised to level i: no sampler update is needed.
-    const at::Tensor noisy = sampler.add_noise(tmpl.latent, noise, step);
-    DitSegment seg;
-    seg.tokens = dit.patchify(model_input(*model_, noisy, tmpl.latent, no_mask));
-    seg.token_ids = ids;
-    seg.grid_h = grid_h;
-    seg.grid_w = grid_w;
-    seg.cond = dit.conditioning(sampler.model_timestep(step), at::Tensor());
-    seg.null_cond = seg.cond;
-    seg.full_blocks = cfg.depth;
-    seg.carry_rows = ids.narrow(0, 0, 1);  // the prediction is not needed
-    sink.set_step(step);
-    seg.sink = &sink;
-    DitSegment segs[] = {seg};
-    (void)dit.forward(segs);
-  }
+  while (!run->done()) run->run_step();
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  if (ms > 0) gflops_ = block_flops(cfg, tokens, tokens) * cfg.depth * sampler.steps() / (ms * 1e6);
-  std::shared_ptr<const ActivationEntry> result = entry;
+  if (ms > 0) {
+    gflops_ = block_flops(cfg, run->tokens(), run->tokens()) * cfg.depth * run->steps() / (ms * 1e6);
+  }
+  std::shared_ptr<const ActivationEntry> result = run->entry();
   if (store_) INFILL_RETURN_IF_ERROR(store_->put(key, result));
   return result;
 }

@@ -14,6 +14,7 @@
 #include "pipeline/cached_kv.h"
 #include "pipeline/composite.h"
 #include "pipeline/mask.h"
+#include "pipeline/prepare_run.h"
 #include "pipeline/template_image.h"
 
 namespace infill {
@@ -85,13 +86,7 @@ struct Worker::Record {
 };
 
 struct Worker::PrepareJob {
-  ActivationKey key;
-  std::shared_ptr<const TemplateImage> tmpl;
-  std::optional<Sampler> sampler;
-  std::shared_ptr<ActivationEntry> entry;
-  std::unique_ptr<EntryKvSink> sink;
-  at::Tensor noise, no_mask, ids;
-  int grid_h = 0, grid_w = 0, step = 0;
+  std::unique_ptr<PrepareRun> run;
   double step_work_ms = 0;
   double deadline_abs_ms = 0;
   std::vector<std::shared_ptr<Record>> waiting;
@@ -512,32 +507,23 @@ void Worker::handle(Message& m) {
 }
 
 void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<const TemplateImage> tmpl) {
-  auto job = std::make_unique<PrepareJob>();
-  job->key = make_cache_key(*model_, *tmpl, r->req.params.schedule);
-  auto sampler = make_model_sampler(*model_, r->req.params.schedule);
-  if (!sampler.ok()) {
-    complete(r, RequestState::kFailed, sampler.status());
+  auto run = PrepareRun::create(model_, std::move(tmpl), r->req.params.schedule);
+  if (!run.ok()) {
+    complete(r, RequestState::kFailed, run.status());
     return;
   }
-  job->sampler.emplace(std::move(*sampler));
-  const DitConfig& cfg = model_->manifest.dit;
-  job->grid_h = static_cast<int>(tmpl->latent.size(1)) / cfg.patch_size;
-  job->grid_w = static_cast<int>(tmpl->latent.size(2)) / cfg.patch_size;
-  const int64_t tokens = int64_t{job->grid_h} * job->grid_w;
-  job->entry = std::make_shared<ActivationEntry>(
-      ActivationLayout{job->sampler->steps(), cfg.depth, static_cast<int>(tokens), cfg.hidden_size});
-  job->sink = std::make_unique<EntryKvSink>(*job->entry, 0);
-  job->noise = template_noise(*tmpl, resolve_schedule(*model_, r->req.params.schedule).template_seed);
-  job->no_mask = at::zeros({tmpl->latent.size(1), tmpl->latent.size(2)}, at::kFloat);
-  job->ids = at::arange(tokens, at::kLong);
-  job->tmpl = std::move(tmpl);
+  auto job = std::make_unique<PrepareJob>();
+  job->run = std::move(*run);
+  const PrepareRun& prepare = *job->run;
+  const double tokens = double(prepare.tokens());
   job->deadline_abs_ms = r->deadline_abs_ms;
-  job->step_work_ms = cost_->predict_ms(double(tokens), 1.0, double(tokens) * double(tokens));
+  job->step_work_ms = cost_->predict_ms(tokens, 1.0, tokens * tokens);
   job->waiting.push_back(r);
   // The prepare's compute is part of this worker's backlog until it finishes.
-  r->remaining_work_ms.fetch_add(job->step_work_ms * job->sampler->steps());
-  work_ms_.fetch_add(job->step_work_ms * job->sampler->steps());
-  prepares_.emplace(job->key.canonical(), std::move(job));
+  r->remaining_work_ms.fetch_add(job->step_work_ms * prepare.steps());
+  work_ms_.fetch_add(job->step_work_ms * prepare.steps());
+  const std::string canonical = prepare.key().canonical();
+  prepares_.emplace(canonical, std::move(job));
 }
 
 void Worker::run_prepare_slice() {
@@ -557,23 +543,7 @@ void Worker::run_prepare_slice() {
   bool failed = false;
   std::string error;
   try {
-    const Dit& dit = model_->dit;
-    // As EditPipeline::prepare: with an empty mask the input of step i is the template
-    // noised to level i, so no sampler update is needed.
-    const at::Tensor noisy = job.sampler->add_noise(job.tmpl->latent, job.noise, job.step);
-    DitSegment seg;
-    seg.tokens = dit.patchify(model_input(*model_, noisy, job.tmpl->latent, job.no_mask));
-    seg.token_ids = job.ids;
-    seg.grid_h = job.grid_h;
-    seg.grid_w = job.grid_w;
-    seg.cond = dit.conditioning(job.sampler->model_timestep(job.step), at::Tensor());
-    seg.null_cond = seg.cond;
-    seg.full_blocks = model_->manifest.dit.depth;
-    seg.carry_rows = job.ids.narrow(0, 0, 1);  // the prediction is not needed
-    job.sink->set_step(job.step);
-    seg.sink = job.sink.get();
-    DitSegment segs[] = {seg};
-    (void)dit.forward(segs);
+    job.run->run_step();
   } catch (...) {
     failed = true;
     error = exception_text(std::current_exception());
@@ -589,16 +559,17 @@ void Worker::run_prepare_slice() {
   if (failed) {
     for (auto& r : job.waiting) {
       complete(r, RequestState::kFailed,
-               Status(ErrorCode::kInternal, "prepare of template " + job.tmpl->id + " failed: " + error));
+               Status(ErrorCode::kInternal,
+                      "prepare of template " + job.run->template_image().id + " failed: " + error));
     }
     prepares_.erase(best);
     return;
   }
-  if (++job.step < job.sampler->steps()) return;
-  std::shared_ptr<const ActivationEntry> entry = job.entry;
+  if (!job.run->done()) return;
+  std::shared_ptr<const ActivationEntry> entry = job.run->entry();
   recent_[canonical] = entry;
   // put() may spill to disk: never on the loop.
-  pool_.post([this, key = job.key, entry, canonical] {
+  pool_.post([this, key = job.run->key(), entry, canonical] {
     (void)store_->put(key, entry);  // a full store only costs a later re-prepare
     post({Message::kStored, nullptr, nullptr, canonical});
   });

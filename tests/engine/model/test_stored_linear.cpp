@@ -5,14 +5,12 @@
 
 #include "model/stored_linear.h"
 
-TEST_CASE("stored_linear equals at::linear over the converted weight, on both paths", "[stored_linear]") {
+TEST_CASE("stored_linear equals at::linear over the converted weight", "[stored_linear]") {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
-  // 200 output rows: three full 64-row chunks and a partial one.
   const at::Tensor w32 = at::empty({200, 96}).normal_(0, 0.05, gen);
   for (const at::ScalarType stored : {at::kBFloat16, at::kHalf, at::kFloat}) {
     const at::Tensor w = w32.to(stored);
     const at::Tensor reference_w = w.to(at::kFloat);
-    // 1 and 100 rows take the chunked path, 500 the whole-layer one.
     for (const int64_t m : {int64_t{1}, int64_t{100}, int64_t{500}}) {
       const at::Tensor x = at::empty({m, 96}).normal_(0, 1, gen);
       const at::Tensor y = infill::stored_linear(x, w);
