@@ -1,22 +1,67 @@
 // infill-model-check FILE...: runs the call recorded in each reference tensor file and prints
 // one JSON line per file; exit 0 only when every file loads and matches (model/reference_check.h).
+// infill-model-check --folder PATH: loads a FLUX.2 model folder as the engine would and
+// describes it in one JSON line; exit 0 only when it loads.
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "model/flux2_model.h"
 #include "model/reference_check.h"
 
 namespace {
 
+// One JSON line describing the model folder at `path`, or the error that kept it from loading.
+int describe_folder(const std::string& path) {
+  nlohmann::ordered_json line;
+  line["folder"] = path;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto model = infill::load_flux2_model(path);
+  if (!model.ok()) {
+    line["error"] = model.status().to_string();
+    line["ok"] = false;
+    std::printf("%s\n", line.dump().c_str());
+    return 1;
+  }
+  const infill::Flux2Folder& f = (*model)->folder;
+  const infill::Flux2Config& c = (*model)->transformer.config();
+  const infill::Flux2AutoencoderConfig& ae = (*model)->autoencoder->config();
+  line["layout"] = infill::flux2_layout_name(f.layout);
+  line["pipeline_class"] = f.pipeline_class;
+  line["family_size"] = c.family_size();
+  line["distilled"] = f.distilled;
+  line["default_steps"] = f.default_steps;
+  line["default_guidance"] = f.default_guidance;
+  line["transformer"] = {{"files", f.transformer_files},
+                         {"hidden_size", c.hidden_size},
+                         {"num_heads", c.num_heads},
+                         {"double_blocks", c.double_blocks},
+                         {"single_blocks", c.single_blocks},
+                         {"context_dim", c.context_dim},
+                         {"guidance_embed", c.guidance_embed},
+                         {"weight_bytes", (*model)->transformer.weight_bytes()}};
+  line["autoencoder"] = {{"file", f.autoencoder_file}, {"ch", ae.ch}, {"z_channels", ae.z_channels},
+                         {"factor", ae.factor()}};
+  line["text_encoder"] = f.text_encoder_dir;
+  line["tokenizer"] = f.tokenizer_dir;
+  line["load_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  line["ok"] = true;
+  std::printf("%s\n", line.dump().c_str());
+  return 0;
+}
+
 void usage(FILE* out) {
   std::fprintf(out,
                "usage: infill-model-check [--blocks] FILE...\n"
+               "       infill-model-check --folder PATH\n"
                "Runs the call recorded in each reference file (weights.*, input.*, output.*, trace.*)\n"
                "and prints one JSON line per file: {\"file\", \"model\", \"max_abs_err\", \"max_rel_err\", \"ok\"}.\n"
                "ok: max |diff| / max |reference| <= %g. --blocks adds every compared tensor.\n"
-               "Exit code 0 only when every file is ok.\n",
+               "--folder loads a FLUX.2 model folder (diffusers or single-file layout) and describes it.\n"
+               "Exit code 0 only when every file is ok (or the folder loads).\n",
                infill::kReferenceTolerance);
 }
 
@@ -29,6 +74,13 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       usage(stdout);
       return 0;
+    }
+    if (std::strcmp(argv[i], "--folder") == 0) {
+      if (i + 1 != argc - 1) {
+        std::fprintf(stderr, "infill-model-check: --folder takes exactly one PATH\n");
+        return 2;
+      }
+      return describe_folder(argv[i + 1]);
     }
     if (std::strcmp(argv[i], "--blocks") == 0) {
       blocks = true;

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "common/shape_text.h"
 #include "kernels/masked_attention.h"
 #include "kernels/token_rows.h"
 #include "model/safetensors.h"
@@ -37,12 +38,6 @@ at::Tensor gelu_tanh(const at::Tensor& x) {
   at::Tensor u = x * x;
   u.mul_(0.044715).add_(1.0).mul_(x).mul_(kTwoSqrtTwoOverPi);
   return u.sigmoid_().mul_(x);
-}
-
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 }  // namespace
@@ -155,7 +150,7 @@ Result<Dit> Dit::load(const DitConfig& config, const std::string& weights_path) 
     const std::string name = config.key_prefix + slot.name;
     if (file.find(name) == nullptr) {
       return not_found(weights_path + ": weight " + name + " is missing (expected shape " +
-                       shape_string(slot.shape) + ")");
+                       shape_text(slot.shape) + ")");
     }
     INFILL_ASSIGN_OR_RETURN(*slot.tensor, load_float_tensor(file, name, slot.shape));
   }

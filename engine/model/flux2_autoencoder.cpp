@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "common/shape_text.h"
 #include "model/safetensors_torch.h"
 
 namespace infill {
@@ -128,12 +129,6 @@ class SlotList {
  private:
   std::vector<Slot> slots_;
 };
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 // ---- forward pass (inside InferenceMode) ----
 

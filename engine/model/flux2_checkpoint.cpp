@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include "common/shape_text.h"
 #include "model/safetensors_torch.h"
 
 namespace infill {
@@ -23,12 +24,6 @@ namespace {
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 // Renames of diffusers' conversion, inverted: diffusers name (without prefix) -> upstream.

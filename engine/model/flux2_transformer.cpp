@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "common/shape_text.h"
 #include "kernels/masked_attention.h"
 #include "kernels/token_rows.h"
 #include "model/flux2_checkpoint.h"
@@ -20,12 +21,6 @@ namespace infill {
 namespace {
 
 constexpr double kNormEps = 1e-6;  // LayerNorm and QK RMSNorm, as upstream
-
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 // A bias-free linear layer whose weight stays in its stored dtype (model/stored_linear.h).
 struct Linear {
@@ -169,7 +164,7 @@ Result<Flux2Config> infer_flux2_config(const Flux2Checkpoint& checkpoint) {
     const auto it = shapes.find(name);
     if (it == shapes.end()) return not_found(checkpoint.where() + ": weight " + name + " is missing");
     if (it->second.size() != rank) {
-      return invalid_argument(checkpoint.where() + ": " + name + " is " + shape_string(it->second) + ", expected " +
+      return invalid_argument(checkpoint.where() + ": " + name + " is " + shape_text(it->second) + ", expected " +
                               std::to_string(rank) + " dimensions");
     }
     return it->second;

@@ -13,17 +13,10 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "common/shape_text.h"
+
 namespace infill {
 namespace {
-
-std::string shape_text(at::IntArrayRef shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
 
 // Writes all of `bytes` to `fd`, retrying short writes.
 bool write_all(int fd, const void* bytes, size_t count) {

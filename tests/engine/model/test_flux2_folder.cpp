@@ -1,4 +1,5 @@
 #include "support/catch.h"
+#include "support/shared_data.h"
 #include "support/temp_dir.h"
 
 #include <filesystem>
@@ -9,7 +10,10 @@
 
 #include "model/flux2_checkpoint.h"
 #include "model/flux2_folder.h"
+#include "model/flux2_model.h"
 #include "model/flux2_transformer.h"
+#include "model/safetensors.h"
+#include "model/safetensors_torch.h"
 
 namespace fs = std::filesystem;
 using infill::Flux2Folder;
@@ -161,4 +165,37 @@ TEST_CASE("FLUX.2 single-file folders: the transformer file and ae.safetensors",
   auto nothing = infill::find_flux2_folder((root / "absent").string());
   CHECK_FALSE(nothing.ok());
   CHECK_THAT(message(nothing), Catch::Contains("does not exist"));
+}
+
+TEST_CASE("A complete FLUX.2 single-file folder loads: transformer and autoencoder agree", "[flux2][folder][shared]") {
+  // The reference autoencoder's weights, saved under their plain upstream names as in ae.safetensors.
+  const std::string ae_reference = infill::test::shared_path("testdata/flux2/flux2_ae.safetensors");
+  infill::test::require_shared_or_skip({ae_reference});
+  auto reference = infill::SafetensorsFile::open(ae_reference);
+  REQUIRE(reference.ok());
+  std::vector<std::pair<std::string, at::Tensor>> ae_weights;
+  for (const auto& t : reference->tensors()) {
+    if (t.name.rfind("weights.", 0) == 0) ae_weights.emplace_back(t.name.substr(8), *infill::load_float_tensor(*reference, t.name));
+  }
+  infill::test::TempDir dir;
+  const fs::path root = fs::path(dir.path()) / "FLUX.2-klein-custom";
+  fs::create_directories(root);
+  REQUIRE(infill::write_safetensors((root / "ae.safetensors").string(), ae_weights).ok());
+
+  infill::Flux2Config cfg = tiny();
+  cfg.in_channels = 128;  // the autoencoder's 4 x 32 latent channels
+  REQUIRE(infill::Flux2Transformer::random(cfg, 2, at::kBFloat16).save((root / "transformer.safetensors").string()).ok());
+  auto model = infill::load_flux2_model(root.string());
+  REQUIRE(model.ok());
+  CHECK((*model)->folder.layout == Flux2Folder::Layout::kSingleFile);
+  CHECK((*model)->folder.distilled);  // "klein" in the folder's name
+  CHECK((*model)->transformer.config().in_channels == 128);
+  CHECK((*model)->autoencoder->latent_channels() == 128);
+
+  // A transformer whose input does not match the autoencoder's latent is refused, naming both.
+  cfg.in_channels = 64;
+  REQUIRE(infill::Flux2Transformer::random(cfg, 2, at::kBFloat16).save((root / "transformer.safetensors").string()).ok());
+  auto mismatched = infill::load_flux2_model(root.string());
+  CHECK_FALSE(mismatched.ok());
+  CHECK_THAT(mismatched.status().message(), Catch::Contains("ae.safetensors") && Catch::Contains("transformer.safetensors"));
 }
