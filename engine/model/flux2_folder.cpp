@@ -1,6 +1,7 @@
 #include "model/flux2_folder.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <set>

@@ -345,6 +345,7 @@ Status EngineService::load() {
     ro.workers = s.options.workers;
     ro.threads_per_worker = s.options.threads_per_worker;
     ro.pool_threads = std::max(1, s.options.pool_threads);
+    ro.worker.before_step = s.options.before_step;
     auto runtime = ServingRuntime::create(models[i], shared_store, cost, ro);
     if (!runtime.ok()) return fail(runtime.status());
     slots.push_back({models[i], std::move(*runtime)});

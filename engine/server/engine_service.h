@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +49,9 @@ struct ServiceOptions {
   /// durable. load() resumes the unfinished ones it finds there.
   std::string journal_path;
   ServerLimits limits;
+  /// Test seam: runs on every worker's step loop before each batched step (WorkerOptions::
+  /// before_step), so a test can hold an edit "while it runs" without guessing step times.
+  std::function<void(std::span<const uint64_t> ids)> before_step;
 };
 
 /// One event of one edit, for the clients of `client`.

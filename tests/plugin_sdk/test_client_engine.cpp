@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "engine/server/server_fixture.h"
+#include "support/step_gate.h"
 #include "infill/infill_client.h"
 #include "infill/infill_client.hpp"
 
 using namespace infill;
 using infill::test::ServerFixture;
+using infill::test::StepGate;
 
 namespace {
 
@@ -510,7 +512,11 @@ TEST_CASE("sdk: when the engine goes away, edits in flight end as engine_lost, o
 }
 
 TEST_CASE("sdk: after the event stream drops, the client reconnects and reconciles by polling", "[sdk][engine][failure]") {
-  ServerFixture f;
+  // The worker runs the edit's first step, then waits at the gate until the transport is down:
+  // the edit is still running when the stream drops, however fast the machine is.
+  StepGate gate(1);
+  ServerFixture f(true, infill::test::test_limits(), false, gate.hook());
+  const auto opener = gate.open_on_exit();
   infill_client* c = make_client({unix_endpoint(f), "", /*engine_lost_timeout_ms=*/60000, /*reconnect=*/200});
   const infill_template_info t = upload(c, f);
   infill_edit_params p = rect_params(t.id, 30);
@@ -519,9 +525,11 @@ TEST_CASE("sdk: after the event stream drops, the client reconnects and reconcil
   infill_job* job = nullptr;
   REQUIRE_OK(infill_client_submit_edit(c, &p, &job));
   REQUIRE(finished_while_down.wait_progress());
+  REQUIRE(gate.wait_held(60000));
   // The transport goes away; the engine behind it finishes the edit meanwhile.
   f.server->stop();
   f.server.reset();
+  gate.open();
   REQUIRE(eventually([&] { return f.service->live_edits() == 0; }, 60000));
   CHECK(finished_while_down.done_calls == 0);
   HttpServerOptions h;

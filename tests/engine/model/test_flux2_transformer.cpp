@@ -102,6 +102,16 @@ Request make_request(const Flux2Config& c, int txt_len, int h, int w, bool refer
   return r;
 }
 
+/// The inputs recorded in a reference file (text, image and reference tokens with their ids).
+Request reference_request(const infill::SafetensorsFile& file) {
+  Request r;
+  r.txt = *infill::load_float_tensor(file, "input.ctx");
+  r.txt_ids = *infill::load_float_tensor(file, "input.ctx_ids");
+  r.img = *infill::load_float_tensor(file, "input.x");
+  r.img_ids = *infill::load_float_tensor(file, "input.x_ids");
+  return r;
+}
+
 Flux2Segment full_segment(const Request& r, double t, double guidance = 0.0) {
   Flux2Segment s;
   s.txt = r.txt;
@@ -197,11 +207,7 @@ TEST_CASE("FLUX.2 mask-aware forward on the reference weights: cached rows give 
   auto model = Flux2Transformer::load(*file, "weights.");
   REQUIRE(model.ok());
   c10::InferenceMode guard;
-  Request r;
-  r.txt = *infill::load_float_tensor(*file, "input.ctx");
-  r.txt_ids = *infill::load_float_tensor(*file, "input.ctx_ids");
-  r.img = *infill::load_float_tensor(*file, "input.x");
-  r.img_ids = *infill::load_float_tensor(*file, "input.x_ids");
+  const Request r = reference_request(*file);
   const double t = 0.73, g = 4.0;
 
   MemoryKv kv(/*slabs=*/true);
@@ -498,11 +504,7 @@ TEST_CASE("FLUX.2 transformer loads diffusers' layout, sharded, to the same numb
   REQUIRE(model.ok());
   CHECK(model->config().guidance_embed);
   c10::InferenceMode guard;
-  Request r;
-  r.txt = *infill::load_float_tensor(*file, "input.ctx");
-  r.txt_ids = *infill::load_float_tensor(*file, "input.ctx_ids");
-  r.img = *infill::load_float_tensor(*file, "input.x");
-  r.img_ids = *infill::load_float_tensor(*file, "input.x_ids");
+  const Request r = reference_request(*file);
   const at::Tensor out = forward_one(*model, full_segment(r, 0.73, 4.0));
   const double err = rel_err(out, *infill::load_float_tensor(*file, "output.prediction"));
   INFO("diffusers layout: max rel err " << err);

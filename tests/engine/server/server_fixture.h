@@ -4,6 +4,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -63,7 +64,9 @@ struct ServerFixture {
   std::string template_png = png_string(picture);
 
   /// `second_model`: also serve dir/model-b, a random model one block deeper (another id).
-  explicit ServerFixture(bool load = true, ServerLimits limits = test_limits(), bool second_model = false) {
+  /// `before_step`: the workers' step hook (a StepGate's, tests/support/step_gate.h).
+  explicit ServerFixture(bool load = true, ServerLimits limits = test_limits(), bool second_model = false,
+                         std::function<void(std::span<const uint64_t>)> before_step = {}) {
     if (!write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok()) throw std::runtime_error("model");
     ServiceOptions o;
     o.model_path = dir.file("model");
@@ -76,6 +79,7 @@ struct ServerFixture {
     o.limits = limits;
     o.calibrate = false;
     o.ram_cache_bytes = 64 << 20;
+    o.before_step = std::move(before_step);
     service = std::make_unique<EngineService>(o);
     if (load) REQUIRE(service->load().ok());
     HttpServerOptions h;
