@@ -40,6 +40,10 @@ step "infill-engine --check"
 /usr/bin/infill-engine --check --journal off | tee "$work/check.json" | grep -q '"ok": true'
 grep -q '/usr/share/infill/models/infill-tiny' "$work/check.json"
 
+step "infill-model-check answers and names what it cannot load"
+/usr/bin/infill-model-check --help | grep -q -- '--folder'
+{ /usr/bin/infill-model-check --folder "$work/no-model" || true; } | grep -q '"ok":false'
+
 step "systemd-analyze verify the user unit"
 systemd-analyze verify /usr/lib/systemd/user/infill-engine.service
 [ -L /etc/systemd/user/default.target.wants/infill-engine.service ] || {
