@@ -315,17 +315,7 @@ at::Tensor Autoencoder::decode(const at::Tensor& latent) const {
 at::Tensor Autoencoder::decode_crop(const at::Tensor& latent, int x0, int y0, int w, int h,
                                     int margin) const {
   check_input(latent, config_.latent_channels, "latent", "[B, latent_channels, h, w]");
-  const int64_t height = latent.size(2);
-  const int64_t width = latent.size(3);
-  TORCH_CHECK(
-      x0 >= 0 && y0 >= 0 && w > 0 && h > 0 && x0 + w <= width && y0 + h <= height && margin >= 0,
-      "autoencoder: decode_crop box (x0=", x0, ", y0=", y0, ", w=", w, ", h=", h,
-      ", margin=", margin, ") is not inside the ", width, "x", height, " latent");
-  // Context box, clamped to the latent.
-  const int64_t cx0 = std::max<int64_t>(0, x0 - margin);
-  const int64_t cy0 = std::max<int64_t>(0, y0 - margin);
-  const int64_t cx1 = std::min<int64_t>(width, x0 + w + margin);
-  const int64_t cy1 = std::min<int64_t>(height, y0 + h + margin);
+  const auto [cx0, cy0, cx1, cy1] = latent_context_box(latent, x0, y0, w, h, margin, "autoencoder");
   const auto first_upsample =
       static_cast<size_t>(std::find_if(decoder_.begin(), decoder_.end(),
                                        [](const Layer& l) { return l.kind == Kind::kUpsample; }) -

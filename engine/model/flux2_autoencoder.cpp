@@ -648,16 +648,7 @@ at::Tensor Flux2Autoencoder::decode(const at::Tensor& latent) const {
 at::Tensor Flux2Autoencoder::decode_crop(const at::Tensor& latent, int x0, int y0, int w, int h,
                                          int margin) const {
   check_input(latent, latent_channels(), "latent", "[B, C, h, w]");
-  const int64_t height = latent.size(2);
-  const int64_t width = latent.size(3);
-  TORCH_CHECK(
-      x0 >= 0 && y0 >= 0 && w > 0 && h > 0 && x0 + w <= width && y0 + h <= height && margin >= 0,
-      "flux2 autoencoder: decode_crop box (x0=", x0, ", y0=", y0, ", w=", w, ", h=", h,
-      ", margin=", margin, ") is not inside the ", width, "x", height, " latent");
-  const int64_t cx0 = std::max<int64_t>(0, x0 - margin);
-  const int64_t cy0 = std::max<int64_t>(0, y0 - margin);
-  const int64_t cx1 = std::min<int64_t>(width, int64_t{x0} + w + margin);
-  const int64_t cy1 = std::min<int64_t>(height, int64_t{y0} + h + margin);
+  const auto [cx0, cy0, cx1, cy1] = latent_context_box(latent, x0, y0, w, h, margin, "flux2 autoencoder");
   const int64_t f = factor();
   const at::Tensor pixels = decode(latent.slice(2, cy0, cy1).slice(3, cx0, cx1));
   return pixels.slice(2, (y0 - cy0) * f, (y0 - cy0 + h) * f)

@@ -6,9 +6,31 @@
 /// Threading: implementations are immutable after loading; every method may be called from
 /// several threads at once.
 
+#include <algorithm>
+#include <cstdint>
+
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 namespace infill {
+
+/// The box decode_crop decodes: (x0, y0, w, h) grown by `margin` latent pixels on each side
+/// and clamped to the latent [B, C, height, width], as half-open [x0, x1) x [y0, y1).
+struct LatentContextBox {
+  int64_t x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+};
+
+/// Checks that the box lies inside the latent (a programming error otherwise: throws
+/// c10::Error naming `codec`) and grows it by `margin`.
+inline LatentContextBox latent_context_box(const at::Tensor& latent, int x0, int y0, int w, int h, int margin,
+                                           const char* codec) {
+  const int64_t height = latent.size(2), width = latent.size(3);
+  TORCH_CHECK(x0 >= 0 && y0 >= 0 && w > 0 && h > 0 && x0 + w <= width && y0 + h <= height && margin >= 0, codec,
+              ": decode_crop box (x0=", x0, ", y0=", y0, ", w=", w, ", h=", h, ", margin=", margin,
+              ") is not inside the ", width, "x", height, " latent");
+  return {std::max<int64_t>(0, x0 - margin), std::max<int64_t>(0, y0 - margin),
+          std::min<int64_t>(width, int64_t{x0} + w + margin), std::min<int64_t>(height, int64_t{y0} + h + margin)};
+}
 
 class LatentCodec {
  public:
