@@ -316,6 +316,7 @@ namespace {
 struct SegmentState {
   Flux2Segment* seg = nullptr;
   int64_t rt = 0, ri = 0;  // text and image rows computed
+  int64_t length = 0;      // L: every position of the request's sequence
   bool full = false;       // every position is computed: no cached rows are read
   at::Tensor positions;    // int64 [rt + ri] on the CPU
   at::Tensor cos, sin;     // [rt + ri, head_dim / 2]
@@ -370,7 +371,7 @@ at::Tensor segment_attention(SegmentState& s, int block, const at::Tensor& q, co
     if (s.seg->sink != nullptr) s.seg->sink->store(block, k, v);
     return attend(k, v);
   }
-  const int64_t L = s.seg->sequence_length, H = q.size(1);
+  const int64_t L = s.length, H = q.size(1);
   if (const uint16_t *k_half = nullptr, *v_half = nullptr; cpu_float && s.seg->kv->fp16_slabs(block, &k_half, &v_half)) {
     return kernels::masked_attention_over_cache(q, k_half, v_half, L, s.positions, k, v, heads, scale);
   }
@@ -446,7 +447,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     }
     const int64_t rows = s.rt + s.ri;
     const int64_t L = seg.sequence_length > 0 ? seg.sequence_length : rows;
-    seg.sequence_length = L;
+    s.length = L;
     TORCH_CHECK(rows <= L, "segment ", i, ": ", rows, " rows computed of a sequence of ", L);
     s.positions = seg.positions.defined() ? seg.positions.to(at::kCPU, at::kLong).contiguous() : at::arange(L, at::kLong);
     TORCH_CHECK(s.positions.dim() == 1 && s.positions.size(0) == rows, "segment ", i, ": positions must be [", rows,

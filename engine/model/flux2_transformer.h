@@ -79,6 +79,7 @@ struct Flux2Segment {
   /// [text, image, reference] of `sequence_length` tokens, text rows first, ascending.
   /// Undefined: the rows are the whole sequence in order (a full forward).
   at::Tensor positions;
+  /// Tokens in the request's sequence; 0 means the rows computed (a full forward).
   int64_t sequence_length = 0;
   double timestep = 0.0;  ///< in [0, 1] (upstream multiplies by 1000 before the embedding)
   double guidance = 0.0;  ///< read only when the model has guidance_embed
