@@ -4,11 +4,11 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
-#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "model/safetensors.h"
+#include "model/safetensors_shards.h"
 
 namespace infill {
 
@@ -29,32 +29,6 @@ Result<nlohmann::json> read_json(const fs::path& path) {
 Status require_file(const fs::path& path, const std::string& what) {
   if (fs::is_regular_file(path)) return {};
   return not_found(path.string() + " is missing (expected " + what + ")");
-}
-
-// The weight files of a diffusers component: `stem`.safetensors, or the shards its
-// `stem`.safetensors.index.json lists (in first-appearance order), each checked to exist.
-Result<std::vector<std::string>> component_weights(const fs::path& dir, const std::string& stem) {
-  const fs::path single = dir / (stem + ".safetensors");
-  if (fs::is_regular_file(single)) return std::vector<std::string>{single.string()};
-  const fs::path index = dir / (stem + ".safetensors.index.json");
-  if (!fs::is_regular_file(index)) {
-    return not_found(single.string() + " is missing (expected the weights, or " + index.filename().string() +
-                     " listing their shards)");
-  }
-  INFILL_ASSIGN_OR_RETURN(nlohmann::json doc, read_json(index));
-  if (!doc.contains("weight_map") || !doc["weight_map"].is_object() || doc["weight_map"].empty()) {
-    return corrupt_data(index.string() + " has no \"weight_map\" object naming the shards");
-  }
-  std::vector<std::string> files;
-  std::set<std::string> seen;
-  for (const auto& [tensor, shard] : doc["weight_map"].items()) {
-    if (!shard.is_string()) return corrupt_data(index.string() + ": the shard of " + tensor + " is not a file name");
-    const std::string name = shard.get<std::string>();
-    if (!seen.insert(name).second) continue;
-    INFILL_RETURN_IF_ERROR(require_file(dir / name, "a shard listed in " + index.filename().string()));
-    files.push_back((dir / name).string());
-  }
-  return files;
 }
 
 std::string lower(std::string s) {
@@ -92,14 +66,14 @@ Result<Flux2Folder> diffusers_folder(const fs::path& root) {
       return corrupt_data(index_path + " lists no \"" + std::string(component) + "\" component");
     }
   }
-  INFILL_ASSIGN_OR_RETURN(f.transformer_files, component_weights(root / "transformer", "diffusion_pytorch_model"));
-  INFILL_ASSIGN_OR_RETURN(auto vae, component_weights(root / "vae", "diffusion_pytorch_model"));
+  INFILL_ASSIGN_OR_RETURN(f.transformer_files, safetensors_shards((root / "transformer").string(), "diffusion_pytorch_model"));
+  INFILL_ASSIGN_OR_RETURN(auto vae, safetensors_shards((root / "vae").string(), "diffusion_pytorch_model"));
   if (vae.size() != 1) return invalid_argument((root / "vae").string() + ": a sharded autoencoder is not supported");
   f.autoencoder_file = vae[0];
   f.autoencoder_diffusers_names = true;
   f.text_encoder_dir = (root / "text_encoder").string();
   INFILL_RETURN_IF_ERROR(require_file(root / "text_encoder" / "config.json", "the text encoder's configuration"));
-  INFILL_RETURN_IF_ERROR(component_weights(root / "text_encoder", "model").status());
+  INFILL_RETURN_IF_ERROR(safetensors_shards((root / "text_encoder").string(), "model").status());
   f.tokenizer_dir = (root / "tokenizer").string();
   INFILL_RETURN_IF_ERROR(require_file(root / "tokenizer" / "tokenizer.json", "the tokenizer's vocabulary and merges"));
   if (index.contains("is_distilled")) {
@@ -143,7 +117,7 @@ Result<Flux2Folder> single_file_folder(const fs::path& root, const fs::path& tra
   }
   if (fs::is_directory(root / "text_encoder")) {
     INFILL_RETURN_IF_ERROR(require_file(root / "text_encoder" / "config.json", "the text encoder's configuration"));
-    INFILL_RETURN_IF_ERROR(component_weights(root / "text_encoder", "model").status());
+    INFILL_RETURN_IF_ERROR(safetensors_shards((root / "text_encoder").string(), "model").status());
     f.text_encoder_dir = (root / "text_encoder").string();
   }
   if (fs::is_directory(root / "tokenizer")) {
