@@ -4,9 +4,6 @@
 // in both cache modes at several mask fractions, in the same run, with achieved GFLOP/s.
 // Prints one JSON document on stdout. A long benchmark (minutes per full step on a 2-core
 // CPU); not part of CI. --size small runs the same protocol on a small model in seconds.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,6 +22,7 @@
 #include "bench_stats.h"
 #include "cache/activation_entry.h"
 #include "machine_info.h"
+#include "process_memory.h"
 #include "model/compute_threads.h"
 #include "model/flux2_transformer.h"
 #include "model/safetensors.h"
@@ -37,20 +35,13 @@ using infill::Flux2Transformer;
 
 namespace {
 
+using infill::bench::drop_from_page_cache;
+using infill::bench::peak_rss_bytes;
+using infill::bench::reset_peak;
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
-
-// Peak resident set (VmHWM) in bytes; reset_peak() starts a new measurement (Linux
-// clear_refs "5").
-int64_t peak_rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return 0;
-}
-void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 Flux2Config klein_4b() {
   Flux2Config c;  // the defaults are klein 4B: hidden 3072, 24 heads, 5 + 20 blocks, context 7680
@@ -126,14 +117,6 @@ double median_ms(int repeats, const std::function<void()>& fn, bool warm_up = tr
     ms.push_back(ms_since(t0));
   }
   return infill::bench::percentile(ms, 0.5);
-}
-
-void drop_from_page_cache(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
 }
 
 int usage(const char* error) {

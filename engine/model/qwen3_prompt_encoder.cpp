@@ -1,0 +1,102 @@
+#include "model/qwen3_prompt_encoder.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <filesystem>
+
+#include "model/safetensors_shards.h"
+
+namespace infill {
+
+namespace fs = std::filesystem;
+
+Residency text_encoder_residency(int64_t transformer_bytes, int64_t encoder_bytes, int64_t memory_bytes) {
+  const int64_t needed = (transformer_bytes + encoder_bytes) + (transformer_bytes + encoder_bytes) / 4;
+  return needed > memory_bytes ? Residency::kUnloadAfterEncode : Residency::kKeep;
+}
+
+int64_t qwen3_folder_weight_bytes(const std::string& encoder_dir) {
+  auto files = safetensors_shards(encoder_dir, "model");
+  if (!files.ok()) return 0;
+  int64_t bytes = 0;
+  for (const std::string& f : *files) {
+    std::error_code ec;
+    const auto size = fs::file_size(f, ec);
+    if (!ec) bytes += static_cast<int64_t>(size);
+  }
+  return bytes;
+}
+
+Result<std::unique_ptr<Qwen3PromptEncoder>> Qwen3PromptEncoder::load(const std::string& tokenizer_dir,
+                                                                     const std::string& encoder_dir,
+                                                                     std::shared_ptr<PromptEmbeddingCache> cache,
+                                                                     Options options) {
+  if (options.max_length < 1) return invalid_argument("text encoder: max_length must be >= 1");
+  std::unique_ptr<Qwen3PromptEncoder> out(new Qwen3PromptEncoder());
+  INFILL_ASSIGN_OR_RETURN(out->tokenizer_, PromptTokenizer::load(tokenizer_dir));
+  INFILL_ASSIGN_OR_RETURN(Qwen3Config config, read_qwen3_config((fs::path(encoder_dir) / "config.json").string()));
+  if (out->tokenizer_.tokenizer().id_count() > config.vocab_size) {
+    return invalid_argument((fs::path(tokenizer_dir) / "tokenizer.json").string() + " has ids up to " +
+                            std::to_string(out->tokenizer_.tokenizer().id_count() - 1) + " but " +
+                            (fs::path(encoder_dir) / "config.json").string() + " has vocab_size " +
+                            std::to_string(config.vocab_size) + " (tokenizer and text encoder do not match)");
+  }
+  for (const int k : options.layers) {
+    if (k < 0 || k > config.num_layers) {
+      return invalid_argument("text encoder: hidden state " + std::to_string(k) + " does not exist in " + encoder_dir +
+                              " (expected 0.." + std::to_string(config.num_layers) + ")");
+    }
+  }
+  out->encoder_dir_ = encoder_dir;
+  out->options_ = std::move(options);
+  out->context_dim_ = static_cast<int>(out->options_.layers.size()) * config.hidden_size;
+  out->cache_ = std::move(cache);
+  std::error_code ec;
+  out->id_ = fs::weakly_canonical(encoder_dir, ec).string() + "|" + std::to_string(out->options_.max_length);
+  for (const int k : out->options_.layers) {
+    out->id_ += ',';
+    out->id_ += std::to_string(k);
+  }
+  if (out->options_.residency == Residency::kKeep) {
+    INFILL_ASSIGN_OR_RETURN(out->encoder_, Qwen3Encoder::load(encoder_dir));
+  }
+  return out;
+}
+
+Result<std::shared_ptr<const PromptEmbedding>> Qwen3PromptEncoder::encode(std::string_view prompt_view) {
+  const std::string prompt(prompt_view);
+  if (cache_) {
+    if (auto hit = cache_->find(id_, prompt)) return hit;
+  }
+  std::lock_guard lock(mutex_);
+  // Another thread may have encoded the same prompt while this one waited.
+  if (cache_) {
+    if (auto hit = cache_->find(id_, prompt)) return hit;
+  }
+  if (!encoder_) {
+    INFILL_ASSIGN_OR_RETURN(encoder_, Qwen3Encoder::load(encoder_dir_));
+  }
+  const PromptTokens tokens = tokenizer_.encode(prompt, options_.max_length);
+  c10::InferenceMode guard;
+  INFILL_ASSIGN_OR_RETURN(at::Tensor rows, encoder_->encode(tokens.ids, tokens.mask, options_.layers));
+  auto embedding = std::make_shared<PromptEmbedding>();
+  embedding->rows = std::move(rows);
+  embedding->real_length = tokens.real_length;
+  embedding->full_length = tokens.full_length;
+  embedding->truncated = tokens.truncated;
+  if (options_.residency == Residency::kUnloadAfterEncode) encoder_.reset();
+  if (cache_) cache_->insert(id_, prompt, embedding);
+  return std::shared_ptr<const PromptEmbedding>(std::move(embedding));
+}
+
+void Qwen3PromptEncoder::unload() {
+  std::lock_guard lock(mutex_);
+  encoder_.reset();
+}
+
+bool Qwen3PromptEncoder::resident() const {
+  std::lock_guard lock(mutex_);
+  return encoder_ != nullptr;
+}
+
+}  // namespace infill

