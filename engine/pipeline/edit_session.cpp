@@ -6,7 +6,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
-#include "pipeline/composite.h"
+#include "pipeline/region_composite.h"
 
 namespace infill {
 
@@ -329,19 +329,11 @@ Result<EditOutput> EditSession::finish() const {
   }
   if (!done()) return invalid_argument("edit is not finished: step " + std::to_string(step_) + " of " +
                                        std::to_string(sampler_->steps()));
-  const int factor = model_->manifest.autoencoder.factor;
-  at::Tensor padded_mask = at::zeros({tmpl_->model_height, tmpl_->model_width}, at::kFloat);
-  padded_mask.narrow(0, 0, tmpl_->height).narrow(1, 0, tmpl_->width).copy_(params_.mask);
-  out.region = bounding_box(padded_mask, 0, factor);
-  const PixelRect& r = out.region;
-  at::Tensor z = to_autoencoder_scale(*model_, at::where(keep_mask_, tmpl_->latent, x_)).unsqueeze(0);
-  at::Tensor decoded = model_->autoencoder->decode_crop(z, r.x / factor, r.y / factor, r.width / factor,
-                                                     r.height / factor, params_.decode_margin)[0];
-  // Every masked pixel lies in the region's part inside the original: feather and blend run
-  // there alone, the rest of the original is copied byte for byte.
-  const PixelRect inside{r.x, r.y, std::min(r.width, tmpl_->width - r.x), std::min(r.height, tmpl_->height - r.y)};
-  const at::Tensor generated = decoded.narrow(1, 0, inside.height).narrow(2, 0, inside.width).contiguous();
-  out.image = composite(tmpl_->pixels, generated, feather_region(params_.mask, params_.feather_px, inside), inside);
+  const at::Tensor z = to_autoencoder_scale(*model_, at::where(keep_mask_, tmpl_->latent, x_));
+  RegionComposite done = decode_region_and_composite(*model_->autoencoder, *tmpl_, z, params_.mask, params_.feather_px,
+                                                     params_.decode_margin);
+  out.image = std::move(done.image);
+  out.region = done.region;
   return out;
 }
 

@@ -17,24 +17,31 @@ at::Tensor to_autoencoder_scale(const Model& model, const at::Tensor& latent) {
   return latent / ae.scale + ae.shift;
 }
 
-Result<std::shared_ptr<const TemplateImage>> make_template(const Model& model, std::span<const std::byte> bytes,
+Result<std::shared_ptr<const TemplateImage>> make_template(const LatentCodec& codec, int grid, double shift,
+                                                           double scale, int64_t max_pixels,
+                                                           std::span<const std::byte> bytes,
                                                            const std::string& name_for_errors) {
-  if (!model.autoencoder) return invalid_argument("model " + model.manifest.name + " has no autoencoder");
-  INFILL_ASSIGN_OR_RETURN(PixelImage pixels, decode_image(bytes, name_for_errors, model.manifest.max_image_pixels));
+  INFILL_ASSIGN_OR_RETURN(PixelImage pixels, decode_image(bytes, name_for_errors, max_pixels));
   c10::InferenceMode guard;
   auto t = std::make_shared<TemplateImage>();
   t->id = sha256_hex(bytes);
   t->width = pixels.width;
   t->height = pixels.height;
-  const int grid = model.manifest.autoencoder.factor * model.manifest.dit.patch_size;
   at::Tensor rgb = pad_to_multiple(to_rgb_tensor(pixels), grid);
   t->model_height = static_cast<int>(rgb.size(1));
   t->model_width = static_cast<int>(rgb.size(2));
   t->rgb = rgb;
-  const auto& ae = model.manifest.autoencoder;
-  t->latent = ((model.autoencoder->encode(rgb.unsqueeze(0))[0] - ae.shift) * ae.scale).contiguous();
+  t->latent = ((codec.encode(rgb.unsqueeze(0))[0] - shift) * scale).contiguous();
   t->pixels = std::move(pixels);
   return std::shared_ptr<const TemplateImage>(std::move(t));
+}
+
+Result<std::shared_ptr<const TemplateImage>> make_template(const Model& model, std::span<const std::byte> bytes,
+                                                           const std::string& name_for_errors) {
+  if (!model.autoencoder) return invalid_argument("model " + model.manifest.name + " has no autoencoder");
+  const auto& ae = model.manifest.autoencoder;
+  return make_template(*model.autoencoder, ae.factor * model.manifest.dit.patch_size, ae.shift, ae.scale,
+                       model.manifest.max_image_pixels, bytes, name_for_errors);
 }
 
 Result<std::shared_ptr<const TemplateImage>> load_template(const Model& model, const std::string& path) {
