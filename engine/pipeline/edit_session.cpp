@@ -123,28 +123,38 @@ at::Tensor model_input(const Model& model, const at::Tensor& noisy, const at::Te
   return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
 }
 
+Result<at::Tensor> checked_edit_mask(const at::Tensor& mask, const TemplateImage& tmpl) {
+  if (!mask.defined() || mask.dim() != 2) {
+    return invalid_argument("mask must be a 2-D [height, width] array");
+  }
+  if (mask.size(0) != tmpl.height || mask.size(1) != tmpl.width) {
+    return invalid_argument("mask is " + std::to_string(mask.size(1)) + "x" + std::to_string(mask.size(0)) +
+                            ", template is " + std::to_string(tmpl.width) + "x" + std::to_string(tmpl.height));
+  }
+  at::Tensor out = mask.to(at::kFloat);
+  if (!at::isfinite(out).all().item<bool>()) return invalid_argument("mask holds NaN or infinite values");
+  return out.clamp(0.0, 1.0);
+}
+
+Status check_edit_ranges(double strength, int halo_tokens, float feather_px) {
+  if (!(strength > 0.0 && strength <= 1.0)) {
+    return invalid_argument("strength is " + std::to_string(strength) + ", expected a value in (0, 1]");
+  }
+  if (halo_tokens < 0 || halo_tokens > 64) {
+    return invalid_argument("halo_tokens is " + std::to_string(halo_tokens) + ", expected 0..64");
+  }
+  if (!(feather_px >= 0.0f && feather_px <= 256.0f)) {
+    return invalid_argument("feather_px must be in [0, 256]");
+  }
+  return {};
+}
+
 Result<std::unique_ptr<EditSession>> EditSession::create(std::shared_ptr<const Model> model,
                                                          std::shared_ptr<const TemplateImage> tmpl,
                                                          const EditParams& params, CacheSource cache) {
   c10::InferenceMode guard;
-  if (!params.mask.defined() || params.mask.dim() != 2) {
-    return invalid_argument("mask must be a 2-D [height, width] array");
-  }
-  if (params.mask.size(0) != tmpl->height || params.mask.size(1) != tmpl->width) {
-    return invalid_argument("mask is " + std::to_string(params.mask.size(1)) + "x" + std::to_string(params.mask.size(0)) +
-                            ", template is " + std::to_string(tmpl->width) + "x" + std::to_string(tmpl->height));
-  }
-  at::Tensor mask = params.mask.to(at::kFloat);
-  if (!at::isfinite(mask).all().item<bool>()) return invalid_argument("mask holds NaN or infinite values");
-  if (!(params.strength > 0.0 && params.strength <= 1.0)) {
-    return invalid_argument("strength is " + std::to_string(params.strength) + ", expected a value in (0, 1]");
-  }
-  if (params.halo_tokens < 0 || params.halo_tokens > 64) {
-    return invalid_argument("halo_tokens is " + std::to_string(params.halo_tokens) + ", expected 0..64");
-  }
-  if (!(params.feather_px >= 0.0f && params.feather_px <= 256.0f)) {
-    return invalid_argument("feather_px must be in [0, 256]");
-  }
+  INFILL_ASSIGN_OR_RETURN(at::Tensor mask, checked_edit_mask(params.mask, *tmpl));
+  INFILL_RETURN_IF_ERROR(check_edit_ranges(params.strength, params.halo_tokens, params.feather_px));
   INFILL_RETURN_IF_ERROR(validate_prompt(*model, params.prompt));
   if (!(params.guidance_scale >= 1.0 && params.guidance_scale <= 20.0)) {
     return invalid_argument("guidance_scale is " + std::to_string(params.guidance_scale) +
@@ -156,7 +166,7 @@ Result<std::unique_ptr<EditSession>> EditSession::create(std::shared_ptr<const M
   s->model_ = model;
   s->tmpl_ = tmpl;
   s->params_ = params;
-  s->params_.mask = mask.clamp(0.0, 1.0);
+  s->params_.mask = mask;
   s->params_.schedule = resolve_schedule(*model, params.schedule);
   s->sampler_.emplace(std::move(sampler));
 
@@ -319,6 +329,7 @@ Result<EditOutput> EditSession::finish() const {
   out.masked_tokens = tokens_.count();
   out.total_tokens = static_cast<int64_t>(tokens_.grid_w) * tokens_.grid_h;
   out.used_cache = uses_cache() && tokens_.count() > 0;
+  out.cache_mode = out.used_cache ? "template_keyed" : "off";
   out.streamed_cache = cache_.streamed != nullptr;
   out.recomputed_blocks = cache_.streamed ? cache_.recompute_blocks : 0;
   if (tokens_.count() == 0) {

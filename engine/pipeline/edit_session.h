@@ -68,6 +68,10 @@ struct EditOutput {
   int64_t masked_tokens = 0;
   int64_t total_tokens = 0;
   bool used_cache = false;
+  /// How cached K/V were used: "off", "template_keyed" (the DiT family's only mode, and
+  /// FLUX.2's with an empty-prompt entry) or "prompt_keyed" (FLUX.2 with an entry under the
+  /// edit's own prompt).
+  std::string cache_mode = "off";
   bool streamed_cache = false;  ///< cached K/V were streamed from the disk tier
   int recomputed_blocks = 0;    ///< leading blocks run on all tokens by the load plan
   PixelRect region;           ///< pixel box that was decoded
@@ -89,6 +93,12 @@ at::Tensor model_input(const Model& model, const at::Tensor& noisy, const at::Te
 /// gathered directly from the [c, h, w] tensor: [M, c * p * p]. The edit's step loop builds
 /// its masked tokens' input this way instead of patchifying the whole grid every step.
 at::Tensor patch_rows(const at::Tensor& chw, int64_t patch_size, const at::Tensor& token_ids);
+
+/// `mask` checked against the template (2-D, the template's pixel size, finite) as float32
+/// clamped to [0, 1]; errors name what is wrong.
+Result<at::Tensor> checked_edit_mask(const at::Tensor& mask, const TemplateImage& tmpl);
+/// Strength in (0, 1], halo 0..64 tokens, feather 0..256 px; errors name the parameter.
+Status check_edit_ranges(double strength, int halo_tokens, float feather_px);
 
 /// Where a mask-aware edit reads the template's cached K/V from.
 struct CacheSource {

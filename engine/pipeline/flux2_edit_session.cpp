@@ -1,0 +1,242 @@
+#include "pipeline/flux2_edit_session.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "pipeline/flux2_prepare_run.h"
+#include "pipeline/flux2_sequence.h"
+#include "pipeline/region_composite.h"
+
+namespace infill {
+
+const char* flux2_cache_mode_name(Flux2CacheMode mode) {
+  switch (mode) {
+    case Flux2CacheMode::kOff:
+      return "off";
+    case Flux2CacheMode::kTemplateKeyed:
+      return "template_keyed";
+    case Flux2CacheMode::kPromptKeyed:
+      return "prompt_keyed";
+  }
+  return "off";
+}
+
+namespace {
+
+Status check_entry(const ActivationEntry* entry, const char* which, int steps, const Flux2Config& cfg, int64_t tokens) {
+  if (entry == nullptr) return {};
+  const ActivationLayout& l = entry->layout();
+  if (l.steps != steps || l.blocks != cfg.depth() || l.tokens != tokens || l.hidden != cfg.hidden_size) {
+    return invalid_argument(std::string("the ") + which + " cache entry (steps " + std::to_string(l.steps) + ", blocks " +
+                            std::to_string(l.blocks) + ", tokens " + std::to_string(l.tokens) + ", hidden " +
+                            std::to_string(l.hidden) + ") does not match this edit (steps " + std::to_string(steps) +
+                            ", blocks " + std::to_string(cfg.depth()) + ", tokens " + std::to_string(tokens) + ", hidden " +
+                            std::to_string(cfg.hidden_size) + ")");
+  }
+  return {};
+}
+
+Status check_text(const at::Tensor& text, const char* which, const Flux2Config& cfg) {
+  if (!text.defined() || text.dim() != 2 || text.size(0) < 1 || text.size(1) != cfg.context_dim) {
+    return invalid_argument(std::string(which) + " must be text rows [L >= 1, " + std::to_string(cfg.context_dim) +
+                            "] (the model's text width)");
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_ptr<const Flux2Transformer> model,
+                                                                   std::shared_ptr<const LatentCodec> codec,
+                                                                   std::shared_ptr<const TemplateImage> tmpl,
+                                                                   const Flux2EditParams& params, Flux2Cache cache) {
+  c10::InferenceMode guard;
+  const Flux2Config& cfg = model->config();
+  INFILL_ASSIGN_OR_RETURN(at::Tensor mask, checked_edit_mask(params.mask, *tmpl));
+  INFILL_RETURN_IF_ERROR(check_edit_ranges(params.strength, params.halo_tokens, params.feather_px));
+  INFILL_RETURN_IF_ERROR(check_text(params.prompt, "prompt", cfg));
+  if (tmpl->latent.size(0) != cfg.in_channels || codec->factor() * tmpl->latent.size(1) != tmpl->model_height) {
+    return invalid_argument("the template was not encoded for this model (latent " + std::to_string(tmpl->latent.size(0)) +
+                            " channels, the model reads " + std::to_string(cfg.in_channels) + ")");
+  }
+  if (!(params.guidance >= 0.0 && params.guidance <= 20.0)) {
+    return invalid_argument("guidance is " + std::to_string(params.guidance) + ", expected a value in [0, 20]");
+  }
+  INFILL_ASSIGN_OR_RETURN(Sampler sampler, flux2_sampler(*tmpl, params.steps));
+
+  std::unique_ptr<Flux2EditSession> s(new Flux2EditSession());
+  s->guided_ = !cfg.guidance_embed && params.guidance > 1.0;
+  if (s->guided_) INFILL_RETURN_IF_ERROR(check_text(params.null_prompt, "null_prompt (classifier-free guidance)", cfg));
+  if (s->guided_ && params.null_prompt.size(0) != params.prompt.size(0)) {
+    return invalid_argument("prompt and null_prompt have different lengths (" + std::to_string(params.prompt.size(0)) +
+                            " and " + std::to_string(params.null_prompt.size(0)) + " rows)");
+  }
+  s->model_ = std::move(model);
+  s->codec_ = std::move(codec);
+  s->tmpl_ = tmpl;
+  s->params_ = params;
+  s->params_.mask = mask;
+  s->params_.prompt = params.prompt.to(at::kFloat).contiguous();
+  if (s->guided_) s->params_.null_prompt = params.null_prompt.to(at::kFloat).contiguous();
+  s->sampler_.emplace(std::move(sampler));
+
+  s->grid_h_ = tmpl->latent.size(1);
+  s->grid_w_ = tmpl->latent.size(2);
+  s->text_rows_ = params.prompt.size(0);
+  const int64_t n = s->grid_h_ * s->grid_w_;
+  const int64_t sequence = s->text_rows_ + 2 * n;
+  // The padding added to reach the model grid is never edited.
+  at::Tensor padded = at::zeros({tmpl->model_height, tmpl->model_width}, at::kFloat);
+  padded.narrow(0, 0, tmpl->height).narrow(1, 0, tmpl->width).copy_(mask);
+  s->tokens_ = masked_tokens(latent_mask(padded, s->codec_->factor()), 1, params.halo_tokens);
+
+  s->clean_ = latent_to_tokens(tmpl->latent);
+  const at::Tensor template_noise_rows = latent_to_tokens(template_noise(*tmpl, params.template_seed));
+  const at::Tensor edit_noise_rows = latent_to_tokens(template_noise(*tmpl, params.seed));
+  const at::Tensor masked = s->tokens_.token_mask().unsqueeze(1);
+  s->noise_ = at::where(masked, edit_noise_rows, template_noise_rows);
+  s->first_step_ = s->sampler_->start_step(params.strength);
+  s->step_ = s->first_step_;
+  s->x_ = s->sampler_->add_noise(s->clean_, s->noise_, s->step_).contiguous();
+
+  s->text_ids_ = flux2_text_ids(s->text_rows_);
+  s->image_ids_ = at::cat({flux2_grid_ids(s->grid_h_, s->grid_w_, 0), flux2_grid_ids(s->grid_h_, s->grid_w_, kFlux2ReferenceTime)});
+  const at::Tensor& idx = s->tokens_.indices;
+  s->masked_ids_ = s->image_ids_.index_select(0, idx);
+  s->masked_positions_ = idx + s->text_rows_;
+  s->masked_positions_text_ = at::cat({at::arange(s->text_rows_, at::kLong), s->masked_positions_});
+
+  INFILL_RETURN_IF_ERROR(check_entry(cache.prompt_keyed.get(), "prompt-keyed", s->sampler_->steps(), cfg, sequence));
+  INFILL_RETURN_IF_ERROR(check_entry(cache.template_keyed.get(), "template-keyed", s->sampler_->steps(), cfg, sequence));
+  s->cache_ = std::move(cache);
+  s->mode_ = s->cache_.prompt_keyed     ? Flux2CacheMode::kPromptKeyed
+             : s->cache_.template_keyed ? Flux2CacheMode::kTemplateKeyed
+                                        : Flux2CacheMode::kOff;
+  if (s->mode_ == Flux2CacheMode::kPromptKeyed) s->kv_ = std::make_unique<EntryKvSource>(s->cache_.prompt_keyed, s->step_);
+  if (s->mode_ == Flux2CacheMode::kTemplateKeyed) {
+    s->kv_ = std::make_unique<EntryKvSource>(s->cache_.template_keyed, s->step_);
+  }
+  // The null-prompt half of guidance is prompt-keyed on the template-keyed entry.
+  s->null_cached_ = s->guided_ && s->cache_.template_keyed != nullptr;
+  if (s->null_cached_) s->null_kv_ = std::make_unique<EntryKvSource>(s->cache_.template_keyed, s->step_);
+  return s;
+}
+
+void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, const ActivationEntry* entry,
+                                     bool compute_text, EntryKvSource* kv) const {
+  s = Flux2Segment{};
+  s.timestep = sampler_->model_timestep(step_) / 1000.0;
+  s.guidance = params_.guidance;
+  const at::Tensor& idx = tokens_.indices;
+  if (entry == nullptr) {  // every token: text, image, reference
+    s.txt = text;
+    s.txt_ids = text_ids_;
+    s.img = at::cat({x_, clean_});
+    s.img_ids = image_ids_;
+    return;
+  }
+  kv->set_step(step_);
+  s.kv = kv;
+  s.sequence_length = text_rows_ + 2 * grid_h_ * grid_w_;
+  s.img = x_.index_select(0, idx);
+  s.img_ids = masked_ids_;
+  if (compute_text) {
+    s.txt = text;
+    s.txt_ids = text_ids_;
+    s.positions = masked_positions_text_;
+  } else {
+    s.txt = at::empty({0, text.size(1)}, at::kFloat);
+    s.txt_ids = at::empty({0, 4}, at::kFloat);
+    s.positions = masked_positions_;
+  }
+}
+
+std::span<Flux2Segment> Flux2EditSession::segments() {
+  const ActivationEntry* entry = mode_ == Flux2CacheMode::kPromptKeyed     ? cache_.prompt_keyed.get()
+                                 : mode_ == Flux2CacheMode::kTemplateKeyed ? cache_.template_keyed.get()
+                                                                           : nullptr;
+  build_segment(segments_[0], params_.prompt, entry, mode_ == Flux2CacheMode::kTemplateKeyed, kv_.get());
+  if (!guided_) return {segments_, 1};
+  build_segment(segments_[1], params_.null_prompt, null_cached_ ? cache_.template_keyed.get() : nullptr, false,
+                null_kv_.get());
+  return {segments_, 2};
+}
+
+int64_t Flux2EditSession::rows_of(const Flux2Segment& s) const { return s.img.size(0); }
+
+int64_t Flux2EditSession::prediction_rows() const {
+  int64_t rows = rows_of(segments_[0]);
+  if (guided_) rows += rows_of(segments_[1]);
+  return rows;
+}
+
+Status Flux2EditSession::apply(const at::Tensor& prediction) {
+  c10::InferenceMode guard;
+  if (done()) return invalid_argument("edit is finished");
+  if (prediction.dim() != 2 || prediction.size(0) != prediction_rows()) {
+    return invalid_argument("prediction has " + std::to_string(prediction.size(0)) + " rows, expected " +
+                            std::to_string(prediction_rows()));
+  }
+  const at::Tensor& idx = tokens_.indices;
+  const int64_t m = idx.size(0);
+  // The masked rows of one segment's prediction: its first rows when cached, else the image
+  // tokens' rows picked out of the full sequence's.
+  const auto masked_rows = [&](const Flux2Segment& s, int64_t offset) {
+    const at::Tensor rows = prediction.narrow(0, offset, rows_of(s));
+    return s.kv != nullptr ? rows : rows.index_select(0, idx);
+  };
+  at::Tensor velocity = masked_rows(segments_[0], 0);
+  if (guided_) {
+    const at::Tensor null_velocity = masked_rows(segments_[1], rows_of(segments_[0]));
+    velocity = null_velocity + params_.guidance * (velocity - null_velocity);
+  }
+  TORCH_CHECK(velocity.size(0) == m, "flux2 edit: velocity rows do not match the masked tokens");
+  const at::Tensor stepped = sampler_->step(x_.index_select(0, idx), velocity, step_);
+  ++step_;
+  // Unmasked tokens: the template at the new level, exactly as the prepare run saw them.
+  x_ = sampler_->add_noise(clean_, noise_, step_).contiguous();
+  x_.index_copy_(0, idx, stepped);
+  last_velocity_ = velocity;
+  return {};
+}
+
+at::Tensor Flux2EditSession::predicted_latent() const {
+  c10::InferenceMode guard;
+  at::Tensor rows = clean_.clone();
+  if (last_velocity_.defined() && step_ > first_step_) {
+    const at::Tensor& idx = tokens_.indices;
+    // x0 = x_t - t v for the rectified flow; the step that made x_ ran at level step_ - 1.
+    const at::Tensor before = x_.index_select(0, idx);
+    const double t = sampler_->noise_scale(step_);
+    rows.index_copy_(0, idx, before - t * last_velocity_);
+  }
+  return tokens_to_latent(rows, grid_h_, grid_w_);
+}
+
+Result<EditOutput> Flux2EditSession::finish() const {
+  c10::InferenceMode guard;
+  EditOutput out;
+  out.steps_run = step_ - first_step_;
+  out.masked_tokens = tokens_.count();
+  out.total_tokens = grid_h_ * grid_w_;
+  out.used_cache = mode_ != Flux2CacheMode::kOff && tokens_.count() > 0;
+  out.cache_mode = flux2_cache_mode_name(mode_);
+  if (tokens_.count() == 0) {
+    out.steps_run = 0;
+    out.image = tmpl_->pixels;
+    return out;
+  }
+  if (!done()) {
+    return invalid_argument("edit is not finished: step " + std::to_string(step_) + " of " +
+                            std::to_string(sampler_->steps()));
+  }
+  // At the last level the unmasked rows are the template's latent itself.
+  const at::Tensor latent = tokens_to_latent(x_, grid_h_, grid_w_);
+  RegionComposite done =
+      decode_region_and_composite(*codec_, *tmpl_, latent, params_.mask, params_.feather_px, params_.decode_margin);
+  out.image = std::move(done.image);
+  out.region = done.region;
+  return out;
+}
+
+}  // namespace infill

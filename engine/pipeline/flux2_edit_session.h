@@ -1,0 +1,129 @@
+#pragma once
+/// The denoising state of one FLUX.2 edit, advanced one step at a time: the counterpart of
+/// EditSession for the FLUX.2 family, with the same split (segments() -> forward, possibly
+/// packed with other sessions' segments -> apply()) so that a serving worker batches it.
+///
+/// The template enters twice, as klein edits: as the noisy latent (image tokens, time 0) and as
+/// reference tokens (time 10, the clean latent). Per step, masked image tokens carry the
+/// sampler state; unmasked ones are reset to the template noised to the next level with the
+/// template's fixed noise, so their inputs equal those of the prepare run.
+///
+/// Cache modes, picked per edit from the entries given (Flux2Cache):
+/// - prompt-keyed: an entry recorded under this edit's prompt; each step computes the masked
+///   image tokens only, reading every other token's K/V (text, unmasked image, reference);
+/// - template-keyed: an entry recorded under the empty prompt; each step computes the text
+///   tokens and the masked image tokens (the edit's text K/V replace the empty prompt's),
+///   reading the unmasked image and reference tokens' K/V;
+/// - off: every token at every step (the baseline, and the fallback without an entry).
+/// Base (undistilled) models with guidance > 1 run classifier-free guidance: a second segment
+/// per step under the empty prompt, which reads the template-keyed entry as its own
+/// prompt-keyed one. Models with guidance_embed (FLUX.2 [dev]) embed the guidance instead.
+/// Threading: a session is used by one thread at a time.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "cache/activation_entry.h"
+#include "common/status.h"
+#include "model/flux2_transformer.h"
+#include "model/latent_codec.h"
+#include "pipeline/cached_kv.h"
+#include "pipeline/edit_session.h"
+#include "pipeline/mask.h"
+#include "pipeline/sampler.h"
+#include "pipeline/template_image.h"
+
+namespace infill {
+
+enum class Flux2CacheMode { kOff = 0, kTemplateKeyed = 1, kPromptKeyed = 2 };
+/// "off", "template_keyed", "prompt_keyed".
+const char* flux2_cache_mode_name(Flux2CacheMode mode);
+
+struct Flux2EditParams {
+  at::Tensor mask;       ///< [H, W] float in [0, 1] at the template's pixel size
+  at::Tensor prompt;     ///< [L, context_dim] float32: the edit's text rows
+  /// [L, context_dim]: the empty prompt's rows, for classifier-free guidance (base models with
+  /// guidance > 1); undefined otherwise.
+  at::Tensor null_prompt;
+  /// guidance_embed models: the embedded guidance; others: the CFG scale (> 1 runs a second,
+  /// null-prompt segment per step; 1 = none, as distilled klein runs).
+  double guidance = 1.0;
+  uint64_t seed = 0;            ///< noise of the masked region
+  double strength = 1.0;        ///< (0, 1]: 1 regenerates from pure noise
+  int steps = 4;
+  uint64_t template_seed = 0;   ///< seed of the template's fixed noise (part of the entry's key)
+  int halo_tokens = 1;          ///< masked-token dilation, in tokens
+  float feather_px = 4.0f;      ///< inward feather of the composite
+  int decode_margin = 4;        ///< latent pixels of context decoded around the mask's box
+};
+
+/// Entries of the template under the same schedule and template seed, either may be null.
+struct Flux2Cache {
+  std::shared_ptr<const ActivationEntry> prompt_keyed;    ///< recorded under the edit's prompt
+  std::shared_ptr<const ActivationEntry> template_keyed;  ///< recorded under the empty prompt
+};
+
+class Flux2EditSession {
+ public:
+  /// Validates `params` against the model and template (mask size, prompt width, strength,
+  /// steps, entry layouts) and sets up the initial noisy latent.
+  static Result<std::unique_ptr<Flux2EditSession>> create(std::shared_ptr<const Flux2Transformer> model,
+                                                          std::shared_ptr<const LatentCodec> codec,
+                                                          std::shared_ptr<const TemplateImage> tmpl,
+                                                          const Flux2EditParams& params, Flux2Cache cache);
+
+  bool done() const { return step_ >= sampler_->steps() || tokens_.count() == 0; }
+  int step() const { return step_; }
+  int first_step() const { return first_step_; }
+  const TokenSet& tokens() const { return tokens_; }
+  Flux2CacheMode mode() const { return mode_; }
+  bool guided() const { return guided_; }
+
+  /// The segments of the next step (one, or two under classifier-free guidance: prompted,
+  /// then empty prompt). Valid until apply(). Precondition: !done().
+  std::span<Flux2Segment> segments();
+  /// Rows Flux2Transformer::forward returns for segments().
+  int64_t prediction_rows() const;
+  /// Takes the prediction rows of segments() and advances one step.
+  Status apply(const at::Tensor& prediction);
+  /// Current estimate of the clean latent, known region filled in (for previews). [C, h, w]
+  at::Tensor predicted_latent() const;
+  /// Decodes the masked region and composites it onto the template's pixels.
+  Result<EditOutput> finish() const;
+
+ private:
+  Flux2EditSession() = default;
+  // The segment of one text under `entry` (null: every token is computed).
+  void build_segment(Flux2Segment& s, const at::Tensor& text, const ActivationEntry* entry, bool compute_text,
+                     EntryKvSource* kv) const;
+  int64_t rows_of(const Flux2Segment& s) const;
+
+  std::shared_ptr<const Flux2Transformer> model_;
+  std::shared_ptr<const LatentCodec> codec_;
+  std::shared_ptr<const TemplateImage> tmpl_;
+  Flux2EditParams params_;
+  Flux2Cache cache_;
+  Flux2CacheMode mode_ = Flux2CacheMode::kOff;
+  std::optional<Sampler> sampler_;
+  TokenSet tokens_;
+  int64_t grid_h_ = 0, grid_w_ = 0, text_rows_ = 0;
+  at::Tensor clean_;          // [N, C] template latent tokens
+  at::Tensor noise_;          // [N, C] template noise outside the mask, edit noise inside
+  at::Tensor x_;              // [N, C] current noisy latent tokens
+  at::Tensor last_velocity_;  // [M, C] of the last applied step, for previews
+  at::Tensor text_ids_, image_ids_, masked_ids_, masked_positions_text_, masked_positions_;
+  int step_ = 0;
+  int first_step_ = 0;
+  bool guided_ = false;
+  bool null_cached_ = false;
+  Flux2Segment segments_[2];
+  std::unique_ptr<EntryKvSource> kv_, null_kv_;
+};
+
+}  // namespace infill

@@ -1,0 +1,70 @@
+#include "pipeline/flux2_prepare_run.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "pipeline/edit_session.h"
+#include "pipeline/flux2_sequence.h"
+
+namespace infill {
+
+Result<Sampler> flux2_sampler(const TemplateImage& tmpl, int steps) {
+  const int image_tokens = static_cast<int>(tmpl.latent.size(1) * tmpl.latent.size(2));
+  return Sampler::make(SamplerKind::kEulerRF, steps, Prediction::kFlow, flux2_schedule_shift(image_tokens, steps));
+}
+
+int64_t Flux2PrepareRun::tokens() const { return text_.size(0) + 2 * clean_.size(0); }
+
+Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr<const Flux2Transformer> model,
+                                                                 std::shared_ptr<const TemplateImage> tmpl,
+                                                                 at::Tensor text, int steps, uint64_t template_seed,
+                                                                 double guidance) {
+  const Flux2Config& cfg = model->config();
+  if (tmpl->latent.size(0) != cfg.in_channels) {
+    return invalid_argument("template latent has " + std::to_string(tmpl->latent.size(0)) + " channels, the model reads " +
+                            std::to_string(cfg.in_channels));
+  }
+  if (!text.defined() || text.dim() != 2 || text.size(1) != cfg.context_dim) {
+    return invalid_argument("prepare text rows must be [L, " + std::to_string(cfg.context_dim) + "]");
+  }
+  c10::InferenceMode guard;
+  std::unique_ptr<Flux2PrepareRun> run(new Flux2PrepareRun());
+  INFILL_ASSIGN_OR_RETURN(Sampler sampler, flux2_sampler(*tmpl, steps));
+  run->sampler_.emplace(sampler);
+  const int64_t h = tmpl->latent.size(1), w = tmpl->latent.size(2);
+  run->text_ = text.to(at::kFloat).contiguous();
+  run->text_ids_ = flux2_text_ids(text.size(0));
+  run->clean_ = latent_to_tokens(tmpl->latent);
+  run->noise_ = latent_to_tokens(template_noise(*tmpl, template_seed));
+  run->reference_ = run->clean_;
+  run->image_ids_ = at::cat({flux2_grid_ids(h, w, 0), flux2_grid_ids(h, w, kFlux2ReferenceTime)});
+  run->guidance_ = guidance;
+  ActivationLayout layout;
+  layout.steps = steps;
+  layout.blocks = cfg.depth();
+  layout.tokens = static_cast<int>(run->tokens());
+  layout.hidden = cfg.hidden_size;
+  run->entry_ = std::make_shared<ActivationEntry>(layout);
+  run->sink_ = std::make_unique<EntryKvSink>(*run->entry_, 0);
+  run->model_ = std::move(model);
+  run->tmpl_ = std::move(tmpl);
+  return run;
+}
+
+void Flux2PrepareRun::run_step() {
+  c10::InferenceMode guard;
+  const int i = step_;
+  sink_->set_step(i);
+  Flux2Segment segment;
+  segment.txt = text_;
+  segment.txt_ids = text_ids_;
+  segment.img = at::cat({sampler_->add_noise(clean_, noise_, i), reference_});
+  segment.img_ids = image_ids_;
+  segment.timestep = sampler_->model_timestep(i) / 1000.0;
+  segment.guidance = guidance_;
+  segment.sink = sink_.get();
+  model_->forward(std::span<Flux2Segment>(&segment, 1));
+  ++step_;
+}
+
+}  // namespace infill
