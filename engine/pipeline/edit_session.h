@@ -48,6 +48,8 @@ enum class CacheMode {
 struct EditParams {
   at::Tensor mask;          ///< [H, W] float in [0, 1] at the template's pixel size
   at::Tensor prompt;        ///< undefined = null prompt; class id or conditioning vector
+  /// Free text, for models with a text encoder (FLUX.2): encoded when the session is set up.
+  std::string prompt_text;
   /// Classifier-free guidance: prediction = null + scale * (prompt - null). 1 = no guidance
   /// (one segment per step); above 1 each step runs two segments. Range [1, 20]; ignored
   /// without a prompt.
@@ -72,6 +74,8 @@ struct EditOutput {
   /// FLUX.2's with an empty-prompt entry) or "prompt_keyed" (FLUX.2 with an entry under the
   /// edit's own prompt).
   std::string cache_mode = "off";
+  /// The prompt had more tokens than the text encoder reads and was cut (as upstream cuts).
+  bool prompt_truncated = false;
   bool streamed_cache = false;  ///< cached K/V were streamed from the disk tier
   int recomputed_blocks = 0;    ///< leading blocks run on all tokens by the load plan
   PixelRect region;           ///< pixel box that was decoded

@@ -170,9 +170,15 @@ int64_t Flux2EditSession::prediction_rows() const {
   return rows;
 }
 
-Status Flux2EditSession::apply(const at::Tensor& prediction) {
+Status Flux2EditSession::apply(const at::Tensor& prediction) { return apply(prediction, step_ + 1); }
+
+Status Flux2EditSession::apply(const at::Tensor& prediction, int next_step) {
   c10::InferenceMode guard;
   if (done()) return invalid_argument("edit is finished");
+  if (next_step <= step_ || next_step > sampler_->steps()) {
+    return invalid_argument("next step " + std::to_string(next_step) + " is not in (" + std::to_string(step_) + ", " +
+                            std::to_string(sampler_->steps()) + "]");
+  }
   if (prediction.dim() != 2 || prediction.size(0) != prediction_rows()) {
     return invalid_argument("prediction has " + std::to_string(prediction.size(0)) + " rows, expected " +
                             std::to_string(prediction_rows()));
@@ -191,8 +197,8 @@ Status Flux2EditSession::apply(const at::Tensor& prediction) {
     velocity = null_velocity + params_.guidance * (velocity - null_velocity);
   }
   TORCH_CHECK(velocity.size(0) == m, "flux2 edit: velocity rows do not match the masked tokens");
-  const at::Tensor stepped = sampler_->step(x_.index_select(0, idx), velocity, step_);
-  ++step_;
+  const at::Tensor stepped = sampler_->step_to(x_.index_select(0, idx), velocity, step_, next_step);
+  step_ = next_step;
   // Unmasked tokens: the template at the new level, exactly as the prepare run saw them.
   x_ = sampler_->add_noise(clean_, noise_, step_).contiguous();
   x_.index_copy_(0, idx, stepped);

@@ -92,6 +92,10 @@ class Flux2EditSession {
   int64_t prediction_rows() const;
   /// Takes the prediction rows of segments() and advances one step.
   Status apply(const at::Tensor& prediction);
+  /// As apply(), landing on level `next_step` in (step(), steps]: the steps in between are
+  /// dropped (an overloaded scheduler's trade), the Euler update spanning the whole interval.
+  Status apply(const at::Tensor& prediction, int next_step);
+  int steps() const { return sampler_->steps(); }
   /// Current estimate of the clean latent, known region filled in (for previews). [C, h, w]
   at::Tensor predicted_latent() const;
   /// Decodes the masked region and composites it onto the template's pixels.

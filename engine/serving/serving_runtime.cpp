@@ -4,9 +4,20 @@
 
 #include <ATen/ATen.h>
 
+#include "pipeline/dit_edit_model.h"
+
 namespace infill {
 
 Result<std::unique_ptr<ServingRuntime>> ServingRuntime::create(std::shared_ptr<const Model> model,
+                                                               std::shared_ptr<ActivationStore> store,
+                                                               std::shared_ptr<const StepCostModel> cost,
+                                                               RuntimeOptions options) {
+  if (!model) return invalid_argument("serving runtime needs a model, a store and a cost model");
+  return create(std::make_shared<const DitEditModel>(std::move(model)), std::move(store), std::move(cost),
+                std::move(options));
+}
+
+Result<std::unique_ptr<ServingRuntime>> ServingRuntime::create(std::shared_ptr<const EditModel> model,
                                                                std::shared_ptr<ActivationStore> store,
                                                                std::shared_ptr<const StepCostModel> cost,
                                                                RuntimeOptions options) {
@@ -48,10 +59,10 @@ Status ServingRuntime::submit(ServingRequest request) {
   // The request's own work, for the mask-aware router: tokens estimated from the mask area.
   double work_ms = 0;
   if (request.tmpl && request.params.mask.defined() && request.params.mask.numel() > 0) {
-    const int p = model_->manifest.dit.patch_size * model_->manifest.autoencoder.factor;
+    const int p = model_->token_pixels();
     const int64_t total = int64_t{request.tmpl->model_width / p} * (request.tmpl->model_height / p);
     const double ratio = (request.params.mask > 0).to(at::kFloat).mean().item<double>();
-    const int steps = resolve_schedule(*model_, request.params.schedule).steps;
+    const int steps = model_->resolved_steps(request.params);
     work_ms = request_work_ms(*cost_, static_cast<int64_t>(std::ceil(ratio * double(total))), total, steps);
   }
   std::vector<WorkerLoad> loads;

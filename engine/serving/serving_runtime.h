@@ -34,6 +34,11 @@ struct RuntimeOptions {
 class ServingRuntime {
  public:
   /// Starts the workers. Errors: workers or threads < 1, a null model, store or cost model.
+  static Result<std::unique_ptr<ServingRuntime>> create(std::shared_ptr<const EditModel> model,
+                                                        std::shared_ptr<ActivationStore> store,
+                                                        std::shared_ptr<const StepCostModel> cost,
+                                                        RuntimeOptions options);
+  /// The same for a model of the DiT family.
   static Result<std::unique_ptr<ServingRuntime>> create(std::shared_ptr<const Model> model,
                                                         std::shared_ptr<ActivationStore> store,
                                                         std::shared_ptr<const StepCostModel> cost,
@@ -66,7 +71,7 @@ class ServingRuntime {
     size_t worker;
   };
 
-  std::shared_ptr<const Model> model_;
+  std::shared_ptr<const EditModel> model_;
   std::shared_ptr<const StepCostModel> cost_;
   RuntimeOptions options_;
   std::chrono::steady_clock::time_point epoch_;

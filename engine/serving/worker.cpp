@@ -14,7 +14,6 @@
 #include "pipeline/cached_kv.h"
 #include "pipeline/composite.h"
 #include "pipeline/mask.h"
-#include "pipeline/prepare_run.h"
 #include "pipeline/template_image.h"
 
 namespace infill {
@@ -62,7 +61,7 @@ struct Worker::Record {
   bool shared_prepare = false;
 
   std::shared_ptr<const TemplateImage> tmpl;
-  std::shared_ptr<EditSession> session;
+  std::shared_ptr<StepSession> session;
   int steps_total = 0;      // sampler steps of the schedule
   int steps_requested = 0;  // steps this edit runs (after strength)
   int steps_run = 0;
@@ -86,7 +85,7 @@ struct Worker::Record {
 };
 
 struct Worker::PrepareJob {
-  std::unique_ptr<PrepareRun> run;
+  std::unique_ptr<StepPrepare> run;
   double step_work_ms = 0;
   double deadline_abs_ms = 0;
   std::vector<std::shared_ptr<Record>> waiting;
@@ -101,7 +100,7 @@ struct Worker::Message {
 
 int64_t Worker::live_records() { return g_live_records.load(); }
 
-Worker::Worker(std::shared_ptr<const Model> model, std::shared_ptr<ActivationStore> store,
+Worker::Worker(std::shared_ptr<const EditModel> model, std::shared_ptr<ActivationStore> store,
                std::shared_ptr<const StepCostModel> cost, TaskPool& pool, WorkerOptions options)
     : model_(std::move(model)),
       store_(std::move(store)),
@@ -149,16 +148,16 @@ void Worker::submit(ServingRequest request, double submitted_ms) {
   r->deadline_abs_ms = submitted_ms + r->deadline_rel_ms;
   // Until pre-processing knows the token count, charge the request by the mask's area.
   if (r->req.params.mask.defined() && r->req.tmpl) {
-    const ScheduleSpec s = resolve_schedule(*model_, r->req.params.schedule);
-    const int p = model_->manifest.dit.patch_size * model_->manifest.autoencoder.factor;
+    const int steps = model_->resolved_steps(r->req.params);
+    const int p = model_->token_pixels();
     const int64_t total = int64_t{(r->req.tmpl->model_width / p)} * (r->req.tmpl->model_height / p);
     const double ratio = r->req.params.mask.numel() > 0 ? (r->req.params.mask > 0).to(at::kFloat).mean().item<double>() : 0.0;
     r->tokens = static_cast<int64_t>(std::ceil(ratio * static_cast<double>(total)));
     r->total_tokens = total;
-    r->remaining_work_ms = request_work_ms(*cost_, r->tokens, total, s.steps);
+    r->remaining_work_ms = request_work_ms(*cost_, r->tokens, total, steps);
     work_ms_.fetch_add(r->remaining_work_ms.load());
     int cur = max_steps_left_.load();
-    while (s.steps > cur && !max_steps_left_.compare_exchange_weak(cur, s.steps)) {
+    while (steps > cur && !max_steps_left_.compare_exchange_weak(cur, steps)) {
     }
   }
   requests_.fetch_add(1);
@@ -333,7 +332,7 @@ void Worker::preprocess(const std::shared_ptr<Record>& r) {
     std::shared_ptr<const TemplateImage> tmpl = r->req.tmpl;
     if (!tmpl) {
       if (r->req.template_bytes.empty()) return fail("has neither a template nor template bytes");
-      auto made = make_template(*model_, r->req.template_bytes, "template of request " + std::to_string(id));
+      auto made = model_->make_template(r->req.template_bytes, "template of request " + std::to_string(id));
       if (!made.ok()) {
         complete(r, RequestState::kFailed, made.status());
         return;
@@ -351,7 +350,7 @@ void Worker::preprocess(const std::shared_ptr<Record>& r) {
     }
     const bool any_masked = (mask > 0).any().item<bool>();
     if (r->req.params.cache == CacheMode::kUse && any_masked) {
-      const ActivationKey key = make_cache_key(*model_, *tmpl, r->req.params.schedule);
+      const ActivationKey key = model_->cache_key(*tmpl, r->req.params);
       auto entry = store_->get(key);
       if (entry.ok()) {
         create_session(r, *entry);
@@ -369,17 +368,14 @@ void Worker::preprocess(const std::shared_ptr<Record>& r) {
 
 void Worker::create_session(const std::shared_ptr<Record>& r, std::shared_ptr<const ActivationEntry> entry) {
   try {
-    CacheSource source;
-    source.entry = std::move(entry);
-    auto session = EditSession::create(model_, r->tmpl, r->req.params, std::move(source));
+    auto session = model_->create_session(r->tmpl, r->req.params, std::move(entry));
     if (!session.ok()) {
       complete(r, RequestState::kFailed, session.status());
       return;
     }
     r->session = std::move(*session);
-    const ScheduleSpec s = resolve_schedule(*model_, r->req.params.schedule);
-    r->steps_total = s.steps;
-    r->steps_requested = r->session->done() ? 0 : s.steps - r->session->first_step();
+    r->steps_total = r->session->steps();
+    r->steps_requested = r->session->done() ? 0 : r->steps_total - r->session->first_step();
     r->steps_left = r->steps_requested;
     r->min_steps_total = min_steps_allowed(r->req.cls, r->steps_requested);
     r->tokens = r->session->tokens().count();
@@ -483,10 +479,10 @@ void Worker::handle(Message& m) {
         job->second->deadline_abs_ms = std::min(job->second->deadline_abs_ms, r->deadline_abs_ms);
         break;
       }
-      if (store_->contains(make_cache_key(*model_, *m.tmpl, r->req.params.schedule))) {
+      if (store_->contains(model_->cache_key(*m.tmpl, r->req.params))) {
         // Stored after the pool looked: look again there (get() may read disk).
         pool_.post([this, r] {
-          auto entry = store_->get(make_cache_key(*model_, *r->tmpl, r->req.params.schedule));
+          auto entry = store_->get(model_->cache_key(*r->tmpl, r->req.params));
           if (entry.ok()) {
             create_session(r, *entry);
           } else {
@@ -507,14 +503,14 @@ void Worker::handle(Message& m) {
 }
 
 void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<const TemplateImage> tmpl) {
-  auto run = PrepareRun::create(model_, std::move(tmpl), r->req.params.schedule);
+  auto run = model_->create_prepare(std::move(tmpl), r->req.params);
   if (!run.ok()) {
     complete(r, RequestState::kFailed, run.status());
     return;
   }
   auto job = std::make_unique<PrepareJob>();
   job->run = std::move(*run);
-  const PrepareRun& prepare = *job->run;
+  const StepPrepare& prepare = *job->run;
   const double tokens = double(prepare.tokens());
   job->deadline_abs_ms = r->deadline_abs_ms;
   job->step_work_ms = cost_->predict_ms(tokens, 1.0, tokens * tokens);
@@ -560,7 +556,7 @@ void Worker::run_prepare_slice() {
     for (auto& r : job.waiting) {
       complete(r, RequestState::kFailed,
                Status(ErrorCode::kInternal,
-                      "prepare of template " + job.run->template_image().id + " failed: " + error));
+                      "prepare of template " + job.run->template_id() + " failed: " + error));
     }
     prepares_.erase(best);
     return;
@@ -657,7 +653,7 @@ void Worker::run_step() {
   }
 
   std::vector<std::shared_ptr<Record>> batch;
-  std::vector<DitSegment> segments;
+  std::vector<StepSession*> sessions;
   std::vector<uint64_t> ids;
   bool failed = false;
   std::string error;
@@ -673,11 +669,11 @@ void Worker::run_step() {
       const int64_t tokens = r->tokens * (r->session->guided() ? 2 : 1);
       step_tokens += tokens;
       step_attention += double(tokens) * double(r->total_tokens);
-      for (const DitSegment& s : r->session->segments()) segments.push_back(s);
+      sessions.push_back(r->session.get());
     }
     t2 = std::chrono::steady_clock::now();
     if (options_.before_step) options_.before_step(ids);
-    rows = model_->dit.forward(segments);
+    rows = model_->forward(sessions);
     t3 = std::chrono::steady_clock::now();
   } catch (...) {
     failed = true;
@@ -733,12 +729,9 @@ void Worker::run_step() {
         // A superseded or cancelled edit's queued previews would only delay newer work.
         if (r->cancel_requested.load() || r->ended.load()) return;
         try {
-          const int f = model_->manifest.autoencoder.factor;
-          const PixelRect box = bounding_box(r->req.params.mask, 0, f);
-          if (box.empty() || !model_->autoencoder) return;
-          at::Tensor z = to_autoencoder_scale(*model_, latent).unsqueeze(0);
-          at::Tensor rgb = model_->autoencoder->decode_crop(z, box.x / f, box.y / f, (box.width + f - 1) / f,
-                                                           (box.height + f - 1) / f, 2)[0];
+          const PixelRect box = bounding_box(r->req.params.mask, 0, model_->codec_factor());
+          const at::Tensor rgb = model_->decode_preview(latent, box);
+          if (!rgb.defined()) return;
           r->req.on_preview(r->req.id, done, rgb);
         } catch (...) {
           // A failed preview does not fail the edit; the final result still comes.

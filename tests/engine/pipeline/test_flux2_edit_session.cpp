@@ -5,6 +5,7 @@
 #include "support/catch.h"
 #include "support/random_image.h"
 #include "support/shared_data.h"
+#include "support/tiny_flux2.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -20,27 +21,9 @@ using namespace infill;
 
 namespace {
 
-Flux2Config small_config(bool guidance_embed = false) {
-  Flux2Config c;
-  c.in_channels = 128;
-  c.context_dim = 32;
-  c.hidden_size = 64;
-  c.num_heads = 2;
-  c.double_blocks = 1;
-  c.single_blocks = 2;
-  c.mlp_hidden = 128;
-  c.axes_dim = {8, 8, 8, 8};
-  c.guidance_embed = guidance_embed;
-  return c;
-}
+Flux2Config small_config(bool guidance_embed = false) { return test::tiny_flux2_config(32, guidance_embed); }
 
-// A codec of FLUX.2's latent shape: 16x16 RGB patches onto 128 orthonormal directions.
-std::shared_ptr<const LatentCodec> patch_codec() {
-  at::Tensor q = std::get<0>(at::linalg_qr(at::randn({768, 128}, at::make_generator<at::CPUGeneratorImpl>(5))));
-  auto codec = PatchPcaCodec::from_tensors(16, at::full({768}, 0.5), q.t().contiguous());
-  REQUIRE(codec.ok());
-  return std::make_shared<PatchPcaCodec>(std::move(*codec));
-}
+std::shared_ptr<const LatentCodec> patch_codec() { return test::flux2_patch_codec(); }
 
 std::shared_ptr<const TemplateImage> make_flux2_template(const LatentCodec& codec, const PixelImage& image) {
   auto png = encode_png(image);

@@ -1,0 +1,94 @@
+#pragma once
+/// What a serving worker needs of a loaded model, whatever its family: making templates,
+/// naming and running prepare jobs, setting up edit sessions, and one packed forward per step
+/// over the sessions it batches. The DiT family (dit_edit_model.h) and FLUX.2
+/// (flux2_edit_model.h) implement it; the worker's step loop, scheduler and cache handling
+/// are shared.
+///
+/// Threading: an EditModel is immutable after construction and used from the step loop and
+/// the task pool at once; a session or prepare run is used by one thread at a time.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "cache/activation_entry.h"
+#include "common/status.h"
+#include "pipeline/edit_session.h"
+#include "pipeline/mask.h"
+#include "pipeline/template_image.h"
+
+namespace infill {
+
+/// One edit's denoising state as the worker steps it.
+class StepSession {
+ public:
+  virtual ~StepSession() = default;
+  virtual bool done() const = 0;
+  virtual int step() const = 0;
+  virtual int first_step() const = 0;
+  /// Steps of the schedule (the last level).
+  virtual int steps() const = 0;
+  virtual const TokenSet& tokens() const = 0;
+  /// Whether each step runs a second (null-prompt) segment.
+  virtual bool guided() const = 0;
+  /// Rows of the packed forward's output that belong to this session's next step.
+  virtual int64_t prediction_rows() const = 0;
+  /// Takes this session's rows and lands on level `next_step` in (step(), steps()].
+  virtual Status apply(const at::Tensor& prediction, int next_step) = 0;
+  /// Current clean-latent estimate [C, h, w] in the model's scale, for previews.
+  virtual at::Tensor predicted_latent() const = 0;
+  virtual Result<EditOutput> finish() const = 0;
+};
+
+/// A template's prepare run, sliced one step at a time by the worker.
+class StepPrepare {
+ public:
+  virtual ~StepPrepare() = default;
+  virtual const ActivationKey& key() const = 0;
+  virtual const std::string& template_id() const = 0;
+  /// Tokens computed at every step (for the cost model).
+  virtual int64_t tokens() const = 0;
+  virtual int steps() const = 0;
+  virtual bool done() const = 0;
+  /// Runs the next step. A model error throws (c10::Error).
+  virtual void run_step() = 0;
+  virtual std::shared_ptr<const ActivationEntry> entry() const = 0;
+};
+
+class EditModel {
+ public:
+  virtual ~EditModel() = default;
+  /// "infill-tiny", "flux.2-klein-4b", ...: names the model in errors and metrics.
+  virtual const std::string& name() const = 0;
+  /// Pixels per token along each axis (codec factor x patch size).
+  virtual int token_pixels() const = 0;
+  /// Steps the request's schedule resolves to (its own, or the model's default).
+  virtual int resolved_steps(const EditParams& params) const = 0;
+  /// Decodes, pads and encodes a template (on the pool).
+  virtual Result<std::shared_ptr<const TemplateImage>> make_template(std::span<const std::byte> bytes,
+                                                                      const std::string& name_for_errors) const = 0;
+  /// The key of the cache entry an edit with `params` reads.
+  virtual ActivationKey cache_key(const TemplateImage& tmpl, const EditParams& params) const = 0;
+  /// Sets up an edit (on the pool): validates params, encodes the prompt where the model has
+  /// a text encoder. `entry` is the entry of cache_key(), or null for an uncached edit.
+  virtual Result<std::unique_ptr<StepSession>> create_session(std::shared_ptr<const TemplateImage> tmpl,
+                                                              const EditParams& params,
+                                                              std::shared_ptr<const ActivationEntry> entry) const = 0;
+  /// The prepare run that makes the entry of cache_key().
+  virtual Result<std::unique_ptr<StepPrepare>> create_prepare(std::shared_ptr<const TemplateImage> tmpl,
+                                                              const EditParams& params) const = 0;
+  /// One forward over the next step of every session (all created by this model), packed;
+  /// each session's prediction_rows() rows in session order.
+  virtual at::Tensor forward(std::span<StepSession* const> sessions) const = 0;
+  /// The pixels [3, h, w] in [0, 1] of a latent's box (pixel units, multiples of the codec
+  /// factor), for previews; undefined when the model has no codec.
+  virtual at::Tensor decode_preview(const at::Tensor& latent, const PixelRect& box) const = 0;
+  /// Pixels per latent pixel of the codec.
+  virtual int codec_factor() const = 0;
+};
+
+}  // namespace infill

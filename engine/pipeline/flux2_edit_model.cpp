@@ -1,0 +1,163 @@
+#include "pipeline/flux2_edit_model.h"
+
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "pipeline/flux2_edit_session.h"
+#include "pipeline/flux2_prepare_run.h"
+
+namespace infill {
+
+namespace {
+
+class Flux2StepSession final : public StepSession {
+ public:
+  Flux2StepSession(std::unique_ptr<Flux2EditSession> session, bool prompt_truncated)
+      : s_(std::move(session)), prompt_truncated_(prompt_truncated) {}
+  Flux2EditSession& session() { return *s_; }
+
+  bool done() const override { return s_->done(); }
+  int step() const override { return s_->step(); }
+  int first_step() const override { return s_->first_step(); }
+  int steps() const override { return s_->steps(); }
+  const TokenSet& tokens() const override { return s_->tokens(); }
+  bool guided() const override { return s_->guided(); }
+  int64_t prediction_rows() const override { return s_->prediction_rows(); }
+  Status apply(const at::Tensor& prediction, int next_step) override { return s_->apply(prediction, next_step); }
+  at::Tensor predicted_latent() const override { return s_->predicted_latent(); }
+  Result<EditOutput> finish() const override {
+    INFILL_ASSIGN_OR_RETURN(EditOutput out, s_->finish());
+    out.prompt_truncated = prompt_truncated_;
+    return out;
+  }
+
+ private:
+  std::unique_ptr<Flux2EditSession> s_;
+  bool prompt_truncated_;
+};
+
+class Flux2StepPrepare final : public StepPrepare {
+ public:
+  Flux2StepPrepare(std::unique_ptr<Flux2PrepareRun> run, ActivationKey key, std::string template_id)
+      : run_(std::move(run)), key_(std::move(key)), template_id_(std::move(template_id)) {}
+  const ActivationKey& key() const override { return key_; }
+  const std::string& template_id() const override { return template_id_; }
+  int64_t tokens() const override { return run_->tokens(); }
+  int steps() const override { return run_->steps(); }
+  bool done() const override { return run_->done(); }
+  void run_step() override { run_->run_step(); }
+  std::shared_ptr<const ActivationEntry> entry() const override { return run_->entry(); }
+
+ private:
+  std::unique_ptr<Flux2PrepareRun> run_;
+  ActivationKey key_;
+  std::string template_id_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<const Flux2EditModel>> Flux2EditModel::create(Flux2EditModelParts parts) {
+  if (!parts.transformer || !parts.codec || !parts.text) {
+    return invalid_argument("FLUX.2 model " + parts.name + " needs a transformer, an autoencoder and a text encoder");
+  }
+  const Flux2Config& cfg = parts.transformer->config();
+  if (parts.codec->latent_channels() != cfg.in_channels) {
+    return invalid_argument("FLUX.2 model " + parts.name + ": the autoencoder's latent has " +
+                            std::to_string(parts.codec->latent_channels()) + " channels, the transformer reads " +
+                            std::to_string(cfg.in_channels));
+  }
+  if (parts.preview_codec && (parts.preview_codec->latent_channels() != cfg.in_channels ||
+                              parts.preview_codec->factor() != parts.codec->factor())) {
+    return invalid_argument("FLUX.2 model " + parts.name + ": the preview decoder does not read the autoencoder's latent");
+  }
+  if (parts.text->context_dim() != cfg.context_dim) {
+    return invalid_argument("FLUX.2 model " + parts.name + ": the text encoder gives rows of " +
+                            std::to_string(parts.text->context_dim()) + " channels, the transformer reads " +
+                            std::to_string(cfg.context_dim));
+  }
+  if (parts.default_steps < 1) return invalid_argument("FLUX.2 model " + parts.name + ": default_steps must be >= 1");
+  return std::shared_ptr<const Flux2EditModel>(new Flux2EditModel(std::move(parts)));
+}
+
+int Flux2EditModel::resolved_steps(const EditParams& params) const {
+  return params.schedule.steps > 0 ? params.schedule.steps : parts_.default_steps;
+}
+
+Result<std::shared_ptr<const TemplateImage>> Flux2EditModel::make_template(std::span<const std::byte> bytes,
+                                                                           const std::string& name_for_errors) const {
+  return infill::make_template(*parts_.codec, parts_.codec->factor(), 0.0, 1.0, parts_.max_image_pixels, bytes,
+                               name_for_errors);
+}
+
+ActivationKey Flux2EditModel::cache_key(const TemplateImage& tmpl, const EditParams& params) const {
+  ActivationKey key;
+  key.model_id = parts_.name;
+  key.template_hash = tmpl.id;
+  key.width = static_cast<int>(tmpl.latent.size(2));
+  key.height = static_cast<int>(tmpl.latent.size(1));
+  key.steps = resolved_steps(params);
+  key.sampler = "flux2_euler_rf";  // template-keyed: recorded under the empty prompt
+  key.seed = params.schedule.template_seed;
+  return key;
+}
+
+Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session(std::shared_ptr<const TemplateImage> tmpl,
+                                                                    const EditParams& params,
+                                                                    std::shared_ptr<const ActivationEntry> entry) const {
+  if (params.prompt.defined()) {
+    return invalid_argument("FLUX.2 model " + parts_.name + " takes prompts as text (prompt_text), not as a vector");
+  }
+  INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const PromptEmbedding> prompt, parts_.text->encode(params.prompt_text));
+  Flux2EditParams p;
+  p.mask = params.mask;
+  p.prompt = prompt->rows;
+  p.guidance = params.guidance_scale;
+  if (!parts_.transformer->config().guidance_embed && params.guidance_scale > 1.0) {
+    INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const PromptEmbedding> empty, parts_.text->encode(""));
+    p.null_prompt = empty->rows;
+  }
+  p.seed = params.seed;
+  p.strength = params.strength;
+  p.steps = resolved_steps(params);
+  p.template_seed = params.schedule.template_seed;
+  p.halo_tokens = params.halo_tokens;
+  p.feather_px = params.feather_px;
+  p.decode_margin = params.decode_margin;
+  Flux2Cache cache;
+  if (params.cache == CacheMode::kUse) cache.template_keyed = std::move(entry);
+  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2EditSession> session,
+                          Flux2EditSession::create(parts_.transformer, parts_.codec, std::move(tmpl), p, std::move(cache)));
+  return std::unique_ptr<StepSession>(std::make_unique<Flux2StepSession>(std::move(session), prompt->truncated));
+}
+
+Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prepare(std::shared_ptr<const TemplateImage> tmpl,
+                                                                    const EditParams& params) const {
+  INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const PromptEmbedding> empty, parts_.text->encode(""));
+  ActivationKey key = cache_key(*tmpl, params);
+  std::string id = tmpl->id;
+  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2PrepareRun> run,
+                          Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), empty->rows, resolved_steps(params),
+                                                  params.schedule.template_seed, params.guidance_scale));
+  return std::unique_ptr<StepPrepare>(std::make_unique<Flux2StepPrepare>(std::move(run), std::move(key), std::move(id)));
+}
+
+at::Tensor Flux2EditModel::forward(std::span<StepSession* const> sessions) const {
+  std::vector<Flux2Segment> segments;
+  for (StepSession* s : sessions) {
+    for (const Flux2Segment& segment : static_cast<Flux2StepSession*>(s)->session().segments()) segments.push_back(segment);
+  }
+  return parts_.transformer->forward(segments);
+}
+
+at::Tensor Flux2EditModel::decode_preview(const at::Tensor& latent, const PixelRect& box) const {
+  if (box.empty()) return {};
+  c10::InferenceMode guard;
+  const LatentCodec& codec = parts_.preview_codec ? *parts_.preview_codec : *parts_.codec;
+  const int f = codec.factor();
+  return codec.decode_crop(latent.unsqueeze(0), box.x / f, box.y / f, (box.width + f - 1) / f, (box.height + f - 1) / f,
+                           2)[0];
+}
+
+}  // namespace infill

