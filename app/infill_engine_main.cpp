@@ -21,6 +21,7 @@
 #include "cache/disk_tier.h"
 #include "model/compute_threads.h"
 #include "model/model.h"
+#include "pipeline/load_edit_model.h"
 #include "server/engine_service.h"
 #include "server/http_server.h"
 #include "server/server_config.h"
@@ -37,7 +38,9 @@ options:
   --token-file PATH   TCP bearer token, created on first use (default: $XDG_CONFIG_HOME/infill/token)
   --config PATH       JSON config (default: the first of $XDG_CONFIG_HOME/infill/engine.json,
                       $XDG_CONFIG_DIRS/infill/engine.json, <prefix>/share/infill/engine.json)
-  --model PATH        model folder (default: the bundled infill-tiny, else the build's random model);
+  --model PATH        model folder (default: the bundled infill-tiny, else the build's random model):
+                      an Infill model (manifest.json) or a FLUX.2 folder (diffusers layout, or the
+                      transformer file + ae.safetensors + text_encoder/ + tokenizer/);
                       repeat to serve several models: the first is the default, an edit's
                       "model" picks another
   --workers N         step-loop workers (default 1)
@@ -175,12 +178,13 @@ int main(int argc, char** argv) {
     nlohmann::json models = nlohmann::json::array();
     std::string default_id;
     for (const std::string& path : config.models) {
-      auto model = infill::load_model(path);
+      auto model = infill::load_edit_model(path);
       if (!model.ok()) return fail("model " + path + ": " + model.status().message(), 2);
+      const infill::EditModelInfo& info = model->model->info();
       for (const auto& m : models)
-        if (m["id"] == (*model)->id) return fail("models " + m["path"].get<std::string>() + " and " + path + " are the same model", 2);
-      if (default_id.empty()) default_id = (*model)->id;
-      models.push_back({{"path", path}, {"id", (*model)->id}});
+        if (m["id"] == info.id) return fail("models " + m["path"].get<std::string>() + " and " + path + " are the same model", 2);
+      if (default_id.empty()) default_id = info.id;
+      models.push_back({{"path", path}, {"id", info.id}, {"family", info.family}});
     }
     nlohmann::json summary = {{"config", config_path},
                               {"model", config.models.front()},

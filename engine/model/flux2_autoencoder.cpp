@@ -10,6 +10,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
 
 #include "common/shape_text.h"
@@ -439,6 +440,8 @@ struct Flux2Autoencoder::Weights {
   at::Tensor bn_running_var;   // [4z]
   // Derived after loading, shaped [1, 4z, 1, 1] to broadcast over [B, 4z, h, w].
   at::Tensor bn_mean, bn_std;
+  // Every weight under its upstream name, for save() (slots() resets the tensors it lists).
+  std::vector<std::pair<std::string, at::Tensor>> named;
 
   // Every weight with its upstream name and expected shape, sizing the level vectors on the
   // way: the single list that loading walks.
@@ -558,6 +561,7 @@ Result<Flux2Autoencoder> Flux2Autoencoder::load(const SafetensorsFile& file,
     auto t = load_float_tensor(file, entry->stored, shape);
     if (!t.ok()) return Status(t.status().code(), t.status().message() + context);
     *slot.tensor = entry->linear ? t->reshape(slot.shape) : std::move(t).value();
+    w->named.emplace_back(slot.name, *slot.tensor);
   }
   if (!(w->bn_running_var.min().item<float>() >= 0.0f)) {
     return corrupt_data(file.path() + ": " + key_prefix +
@@ -572,6 +576,39 @@ Result<Flux2Autoencoder> Flux2Autoencoder::load(const SafetensorsFile& file,
 Result<Flux2Autoencoder> Flux2Autoencoder::load(const std::string& path) {
   INFILL_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path));
   return load(file, "");
+}
+
+Flux2Autoencoder Flux2Autoencoder::random(const Flux2AutoencoderConfig& config, uint64_t seed) {
+  TORCH_CHECK(config.validate().ok(), config.validate().message());
+  c10::InferenceMode guard;
+  auto w = std::make_shared<Weights>();
+  w->config = config;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (Slot& slot : w->slots()) {
+    // GroupNorm scales near 1 and biases near 0 (as trained ones are), convolutions scaled by
+    // fan-in so that activations neither vanish nor blow up through the blocks.
+    const bool vector = slot.shape.size() == 1;
+    const bool scale = vector && slot.name.size() > 7 && slot.name.compare(slot.name.size() - 7, 7, ".weight") == 0;
+    at::Tensor t = at::empty(slot.shape, at::kFloat);
+    if (slot.name == "bn.running_var") {
+      t.uniform_(0.5, 1.5, gen);
+    } else if (vector) {
+      t.normal_(scale ? 1.0 : 0.0, 0.05, gen);
+    } else {
+      const double fan_in = double(t.numel() / slot.shape[0]);
+      t.normal_(0.0, 1.0 / std::sqrt(fan_in), gen);
+    }
+    *slot.tensor = t;
+    w->named.emplace_back(slot.name, t);
+  }
+  const int64_t latent = config.latent_channels();
+  w->bn_mean = w->bn_running_mean.reshape({1, latent, 1, 1});
+  w->bn_std = (w->bn_running_var + kBatchNormEps).sqrt().reshape({1, latent, 1, 1});
+  return Flux2Autoencoder(std::move(w));
+}
+
+Status Flux2Autoencoder::save(const std::string& path) const {
+  return write_safetensors(path, w_->named, {{"format", "pt"}});
 }
 
 const Flux2AutoencoderConfig& Flux2Autoencoder::config() const { return w_->config; }

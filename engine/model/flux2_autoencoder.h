@@ -74,6 +74,11 @@ class Flux2Autoencoder final : public LatentCodec {
                                        const std::string& key_prefix = "");
   /// Opens `path` and loads it with an empty key prefix.
   static Result<Flux2Autoencoder> load(const std::string& path);
+  /// Random weights of `config` (fan-in scaled convolutions, norm scales near 1), for tests,
+  /// benchmarks and as the start of training.
+  static Flux2Autoencoder random(const Flux2AutoencoderConfig& config, uint64_t seed);
+  /// Writes the weights under upstream names (an `ae.safetensors`), float32.
+  Status save(const std::string& path) const;
 
   const Flux2AutoencoderConfig& config() const;
 

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "model/prompt_encoder.h"
 #include "pipeline/prepare_run.h"
 
 namespace infill {
@@ -49,7 +50,27 @@ class DitStepPrepare final : public StepPrepare {
 
 }  // namespace
 
-DitEditModel::DitEditModel(std::shared_ptr<const Model> model) : model_(std::move(model)) {}
+DitEditModel::DitEditModel(std::shared_ptr<const Model> model) : model_(std::move(model)) {
+  const ModelManifest& m = model_->manifest;
+  info_.id = model_->id;
+  info_.name = m.name;
+  info_.description = m.description;
+  info_.family = "dit";
+  info_.default_steps = m.sampler.steps;
+  info_.default_sampler = m.sampler.sampler;
+  info_.default_guidance = m.default_guidance;
+  info_.max_image_pixels = m.max_image_pixels;
+  if (m.has_prompt) info_.vocabulary = m.prompt.vocabulary;
+}
+
+Status DitEditModel::set_prompt(EditParams& params, const std::string& text) const {
+  INFILL_ASSIGN_OR_RETURN(params.prompt, encode_prompt(model_->manifest, text));
+  return {};
+}
+
+Status DitEditModel::check_schedule(const EditParams& params) const {
+  return make_model_sampler(*model_, resolve_schedule(*model_, params.schedule)).status();
+}
 
 int DitEditModel::token_pixels() const { return model_->manifest.dit.patch_size * model_->manifest.autoencoder.factor; }
 

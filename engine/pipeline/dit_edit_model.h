@@ -15,7 +15,10 @@ class DitEditModel final : public EditModel {
 
   const std::shared_ptr<const Model>& model() const { return model_; }
 
+  const EditModelInfo& info() const override { return info_; }
   const std::string& name() const override { return model_->manifest.name; }
+  Status set_prompt(EditParams& params, const std::string& text) const override;
+  Status check_schedule(const EditParams& params) const override;
   int token_pixels() const override;
   int resolved_steps(const EditParams& params) const override;
   Result<std::shared_ptr<const TemplateImage>> make_template(std::span<const std::byte> bytes,
@@ -31,6 +34,7 @@ class DitEditModel final : public EditModel {
 
  private:
   std::shared_ptr<const Model> model_;
+  EditModelInfo info_;
 };
 
 }  // namespace infill

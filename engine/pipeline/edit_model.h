@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -59,11 +60,32 @@ class StepPrepare {
   virtual std::shared_ptr<const ActivationEntry> entry() const = 0;
 };
 
+/// What clients are told of a model (GET /v1/models) and the defaults requests start from.
+struct EditModelInfo {
+  std::string id;           ///< unique among loaded models; part of every cache key
+  std::string name;
+  std::string description;
+  std::string family;       ///< "dit" or "flux2"
+  int default_steps = 0;
+  std::string default_sampler;
+  double default_guidance = 1.0;
+  int64_t max_image_pixels = 0;
+  /// Prompt words the model knows; empty for free text (a text encoder).
+  std::vector<std::string> vocabulary;
+  bool free_text = false;
+};
+
 class EditModel {
  public:
   virtual ~EditModel() = default;
+  virtual const EditModelInfo& info() const = 0;
   /// "infill-tiny", "flux.2-klein-4b", ...: names the model in errors and metrics.
   virtual const std::string& name() const = 0;
+  /// Sets the request's prompt from text: checked against the vocabulary (invalid_argument
+  /// naming the unknown word), or kept for the text encoder.
+  virtual Status set_prompt(EditParams& params, const std::string& text) const = 0;
+  /// Checks the request's sampler and steps against what the model can run.
+  virtual Status check_schedule(const EditParams& params) const = 0;
   /// Pixels per token along each axis (codec factor x patch size).
   virtual int token_pixels() const = 0;
   /// Steps the request's schedule resolves to (its own, or the model's default).

@@ -1,10 +1,13 @@
 #include "pipeline/flux2_edit_model.h"
 
+#include <unistd.h>
+
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "model/flux2_model.h"
 #include "pipeline/flux2_edit_session.h"
 #include "pipeline/flux2_prepare_run.h"
 
@@ -57,6 +60,36 @@ class Flux2StepPrepare final : public StepPrepare {
 };
 
 }  // namespace
+
+Flux2EditModel::Flux2EditModel(Flux2EditModelParts parts) : parts_(std::move(parts)) {
+  info_.id = parts_.name;
+  info_.name = parts_.name;
+  info_.description = parts_.description;
+  info_.family = "flux2";
+  info_.default_steps = parts_.default_steps;
+  info_.default_sampler = "euler_rf";
+  info_.default_guidance = parts_.default_guidance;
+  info_.max_image_pixels = parts_.max_image_pixels;
+  info_.free_text = true;
+}
+
+Status Flux2EditModel::set_prompt(EditParams& params, const std::string& text) const {
+  params.prompt = at::Tensor();
+  params.prompt_text = text;
+  return {};
+}
+
+Status Flux2EditModel::check_schedule(const EditParams& params) const {
+  if (!params.schedule.sampler.empty() && params.schedule.sampler != "euler_rf") {
+    return invalid_argument("sampler '" + params.schedule.sampler + "' is not one model " + parts_.name +
+                            " runs (expected euler_rf, FLUX.2's flow-matching Euler)");
+  }
+  const int steps = resolved_steps(params);
+  if (steps < 1 || steps > Sampler::kMaxSteps) {
+    return invalid_argument("steps is " + std::to_string(steps) + ", expected 1.." + std::to_string(Sampler::kMaxSteps));
+  }
+  return {};
+}
 
 Result<std::shared_ptr<const Flux2EditModel>> Flux2EditModel::create(Flux2EditModelParts parts) {
   if (!parts.transformer || !parts.codec || !parts.text) {
@@ -158,6 +191,62 @@ at::Tensor Flux2EditModel::decode_preview(const at::Tensor& latent, const PixelR
   const int f = codec.factor();
   return codec.decode_crop(latent.unsqueeze(0), box.x / f, box.y / f, (box.width + f - 1) / f, (box.height + f - 1) / f,
                            2)[0];
+}
+
+}  // namespace infill
+
+namespace infill {
+
+namespace {
+
+// The hidden states a transformer reading `context_dim`-wide rows takes from `config`.
+Result<std::vector<int>> text_layers(const Qwen3Config& config, int context_dim, const std::string& where) {
+  if (context_dim % config.hidden_size != 0) {
+    return invalid_argument(where + ": the transformer reads text rows of " + std::to_string(context_dim) +
+                            " channels, not a multiple of the text encoder's hidden size " + std::to_string(config.hidden_size));
+  }
+  const int count = context_dim / config.hidden_size;
+  if (count == 3 && config.num_layers >= 27) return klein_text_layers();
+  if (count > config.num_layers) {
+    return invalid_argument(where + ": the transformer reads " + std::to_string(count) + " hidden states, the text encoder has " +
+                            std::to_string(config.num_layers) + " layers");
+  }
+  std::vector<int> layers;
+  for (int i = 1; i <= count; ++i) layers.push_back((i * config.num_layers + count - 1) / count);
+  return layers;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::string& path, const Flux2LoadOptions& options) {
+  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2Model> loaded, load_flux2_model(path));
+  const Flux2Folder& folder = loaded->folder;
+  if (folder.text_encoder_dir.empty() || folder.tokenizer_dir.empty()) {
+    return not_found(folder.root + " has no text_encoder/ and tokenizer/ beside the transformer (expected the Qwen3 "
+                     "text encoder and its tokenizer: without them prompts cannot be encoded)");
+  }
+  INFILL_ASSIGN_OR_RETURN(Qwen3Config text_config, read_qwen3_config(folder.text_encoder_dir + "/config.json"));
+  Qwen3PromptEncoder::Options text_options;
+  INFILL_ASSIGN_OR_RETURN(text_options.layers,
+                          text_layers(text_config, loaded->transformer.config().context_dim, folder.text_encoder_dir));
+  int64_t memory = options.memory_bytes;
+  if (memory <= 0) memory = int64_t{::sysconf(_SC_PHYS_PAGES)} * ::sysconf(_SC_PAGESIZE);
+  text_options.residency = text_encoder_residency(loaded->transformer.weight_bytes(),
+                                                  qwen3_folder_weight_bytes(folder.text_encoder_dir), memory);
+  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3PromptEncoder> text,
+                          Qwen3PromptEncoder::load(folder.tokenizer_dir, folder.text_encoder_dir,
+                                                   std::make_shared<PromptEmbeddingCache>(options.prompt_cache_bytes),
+                                                   text_options));
+  Flux2EditModelParts parts;
+  parts.name = folder.name;
+  parts.description = "FLUX.2 " + loaded->transformer.config().family_size() + " (" + flux2_layout_name(folder.layout) +
+                      " folder, " + (folder.distilled ? "distilled" : "base") + ")";
+  parts.transformer = std::make_shared<const Flux2Transformer>(std::move(loaded->transformer));
+  parts.codec = loaded->autoencoder;
+  parts.text = std::shared_ptr<Qwen3PromptEncoder>(std::move(text));
+  parts.default_steps = folder.default_steps;
+  parts.default_guidance = folder.default_guidance;
+  return Flux2EditModel::create(std::move(parts));
 }
 
 }  // namespace infill

@@ -3,6 +3,7 @@
 /// text encoder when a session is set up (on the task pool, through the prompt cache),
 /// template-keyed prepare runs under the empty prompt, Flux2EditSession, packed
 /// Flux2Transformer::forward.
+/// load_flux2_edit_model reads a model folder as users download it (model/flux2_folder.h).
 
 #include <cstdint>
 #include <memory>
@@ -17,6 +18,7 @@ namespace infill {
 
 struct Flux2EditModelParts {
   std::string name;  ///< the model's id in cache keys, errors and metrics
+  std::string description;
   std::shared_ptr<const Flux2Transformer> transformer;
   std::shared_ptr<const LatentCodec> codec;          ///< the VAE: templates and results
   std::shared_ptr<const LatentCodec> preview_codec;  ///< e.g. TAEF2; null = the VAE
@@ -34,7 +36,10 @@ class Flux2EditModel final : public EditModel {
 
   const Flux2EditModelParts& parts() const { return parts_; }
 
+  const EditModelInfo& info() const override { return info_; }
   const std::string& name() const override { return parts_.name; }
+  Status set_prompt(EditParams& params, const std::string& text) const override;
+  Status check_schedule(const EditParams& params) const override;
   int token_pixels() const override { return parts_.codec->factor(); }
   int resolved_steps(const EditParams& params) const override;
   Result<std::shared_ptr<const TemplateImage>> make_template(std::span<const std::byte> bytes,
@@ -49,8 +54,24 @@ class Flux2EditModel final : public EditModel {
   int codec_factor() const override { return parts_.codec->factor(); }
 
  private:
-  explicit Flux2EditModel(Flux2EditModelParts parts) : parts_(std::move(parts)) {}
+  explicit Flux2EditModel(Flux2EditModelParts parts);
   Flux2EditModelParts parts_;
+  EditModelInfo info_;
 };
+
+struct Flux2LoadOptions {
+  /// Byte budget of the prompt embedding cache (a klein prompt is 15 MB of float32 rows).
+  int64_t prompt_cache_bytes = int64_t{256} << 20;
+  /// Physical memory the transformer and text encoder share; 0 = this machine's RAM. The
+  /// text encoder is unloaded after each encoding when both do not fit (qwen3_prompt_encoder.h).
+  int64_t memory_bytes = 0;
+};
+
+/// Loads a FLUX.2 folder (diffusers or single-file layout) with its text encoder and
+/// tokenizer. The encoder's hidden states are klein's (9, 18, 27) when it has 27 layers or
+/// more and the transformer reads three of them; a smaller encoder (the bundled model's) is
+/// read at evenly spaced layers, as many as the transformer's text width holds. Errors name
+/// the file at fault (a folder without text encoder or tokenizer cannot take prompts).
+Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::string& path, const Flux2LoadOptions& options);
 
 }  // namespace infill

@@ -18,6 +18,7 @@
 #include "model/model.h"
 #include "model/prompt_encoder.h"
 #include "pipeline/edit_session.h"
+#include "pipeline/load_edit_model.h"
 #include "pipeline/image_io.h"
 #include "pipeline/template_image.h"
 #include "serving/cost_calibration.h"
@@ -111,7 +112,8 @@ struct EditRecord {
 
 // One loaded model and the runtime whose workers run its edits.
 struct ModelSlot {
-  std::shared_ptr<const Model> model;
+  std::shared_ptr<const EditModel> model;  // any family
+  std::shared_ptr<const Model> dit;        // the same model when it is of the DiT family (calibration)
   std::unique_ptr<ServingRuntime> runtime;
 };
 
@@ -134,7 +136,7 @@ struct EngineService::Impl {
   // Written once by load() before `ready` is set; read-only afterwards (the runtimes' own
   // methods are thread-safe).
   std::vector<ModelSlot> slots;        // slots[0] is the default model
-  std::shared_ptr<const Model> model;  // the default model, slots[0].model
+  std::shared_ptr<const EditModel> model;  // the default model, slots[0].model
   std::shared_ptr<ActivationStore> store;
   std::unique_ptr<JobJournal> journal;  // null without options.journal_path
   uint64_t edits_resumed = 0;
@@ -213,7 +215,7 @@ struct EngineService::Impl {
 
   json template_json_locked(const TemplateRecord& t) const {
     std::string state = "ready";
-    if (t.prepared || store->contains(make_cache_key(*model, *t.tmpl, resolve_schedule(*model, {})))) state = "prepared";
+    if (t.prepared || store->contains(model->cache_key(*t.tmpl, EditParams{}))) state = "prepared";
     else if (t.waiting > 0) state = "preparing";
     return {{"id", t.tmpl->id},
             {"name", t.name},
@@ -244,13 +246,13 @@ struct EngineService::Impl {
   /// The slot of the model with `id`, or -1.
   int find_slot(const std::string& id) const {
     for (size_t i = 0; i < slots.size(); ++i)
-      if (slots[i].model->id == id) return static_cast<int>(i);
+      if (slots[i].model->info().id == id) return static_cast<int>(i);
     return -1;
   }
   /// "a, b" (for messages).
   std::string model_ids() const {
     std::string ids;
-    for (const ModelSlot& m : slots) ids += (ids.empty() ? "" : ", ") + m.model->id;
+    for (const ModelSlot& m : slots) ids += (ids.empty() ? "" : ", ") + m.model->info().id;
     return ids;
   }
 
@@ -311,16 +313,17 @@ Status EngineService::load() {
   };
   std::vector<std::string> paths = {s.options.model_path};
   paths.insert(paths.end(), s.options.extra_model_paths.begin(), s.options.extra_model_paths.end());
-  std::vector<std::shared_ptr<const Model>> models;
+  std::vector<LoadedEditModel> models;
   for (size_t i = 0; i < paths.size(); ++i) {
-    auto model = load_model(paths[i]);
+    auto model = load_edit_model(paths[i]);
     if (!model.ok()) return fail(paths.size() == 1 ? model.status() : Status(model.status().code(), paths[i] + ": " + model.status().message()));
+    const std::string& id = model->model->info().id;
     for (size_t j = 0; j < models.size(); ++j) {
-      if (models[j]->id == (*model)->id)
-        return fail(invalid_argument("models " + paths[j] + " and " + paths[i] + " are the same model (" + (*model)->id +
+      if (models[j].model->info().id == id)
+        return fail(invalid_argument("models " + paths[j] + " and " + paths[i] + " are the same model (" + id +
                                      "); give each model once"));
     }
-    models.push_back(*model);
+    models.push_back(std::move(*model));
   }
   ActivationStoreOptions store_options;
   store_options.ram_budget_bytes = s.options.ram_cache_bytes;
@@ -331,11 +334,13 @@ Status EngineService::load() {
   std::vector<ModelSlot> slots;
   for (size_t i = 0; i < models.size(); ++i) {
     std::shared_ptr<const StepCostModel> cost;
-    if (s.options.calibrate) {
+    // The calibration runs the DiT family's forward; other families start from the plausible
+    // coefficients (their scheduler deadlines are then estimates).
+    if (s.options.calibrate && models[i].dit) {
       CalibrationOptions co;
       co.threads = s.options.threads_per_worker;
       co.cache_path = calibration_path_for(s.options.calibration_path, i);
-      auto cal = load_or_calibrate(*models[i], co);
+      auto cal = load_or_calibrate(*models[i].dit, co);
       if (!cal.ok()) return fail(cal.status());
       cost = std::make_shared<const StepCostModel>(cal->model);
     } else {
@@ -346,9 +351,9 @@ Status EngineService::load() {
     ro.threads_per_worker = s.options.threads_per_worker;
     ro.pool_threads = std::max(1, s.options.pool_threads);
     ro.worker.before_step = s.options.before_step;
-    auto runtime = ServingRuntime::create(models[i], shared_store, cost, ro);
+    auto runtime = ServingRuntime::create(models[i].model, shared_store, cost, ro);
     if (!runtime.ok()) return fail(runtime.status());
-    slots.push_back({models[i], std::move(*runtime)});
+    slots.push_back({models[i].model, models[i].dit, std::move(*runtime)});
   }
   s.slots = std::move(slots);
   s.model = s.slots.front().model;
@@ -389,7 +394,7 @@ Status EngineService::Impl::resume_journal() {
       e.client = je.client;
       e.template_id = je.template_id;
       e.model_id = journaled_model_id(je.params_json);
-      if (e.model_id.empty()) e.model_id = model->id;
+      if (e.model_id.empty()) e.model_id = model->info().id;
       e.state = state.ok() ? *state : RequestState::kFailed;
       e.started = true;
       e.png = std::move(je.result_png);
@@ -411,7 +416,7 @@ Status EngineService::Impl::resume_journal() {
       e.id = je.id;
       e.client = je.client;
       e.template_id = je.template_id;
-      e.model_id = model_id.empty() ? model->id : model_id;
+      e.model_id = model_id.empty() ? model->info().id : model_id;
       e.state = RequestState::kFailed;
       e.started = true;
       e.status = Status(why.code(), message);
@@ -466,26 +471,28 @@ void EngineService::set_event_sink(std::function<void(const ServiceEvent&)> sink
 ApiReply EngineService::health() const {
   if (!ready()) return impl_->not_ready();
   json ids = json::array();
-  for (const ModelSlot& m : impl_->slots) ids.push_back(m.model->id);
-  return json_reply(200, {{"status", "ok"}, {"model", impl_->model->id}, {"models", ids}, {"live_edits", live_edits()}});
+  for (const ModelSlot& m : impl_->slots) ids.push_back(m.model->info().id);
+  return json_reply(200, {{"status", "ok"}, {"model", impl_->model->info().id}, {"models", ids}, {"live_edits", live_edits()}});
 }
 
 ApiReply EngineService::models() const {
   if (!ready()) return impl_->not_ready();
   json list = json::array();
   for (size_t i = 0; i < impl_->slots.size(); ++i) {
-    const Model& model = *impl_->slots[i].model;
-    const ModelManifest& m = model.manifest;
-    list.push_back({{"id", model.id},
+    const EditModel& model = *impl_->slots[i].model;
+    const EditModelInfo& m = model.info();
+    list.push_back({{"id", m.id},
                     {"name", m.name},
                     {"description", m.description},
+                    {"family", m.family},
                     {"default", i == 0},
                     {"max_image_pixels", std::min<int64_t>(m.max_image_pixels, impl_->options.limits.max_image_pixels)},
-                    {"default_steps", m.sampler.steps},
-                    {"default_sampler", m.sampler.sampler},
+                    {"default_steps", m.default_steps},
+                    {"default_sampler", m.default_sampler},
                     {"default_guidance", m.default_guidance},
-                    {"vocabulary", m.has_prompt ? json(m.prompt.vocabulary) : json::array()},
-                    {"grid_pixels", m.autoencoder.factor * m.dit.patch_size}});
+                    {"prompt", m.free_text ? "free_text" : "vocabulary"},
+                    {"vocabulary", m.vocabulary},
+                    {"grid_pixels", model.token_pixels()}});
   }
   return json_reply(200, {{"models", list}});
 }
@@ -499,7 +506,7 @@ ApiReply EngineService::metrics() const {
   for (const ModelSlot& slot : s.slots) {
     for (const WorkerMetrics& w : slot.runtime->worker_metrics()) {
       workers.push_back({{"index", w.index},
-                         {"model", slot.model->id},
+                         {"model", slot.model->info().id},
                          {"steps", w.steps},
                          {"failed_steps", w.failed_steps},
                          {"prepare_steps", w.prepare_steps},
@@ -515,7 +522,7 @@ ApiReply EngineService::metrics() const {
                          {"utilisation", w.utilisation()}});
     }
     for (const WorkerLoad& l : slot.runtime->loads())
-      loads.push_back({{"model", slot.model->id}, {"requests", l.requests}, {"backlog_ms", l.backlog_ms}});
+      loads.push_back({{"model", slot.model->info().id}, {"requests", l.requests}, {"backlog_ms", l.backlog_ms}});
     const auto more = slot.runtime->request_metrics();
     recent.insert(recent.end(), more.begin(), more.end());
   }
@@ -571,11 +578,11 @@ ApiReply EngineService::Impl::make_template_now(const std::string& bytes, const 
   if (bytes.empty()) return error_reply(400, "empty_body", "template upload " + name + " is empty; send the image file as the body");
   // The server's pixel limit is checked from the header before the full decode (make_template
   // applies only the model's own limit).
-  if (options.limits.max_image_pixels < model->manifest.max_image_pixels) {
+  if (options.limits.max_image_pixels < model->info().max_image_pixels) {
     auto probe = decode_image(as_bytes(bytes), name, options.limits.max_image_pixels);
     if (!probe.ok()) return status_reply(probe.status(), true);
   }
-  auto t = make_template(*model, as_bytes(bytes), name);
+  auto t = model->make_template(as_bytes(bytes), name);
   if (!t.ok()) return status_reply(t.status(), true);
   std::lock_guard lock(mu);
   const double now = now_ms();
@@ -605,7 +612,8 @@ ApiReply EngineService::Impl::make_template_now(const std::string& bytes, const 
 // same pair both compute it and the first stored wins (the results are identical).
 std::variant<std::shared_ptr<const TemplateImage>, ApiReply> EngineService::Impl::template_for(const std::string& template_id,
                                                                                                size_t slot) {
-  const Model& m = *slots[slot].model;
+  const EditModel& m = *slots[slot].model;
+  const std::string& model_id = m.info().id;
   std::shared_ptr<const std::string> bytes;
   std::string name;
   {
@@ -615,21 +623,21 @@ std::variant<std::shared_ptr<const TemplateImage>, ApiReply> EngineService::Impl
       return error_reply(404, "template_not_found", "template " + template_id + " is not known (upload it with POST /v1/templates)");
     it->second.last_used_ms = now_ms();
     if (slot == 0) return it->second.tmpl;
-    if (auto e = it->second.other_models.find(m.id); e != it->second.other_models.end()) return e->second;
+    if (auto e = it->second.other_models.find(model_id); e != it->second.other_models.end()) return e->second;
     bytes = it->second.bytes;
     name = it->second.name;
   }
   if (!bytes)  // kept whenever several models are loaded; a bug otherwise
-    return error_reply(500, "internal", "template " + template_id + " has no kept file to encode for model " + m.id);
-  auto t = make_template(m, as_bytes(*bytes), name);
+    return error_reply(500, "internal", "template " + template_id + " has no kept file to encode for model " + model_id);
+  auto t = m.make_template(as_bytes(*bytes), name);
   if (!t.ok()) {
-    ApiReply r = status_reply(Status(t.status().code(), "template " + template_id + " for model " + m.id + ": " + t.status().message()), true);
+    ApiReply r = status_reply(Status(t.status().code(), "template " + template_id + " for model " + model_id + ": " + t.status().message()), true);
     return r;
   }
   std::lock_guard lock(mu);
   auto it = templates.find(template_id);
   if (it == templates.end()) return *t;  // evicted meanwhile: the edit keeps its own reference
-  return it->second.other_models.try_emplace(m.id, *t).first->second;
+  return it->second.other_models.try_emplace(model_id, *t).first->second;
 }
 
 ApiReply EngineService::template_status(std::string_view id) const {
@@ -729,7 +737,8 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
       return error_reply(400, "unknown_model", "model '" + model_name + "' is not loaded (loaded: " + model_ids() + "; see GET /v1/models)");
     slot = static_cast<size_t>(found);
   }
-  const Model& model_used = *slots[slot].model;
+  const EditModel& model_used = *slots[slot].model;
+  const std::string& model_id = model_used.info().id;
   if (strength && *strength <= 0) return error_reply(400, "invalid_parameter", "strength must be in (0, 1]");
   RequestClass cls = RequestClass::kInteractive;
   if (!cls_name.empty()) {
@@ -757,14 +766,12 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     if (mask.status().code() == ErrorCode::kInvalidArgument) return error_reply(400, "invalid_mask", mask.status().message());
     return status_reply(mask.status(), true);
   }
-  auto prompt_tensor = encode_prompt(model_used.manifest, prompt);
-  if (!prompt_tensor.ok()) return error_reply(400, "invalid_prompt", "prompt: " + prompt_tensor.status().message());
-
   ServingRequest req;
+  if (Status prompted = model_used.set_prompt(req.params, prompt); !prompted.ok())
+    return error_reply(400, "invalid_prompt", "prompt: " + prompted.message());
   req.tmpl = tmpl;
   req.params.mask = *mask;
-  req.params.prompt = *prompt_tensor;
-  req.params.guidance_scale = guidance ? *guidance : model_used.manifest.default_guidance;
+  req.params.guidance_scale = guidance ? *guidance : model_used.info().default_guidance;
   req.params.seed = seed ? static_cast<uint64_t>(*seed) : 0;
   if (strength) req.params.strength = *strength;
   if (steps) req.params.schedule.steps = static_cast<int>(*steps);
@@ -777,8 +784,8 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   req.supersedes = supersedes ? static_cast<uint64_t>(*supersedes) : 0;
   req.encode_png = true;
   {
-    auto check = make_model_sampler(model_used, resolve_schedule(model_used, req.params.schedule));
-    if (!check.ok()) return error_reply(400, "invalid_parameter", check.status().message());
+    Status check = model_used.check_schedule(req.params);
+    if (!check.ok()) return error_reply(400, "invalid_parameter", check.message());
   }
 
   uint64_t id = 0;
@@ -832,7 +839,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     e.id = id;
     e.client = sub.client;
     e.template_id = template_id;
-    e.model_id = model_used.id;
+    e.model_id = model_id;
     e.slot = slot;
     e.submitted_ms = now_ms();
     e.journaled = journal && cls == RequestClass::kBatch;
@@ -862,7 +869,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
       json stored = p;
       stored.erase("mask_png_base64");  // kept once, as the mask bytes
       stored.erase("supersedes");       // a resumed edit supersedes nothing
-      stored["model"] = model_used.id;  // resumed on its own model, even if the default changed
+      stored["model"] = model_id;  // resumed on its own model, even if the default changed
       JournaledEdit je;
       je.id = id;
       je.client = sub.client;
@@ -883,7 +890,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     req.on_preview = [this](uint64_t rid, int steps_done, const at::Tensor& rgb) { on_preview(rid, steps_done, rgb); };
   req.on_complete = [this](const RequestResult& r) { on_complete(r); };
   // Queued goes out before the runtime can report progress.
-  emit(client, "queued", {{"id", id}, {"template", template_id}, {"model", model_used.id}, {"class", request_class_name(cls)}});
+  emit(client, "queued", {{"id", id}, {"template", template_id}, {"model", model_id}, {"class", request_class_name(cls)}});
   Status st = slots[slot].runtime->submit(std::move(req));
   if (!st.ok()) {
     unaccept(id, client, template_id);
@@ -892,7 +899,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     return status_reply(st);
   }
   if (cancel_other != 0) slots[cancel_other_slot].runtime->cancel(cancel_other);
-  return json_reply(202, {{"id", id}, {"state", "queued"}, {"template", template_id}, {"model", model_used.id}, {"client", client},
+  return json_reply(202, {{"id", id}, {"state", "queued"}, {"template", template_id}, {"model", model_id}, {"client", client},
                           {"class", request_class_name(cls)}, {"status_url", "/v1/edits/" + std::to_string(id)}});
 }
 

