@@ -68,6 +68,7 @@ ProbeOutcome probe_engine(client::Client& c, bool wait, int ready_timeout_ms, co
       d.default_steps = static_cast<int>(m.default_steps);
       d.default_guidance = m.default_guidance;
       for (const std::string& w : m.vocabulary) d.vocabulary << q(w);
+      d.free_text = m.free_text;
       out.models << d;
     }
   } catch (const client::Error& e) {

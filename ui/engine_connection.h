@@ -52,6 +52,7 @@ struct ModelDescription {
   int default_steps = 0;
   double default_guidance = 1.0;
   QStringList vocabulary;
+  bool free_text = false;  ///< prompts are free text (a text encoder): no word checks
 };
 
 /// A template as the engine knows it.

@@ -127,7 +127,7 @@ ParametersPanel::ParametersPanel(QWidget* parent) : QWidget(parent) {
     if (i < 0 || i >= models_.size()) return;
     const ModelDescription& m = models_[i];
     model_->setToolTip(m.description);
-    setVocabulary(m.vocabulary);
+    setPromptModel(m);
     if (m.default_steps > 0) steps_->setValue(m.default_steps);
     if (m.default_guidance >= 1.0) guidance_->setValue(m.default_guidance);
     emit paramsChanged();
@@ -151,27 +151,36 @@ void ParametersPanel::setModels(const QList<ModelDescription>& models) {
   if (keep >= 0) {
     model_->setCurrentIndex(keep);
     model_->setToolTip(models[keep].description);
-    setVocabulary(models[keep].vocabulary);
+    setPromptModel(models[keep]);
   } else if (!models.isEmpty()) {
     model_->setCurrentIndex(0);
     const ModelDescription& m = models.front();
     model_->setToolTip(m.description);
-    setVocabulary(m.vocabulary);
+    setPromptModel(m);
     if (m.default_steps > 0) steps_->setValue(m.default_steps);
     if (m.default_guidance >= 1.0) guidance_->setValue(m.default_guidance);
   }
 }
 
+void ParametersPanel::setPromptModel(const ModelDescription& m) {
+  free_text_ = m.free_text;
+  setVocabulary(m.vocabulary);
+}
+
 void ParametersPanel::setVocabulary(const QStringList& words) {
   vocabulary_.clear();
   for (const QString& w : words) vocabulary_ << w.toLower();
-  words_model_->setStringList(vocabulary_);
-  prompt_->setToolTip(vocabulary_.isEmpty() ? tr("This model takes no prompt")
-                                            : tr("Words this model knows: %1").arg(vocabulary_.join(QStringLiteral(", "))));
+  words_model_->setStringList(free_text_ ? QStringList() : vocabulary_);
+  prompt_->setToolTip(free_text_             ? tr("Describe the change in your own words")
+                      : vocabulary_.isEmpty() ? tr("This model takes no prompt")
+                                              : tr("Words this model knows: %1").arg(vocabulary_.join(QStringLiteral(", "))));
   validatePrompt();
 }
 
-QStringList ParametersPanel::invalidWords() const { return invalid_prompt_words(prompt_->text(), vocabulary_); }
+QStringList ParametersPanel::invalidWords() const {
+  if (free_text_) return {};  // a text encoder reads any text
+  return invalid_prompt_words(prompt_->text(), vocabulary_);
+}
 
 QString ParametersPanel::selectedModelId() const { return model_->currentData().toString(); }
 
@@ -184,7 +193,8 @@ bool ParametersPanel::selectModel(const QString& id) {
 
 GenerationParams ParametersPanel::params() const {
   GenerationParams p;
-  p.prompt = prompt_words(prompt_->text()).join(QLatin1Char(' '));
+  // Free text goes as typed; vocabulary words as the engine splits them.
+  p.prompt = free_text_ ? prompt_->text().trimmed() : prompt_words(prompt_->text()).join(QLatin1Char(' '));
   p.seed = static_cast<quint64>(seed_->value());
   p.model_id = selectedModelId();
   p.random_seed = random_seed_->isChecked();
@@ -225,7 +235,7 @@ void ParametersPanel::updateCompletionPrefix() {
   const QString text = prompt_->text();
   const int cursor = prompt_->cursorPosition();
   const QString word = text.mid(word_start(text, cursor), cursor - word_start(text, cursor));
-  if (word.isEmpty() || vocabulary_.isEmpty()) {
+  if (word.isEmpty() || vocabulary_.isEmpty() || free_text_) {
     completer_->popup()->hide();
     return;
   }

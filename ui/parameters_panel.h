@@ -35,6 +35,8 @@ class ParametersPanel : public QWidget {
   /// vocabulary and defaults of the selected one.
   void setModels(const QList<ModelDescription>& models);
   void setVocabulary(const QStringList& words);
+  /// The prompt rules of a model: its vocabulary, or free text (no checks, no completion).
+  void setPromptModel(const ModelDescription& m);
   const QStringList& vocabulary() const { return vocabulary_; }
 
   GenerationParams params() const;
@@ -74,6 +76,7 @@ class ParametersPanel : public QWidget {
   QDoubleSpinBox* feather_ = nullptr;
   QList<ModelDescription> models_;
   QStringList vocabulary_;
+  bool free_text_ = false;  // the selected model reads free text: no word checks or completion
   bool was_valid_ = true;
 };
 

@@ -968,6 +968,10 @@ void EngineService::Impl::on_complete(const RequestResult& r) {
     e.png = bytes_to_string(r.png);
     e.finished_ms = now_ms();
     e.metrics = request_metrics_json(r.metrics);
+    if (r.state == RequestState::kDone) {
+      e.metrics["cache_mode"] = r.output.cache_mode;
+      e.metrics["prompt_truncated"] = r.output.prompt_truncated;
+    }
     e.steps_done = r.metrics.steps_run;
     client = e.client;
     data["model"] = e.model_id;
@@ -977,6 +981,8 @@ void EngineService::Impl::on_complete(const RequestResult& r) {
       data["result"] = "/v1/edits/" + std::to_string(r.id) + "/result";
       data["steps_run"] = r.metrics.steps_run;
       data["total_ms"] = r.metrics.total_ms;
+      data["cache_mode"] = r.output.cache_mode;
+      data["prompt_truncated"] = r.output.prompt_truncated;
     } else {
       data["error"] = {{"code", error_code_name(r.status.code())}, {"message", r.status.message()}};
     }

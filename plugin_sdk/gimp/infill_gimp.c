@@ -17,6 +17,7 @@
  * died and the watcher cancels the edit on the engine (DELETE /v1/edits/ID). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -66,7 +67,7 @@ static void query(void) {
       {GIMP_PDB_IMAGE, "image", "Input image"},
       {GIMP_PDB_DRAWABLE, "drawable",
        "The layer to repaint (the template); the image's selection is the mask"},
-      {GIMP_PDB_STRING, "prompt", "Words of the model's vocabulary (\"\" for none)"},
+      {GIMP_PDB_STRING, "prompt", "Free text for models with a text encoder, else words of the model's vocabulary (\"\" for none)"},
       {GIMP_PDB_INT32, "seed", "Noise seed (>= 0), or -1 for a random seed"},
       {GIMP_PDB_INT32, "steps", "Denoising steps 1..1000, 0 = the model's default"},
       {GIMP_PDB_FLOAT, "strength", "How much to change the selection, (0, 1]; 0 = 1"},
@@ -155,8 +156,16 @@ static gchar* open_engine(const RepaintValues* v, infill_client** out) {
   return NULL;
 }
 
-/* Checks `prompt` against the model's vocabulary; NULL when fine or when the model list is not
- * available (the engine checks again), else a message naming the unknown words. */
+/* Whether the model reads free text (a text encoder) rather than words of a vocabulary. The
+ * field exists from SDK 1.1 on: an older library's struct is shorter. */
+static int model_free_text(const infill_model_info* model) {
+  return model && model->struct_size >= offsetof(infill_model_info, free_text) + sizeof(model->free_text) &&
+         model->free_text;
+}
+
+/* Checks `prompt` against the model's vocabulary; NULL when fine, when the model reads free
+ * text or when the model list is not available (the engine checks again), else a message
+ * naming the unknown words. */
 static gchar* check_prompt(const infill_model_info* model, const char* prompt) {
   /* Words as the engine splits them: at ASCII white space and commas, compared in lower case. */
   gchar** words;
@@ -164,7 +173,7 @@ static gchar* check_prompt(const infill_model_info* model, const char* prompt) {
   gchar* msg = NULL;
   size_t i, k, count = 0;
 
-  if (!model || !prompt) return NULL;
+  if (!model || !prompt || model_free_text(model)) return NULL;
   words = g_strsplit_set(prompt, " \t\n\v\f\r,", -1);
   unknown = g_string_new(NULL);
   for (i = 0; words[i]; ++i) {
@@ -588,6 +597,9 @@ static void show_model(DialogState* s, const RepaintValues* v) {
     infill_error_delete(e);
   } else if (!(m = infill_model_list_get(s->models, 0))) {
     text = g_strdup("The engine serves no model.");
+  } else if (model_free_text(m)) {
+    text = g_strdup_printf("Model %s (%u steps by default). Describe the change in your own words.", m->name,
+                           (unsigned)m->default_steps);
   } else if (m->vocabulary_count == 0) {
     text = g_strdup_printf("Model %s (%u steps by default) takes no prompt.", m->name,
                            (unsigned)m->default_steps);

@@ -46,7 +46,7 @@ struct infill_job {
 
 struct infill_model_list {
   struct Model {
-    std::string id, name, description, sampler;
+    std::string id, name, description, sampler, family;
     std::vector<std::string> words;
     std::vector<const char*> vocabulary;
   };
@@ -449,6 +449,7 @@ infill_error* infill_client_list_models(infill_client* client, infill_model_list
       model.name = str(m, "name");
       model.description = str(m, "description");
       model.sampler = str(m, "default_sampler");
+      model.family = str(m, "family");
       if (m.contains("vocabulary") && m["vocabulary"].is_array())
         for (const json& w : m["vocabulary"])
           if (w.is_string()) model.words.push_back(w.get<std::string>());
@@ -471,6 +472,8 @@ infill_error* infill_client_list_models(infill_client* client, infill_model_list
       info.vocabulary_count = model.vocabulary.size();
       info.max_image_pixels = u64(m, "max_image_pixels");
       info.grid_pixels = static_cast<uint32_t>(u64(m, "grid_pixels"));
+      info.free_text = str(m, "prompt") == "free_text" ? 1 : 0;
+      info.family = model.family.c_str();
       list->infos.push_back(info);
     }
     *out_list = list.release();

@@ -270,7 +270,7 @@ void ClientCore::dispatch(const std::shared_ptr<Job>& job, const std::string& ty
                      png->data(), png->size()};
     cb.on_preview(cb.user_data, &p);
   } else if (type == "done") {
-    fetch_result_and_finish(job, u32(data, "steps_run"), number(data, "total_ms"));
+    fetch_result_and_finish(job, done_info(data));
   } else if (type == "failed") {
     finish_failed_from_json(job, data);
   }
@@ -298,7 +298,17 @@ void ClientCore::finish_failed_from_json(const std::shared_ptr<Job>& job, const 
   finish(job, s, std::move(e));
 }
 
-void ClientCore::fetch_result_and_finish(const std::shared_ptr<Job>& job, uint32_t steps_run, double total_ms) {
+DoneInfo ClientCore::done_info(const json& data) {
+  DoneInfo info;
+  info.steps_run = u32(data, "steps_run");
+  info.total_ms = number(data, "total_ms");
+  if (data.contains("cache_mode") && data["cache_mode"].is_string()) info.cache_mode = data["cache_mode"].get<std::string>();
+  info.prompt_truncated = data.contains("prompt_truncated") && data["prompt_truncated"].is_boolean() &&
+                          data["prompt_truncated"].get<bool>();
+  return info;
+}
+
+void ClientCore::fetch_result_and_finish(const std::shared_ptr<Job>& job, const DoneInfo& info) {
   const std::string target = "/v1/edits/" + std::to_string(job->id) + "/result";
   auto r = http_call(*http_, "GET", target);
   if (!r.ok() && r.error().code == INFILL_ERROR_CONNECTION) r = http_call(*http_, "GET", target);  // once more
@@ -312,7 +322,7 @@ void ClientCore::fetch_result_and_finish(const std::shared_ptr<Job>& job, uint32
     finish(job, INFILL_JOB_FAILED, response_error(*http_, *r, "fetching the result of edit " + std::to_string(job->id)));
     return;
   }
-  finish(job, INFILL_JOB_DONE, std::nullopt, std::move(r->body), steps_run, total_ms);
+  finish(job, INFILL_JOB_DONE, std::nullopt, std::move(r->body), info);
 }
 
 Status ClientCore::reconcile() {
@@ -342,7 +352,7 @@ Status ClientCore::reconcile() {
     const std::string state = j["state"].is_string() ? j["state"].get<std::string>() : "";
     if (state == "done") {
       const json metrics = j.contains("metrics") ? j["metrics"] : json::object();
-      fetch_result_and_finish(job, u32(metrics, "steps_run"), number(metrics, "total_ms"));
+      fetch_result_and_finish(job, done_info(metrics));
     } else if (state == "failed" || state == "cancelled" || state == "expired") {
       finish_failed_from_json(job, j);
     } else if (state == "running" && u32(j, "steps_done") > 0) {
@@ -354,7 +364,7 @@ Status ClientCore::reconcile() {
 }
 
 void ClientCore::finish(const std::shared_ptr<Job>& job_ref, infill_job_state state, std::optional<Error> error,
-                        std::string png, uint32_t steps_run, double total_ms) {
+                        std::string png, const DoneInfo& info) {
   const std::shared_ptr<Job> job = job_ref;  // `job_ref` may be the entry erased below
   if (job->done_called) return;
   job->done_called = true;
@@ -367,6 +377,7 @@ void ClientCore::finish(const std::shared_ptr<Job>& job_ref, infill_job_state st
     std::lock_guard lock(job->mu);
     job->state = state;
     job->result_png = std::move(png);
+    job->cache_mode = info.cache_mode;
     if (error) job->error = std::make_unique<infill_error>(infill_error{std::move(*error)});
     err = job->error.get();
   }
@@ -374,7 +385,8 @@ void ClientCore::finish(const std::shared_ptr<Job>& job_ref, infill_job_state st
   if (cb.on_done) {
     infill_done d{sizeof(infill_done), job->id, state, err,
                   state == INFILL_JOB_DONE ? job->result_png.data() : nullptr,
-                  state == INFILL_JOB_DONE ? job->result_png.size() : 0, steps_run, total_ms};
+                  state == INFILL_JOB_DONE ? job->result_png.size() : 0, info.steps_run, info.total_ms,
+                  job->cache_mode.c_str(), info.prompt_truncated ? 1 : 0};
     cb.on_done(cb.user_data, &d);
   }
   {

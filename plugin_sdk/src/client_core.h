@@ -56,6 +56,7 @@ struct Job {
   uint32_t steps_total = 0;
   bool finished = false;  // on_done has returned
   std::string result_png;
+  std::string cache_mode;  // of the result; infill_done.cache_mode points here
   std::unique_ptr<infill_error> error;
 
   // io thread only
@@ -68,6 +69,15 @@ struct CoreOptions {
   uint32_t reconnect_interval_ms = 500;
   uint32_t engine_lost_timeout_ms = 10000;
   bool cancel_on_destroy = true;
+};
+
+/// What a finished edit reports beside its PNG (the "done" event's data, or the status JSON's
+/// metrics).
+struct DoneInfo {
+  uint32_t steps_run = 0;
+  double total_ms = 0;
+  std::string cache_mode;  ///< "" when the engine did not say
+  bool prompt_truncated = false;
 };
 
 class ClientCore {
@@ -97,9 +107,10 @@ class ClientCore {
   void register_job(std::shared_ptr<Job> job);
   void submit_ended();
   Status reconcile();
-  void fetch_result_and_finish(const std::shared_ptr<Job>& job, uint32_t steps_run, double total_ms);
+  static DoneInfo done_info(const nlohmann::json& data);
+  void fetch_result_and_finish(const std::shared_ptr<Job>& job, const DoneInfo& info);
   void finish(const std::shared_ptr<Job>& job, infill_job_state state, std::optional<Error> error, std::string png = {},
-              uint32_t steps_run = 0, double total_ms = 0);
+              const DoneInfo& info = {});
   void finish_failed_from_json(const std::shared_ptr<Job>& job, const nlohmann::json& data);
   void end_all(infill_error_code code, const std::string& why);
   void close_remaining();

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,6 +22,7 @@
 
 #include "engine/server/server_fixture.h"
 #include "support/step_gate.h"
+#include "support/tiny_flux2.h"
 #include "infill/infill_client.h"
 #include "infill/infill_client.hpp"
 
@@ -69,6 +71,8 @@ struct Recorder {
   infill_error_code error_code{};
   std::string error_message, engine_code;
   std::string png;
+  std::string cache_mode;
+  int prompt_truncated = -1;
   std::thread::id done_thread;
 
   static void on_progress(void* user, const infill_progress* p) {
@@ -94,6 +98,10 @@ struct Recorder {
       r->engine_code = infill_error_engine_code(d->error);
     }
     if (d->png) r->png.assign(static_cast<const char*>(d->png), d->png_size);
+    if (d->struct_size >= offsetof(infill_done, prompt_truncated) + sizeof(d->prompt_truncated)) {
+      r->cache_mode = d->cache_mode ? d->cache_mode : "";
+      r->prompt_truncated = d->prompt_truncated;
+    }
     r->cv.notify_all();
   }
   void attach(infill_edit_params& p) {
@@ -882,5 +890,49 @@ TEST_CASE("sdk: infill_edit_params.model picks the engine's model, unknown ids a
     infill::test::Response s = infill::test::request(f.unix_ep, "GET", "/v1/edits/" + std::to_string(j.id()));
     CHECK(s.json()["model"] == second);
   }
+  infill_client_destroy(c);
+}
+
+TEST_CASE("sdk with a FLUX.2 model: free-text prompts, the model says so, the result says its cache mode",
+          "[sdk][engine][flux2]") {
+  ServerFixture f(true, infill::test::test_limits(), false, {}, [](const infill::test::TempDir& dir) {
+    infill::test::write_tiny_flux2_folder(dir.file("flux2"));
+    return dir.file("flux2");
+  });
+  infill_client* c = make_client({unix_endpoint(f)});
+  infill_model_list* models = nullptr;
+  REQUIRE_OK(infill_client_list_models(c, &models));
+  const infill_model_info* m = infill_model_list_get(models, 0);
+  REQUIRE(m != nullptr);
+  CHECK(m->free_text == 1);
+  CHECK(std::string(m->family) == "flux2");
+  CHECK(m->vocabulary_count == 0);
+  infill_model_list_delete(models);
+  infill::client::ClientOptions cpp_options;
+  cpp_options.endpoint = unix_endpoint(f);
+  infill::client::Client cpp(cpp_options);
+  const auto infos = cpp.models();
+  REQUIRE(infos.size() == 1);
+  CHECK(infos[0].free_text);
+  CHECK(infos[0].family == "flux2");
+
+  const infill_template_info t = upload(c, f);
+  infill_edit_params p = rect_params(t.id, 0, 5);
+  p.prompt = "make the cup red, with a soft highlight";
+  Recorder rec;
+  rec.attach(p);
+  infill_job* job = nullptr;
+  REQUIRE_OK(infill_client_submit_edit(c, &p, &job));
+  REQUIRE_OK(infill_job_wait(job, 120000));
+  {
+    std::lock_guard lock(rec.mu);
+    CHECK(rec.done_calls == 1);
+    CHECK(rec.state == INFILL_JOB_DONE);
+    CHECK(rec.cache_mode == "template_keyed");
+    CHECK(rec.prompt_truncated == 0);
+  }
+  const PixelImage mask = infill::test::rect_mask_image(64, 48, 16, 16, 24, 16);
+  check_only_mask_changed(f, rec.png, mask);
+  infill_job_release(job);
   infill_client_destroy(c);
 }

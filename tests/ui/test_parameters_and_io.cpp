@@ -56,6 +56,29 @@ TEST_CASE("Prompt words outside the model vocabulary are flagged as the engine s
   CHECK(completer->currentCompletion() == QStringLiteral("dark"));
 }
 
+TEST_CASE("A free-text model takes any prompt as written, without word checks or completion", "[ui][params]") {
+  ui_app();
+  infill::ui::ParametersPanel panel;
+  infill::ui::ModelDescription words, text;
+  words.id = QStringLiteral("infill-tiny-1");
+  words.vocabulary = {QStringLiteral("red")};
+  text.id = QStringLiteral("flux2-klein");
+  text.free_text = true;
+  panel.setModels({words, text});
+  bool last_valid = true;
+  QObject::connect(&panel, &infill::ui::ParametersPanel::validityChanged, [&](bool v) { last_valid = v; });
+  panel.promptEdit()->setText(QStringLiteral("Make the cup RED, with a soft highlight"));
+  CHECK_FALSE(last_valid);  // the vocabulary model knows one word
+  REQUIRE(panel.selectModel(QStringLiteral("flux2-klein")));
+  CHECK(last_valid);
+  CHECK(panel.invalidWords().isEmpty());
+  CHECK(panel.params().prompt == QStringLiteral("Make the cup RED, with a soft highlight"));
+  CHECK(panel.promptEdit()->toolTip().contains(QStringLiteral("own words")));
+  // Back on the vocabulary model, the same text is flagged again.
+  REQUIRE(panel.selectModel(QStringLiteral("infill-tiny-1")));
+  CHECK_FALSE(last_valid);
+}
+
 TEST_CASE("The Generate action refuses an invalid prompt before anything is submitted", "[ui][params]") {
   ui_app();
   infill::ui::MainWindow window;

@@ -304,7 +304,7 @@ Result<Job> parse_job(const std::string& text, const std::string& path) {
       if (f->value.empty()) c.fail(f->pointer, "is missing or empty", "the path of an image file (string)");
       f->value = absolute_from(job.dir, f->value);
     }
-    get_string(c, find(e, ptr, defaults, "prompt"), "", "words of the model's vocabulary (string)", edit.prompt);
+    get_string(c, find(e, ptr, defaults, "prompt"), "", "free text, or words of the model's vocabulary (string)", edit.prompt);
     if (!c.failed() && edit.prompt.value.size() > 1000)
       c.fail(edit.prompt.pointer, "has " + std::to_string(edit.prompt.value.size()) + " characters", "at most 1000");
     get_seeds(c, e, ptr, defaults, edit.seeds);

@@ -27,13 +27,14 @@ Result<std::vector<ResolvedItem>> resolve_items(const Job& job, const BackendInf
   // Prompts first: one error per edit, before any item is built.
   std::vector<std::string> prompts(job.edits.size());
   for (const JobEdit& e : job.edits) {
-    const std::vector<std::string> words = words_of(e.prompt.value);
-    std::string joined;
+    // A text encoder reads the prompt as written; a vocabulary model reads its words.
+    const std::vector<std::string> words = info.free_text ? std::vector<std::string>{} : words_of(e.prompt.value);
+    std::string joined = info.free_text ? e.prompt.value : std::string();
     for (const auto& w : words) joined += (joined.empty() ? "" : " ") + w;
-    if (!words.empty() && !info.vocabulary)
+    if (!info.free_text && !words.empty() && !info.vocabulary)
       return job_error(job.path, e.prompt.pointer, "is \"" + e.prompt.value + "\" but model " + info.model_id +
                                                        " takes no prompt", "an empty prompt");
-    if (info.vocabulary) {
+    if (info.vocabulary && !info.free_text) {
       const std::set<std::string> known(info.vocabulary->begin(), info.vocabulary->end());
       for (const auto& w : words) {
         if (!known.count(w)) {

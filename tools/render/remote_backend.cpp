@@ -236,7 +236,8 @@ Result<std::unique_ptr<RenderBackend>> open_remote_backend(const RemoteOptions& 
     info.default_sampler = model->default_sampler;
     info.default_guidance = model->default_guidance;
     info.max_image_pixels = static_cast<int64_t>(model->max_image_pixels);
-    if (!model->vocabulary.empty()) info.vocabulary = model->vocabulary;
+    info.free_text = model->free_text;
+    if (!model->vocabulary.empty() && !info.free_text) info.vocabulary = model->vocabulary;
     return std::unique_ptr<RenderBackend>(new RemoteBackend(std::move(client), std::move(info)));
   } catch (const ic::Error& e) {
     std::string why = e.code() == INFILL_ERROR_UNAUTHORIZED ? "refused the token"

@@ -29,6 +29,8 @@ struct BackendInfo {
   int64_t max_image_pixels = 0;
   /// The prompt words the model knows; nullopt when it takes no prompt.
   std::optional<std::vector<std::string>> vocabulary;
+  /// The model reads free text (a text encoder): prompts are sent as written, unchecked.
+  bool free_text = false;
 };
 
 /// One edit, fully resolved (no model defaults left).

@@ -209,6 +209,10 @@ typedef struct infill_model_info {
   size_t vocabulary_count;
   uint64_t max_image_pixels;  ///< width * height limit of templates
   uint32_t grid_pixels;       ///< templates are padded to a multiple of this
+  /// 1: prompts are free text (a text encoder reads them; `vocabulary` is empty and means
+  /// nothing); 0: prompts are words of `vocabulary`. (Added in 1.1: test struct_size.)
+  int free_text;
+  const char* family;  ///< "dit" or "flux2" ("" from an engine that does not say). (1.1)
 } infill_model_info;
 
 /// The engine's models; opaque. Every string and struct in it lives as long as the list.
@@ -324,6 +328,12 @@ typedef struct infill_done {
   size_t png_size;
   uint32_t steps_run;
   double total_ms;  ///< engine time from submission to the result
+  /// How the engine used its activation cache: "off", "template_keyed", "prompt_keyed"; ""
+  /// when it did not say. (Added in 1.1: test struct_size.)
+  const char* cache_mode;
+  /// 1 when the prompt was longer than the model's text encoder reads and was cut, as the
+  /// model's own pipeline cuts it. (Added in 1.1.)
+  int prompt_truncated;
 } infill_done;
 
 typedef void (*infill_progress_fn)(void* user_data, const infill_progress* progress);
@@ -350,7 +360,7 @@ typedef struct infill_edit_params {
   /// (3) A rectangle x, y, width, height in template pixels; used when mask_rect[2] > 0.
   int32_t mask_rect[4];
 
-  const char* prompt;        ///< words of the model's vocabulary; NULL = ""
+  const char* prompt;        ///< words of the model's vocabulary, or free text (free_text models); NULL = ""
   uint64_t seed;             ///< default 0
   uint32_t steps;            ///< 1..1000; 0 = the model's default
   double strength;           ///< (0, 1]; 0 = 1

@@ -20,6 +20,7 @@
 ///   std::string png = job.result_png();
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -99,6 +100,8 @@ struct ModelInfo {
   std::vector<std::string> vocabulary;
   uint64_t max_image_pixels = 0;
   uint32_t grid_pixels = 0;
+  bool free_text = false;  ///< prompts are free text (vocabulary is then empty)
+  std::string family;      ///< "dit", "flux2"; "" from an older library
 };
 
 struct TemplateInfo {
@@ -245,6 +248,10 @@ class Client {
       info.vocabulary.assign(m->vocabulary, m->vocabulary + m->vocabulary_count);
       info.max_image_pixels = m->max_image_pixels;
       info.grid_pixels = m->grid_pixels;
+      if (m->struct_size >= offsetof(infill_model_info, family) + sizeof(m->family)) {  // a 1.1 library
+        info.free_text = m->free_text != 0;
+        info.family = m->family ? m->family : "";
+      }
       out.push_back(std::move(info));
     }
     return out;

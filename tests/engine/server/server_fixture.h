@@ -65,11 +65,18 @@ struct ServerFixture {
 
   /// `second_model`: also serve dir/model-b, a random model one block deeper (another id).
   /// `before_step`: the workers' step hook (a StepGate's, tests/support/step_gate.h).
+  /// `make_model`: writes the model to serve into the fixture's folder and returns its path
+  /// (default: a small random DiT model).
   explicit ServerFixture(bool load = true, ServerLimits limits = test_limits(), bool second_model = false,
-                         std::function<void(std::span<const uint64_t>)> before_step = {}) {
-    if (!write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok()) throw std::runtime_error("model");
+                         std::function<void(std::span<const uint64_t>)> before_step = {},
+                         std::function<std::string(const TempDir&)> make_model = {}) {
     ServiceOptions o;
-    o.model_path = dir.file("model");
+    if (make_model) {
+      o.model_path = make_model(dir);
+    } else {
+      if (!write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok()) throw std::runtime_error("model");
+      o.model_path = dir.file("model");
+    }
     if (second_model) {
       DitConfig deeper = tiny_serving_dit();
       deeper.depth += 1;
