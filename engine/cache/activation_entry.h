@@ -23,6 +23,10 @@ struct ActivationKey {
   int steps = 0;              ///< length of the sampler schedule
   std::string sampler;        ///< "euler_rf", "ddim", ...
   uint64_t seed = 0;          ///< seed of the template's fixed noise
+  /// What else the entry was recorded under: "" for the template alone (the DiT family's
+  /// entries, FLUX.2's template-keyed ones under the empty prompt); a prompt's digest for a
+  /// FLUX.2 prompt-keyed entry.
+  std::string conditioning;
 
   /// Canonical text form, e.g. "model=..;template=..;w=64;h=64;steps=20;sampler=euler_rf;seed=7".
   std::string canonical() const;

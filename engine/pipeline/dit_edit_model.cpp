@@ -87,7 +87,8 @@ ActivationKey DitEditModel::cache_key(const TemplateImage& tmpl, const EditParam
 
 Result<std::unique_ptr<StepSession>> DitEditModel::create_session(std::shared_ptr<const TemplateImage> tmpl,
                                                                   const EditParams& params,
-                                                                  std::shared_ptr<const ActivationEntry> entry) const {
+                                                                  std::shared_ptr<const ActivationEntry> entry,
+                                                                  std::shared_ptr<const ActivationEntry>) const {
   CacheSource source;
   source.entry = std::move(entry);
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<EditSession> session, EditSession::create(model_, std::move(tmpl), params, std::move(source)));

@@ -24,8 +24,10 @@ class DitEditModel final : public EditModel {
   Result<std::shared_ptr<const TemplateImage>> make_template(std::span<const std::byte> bytes,
                                                               const std::string& name_for_errors) const override;
   ActivationKey cache_key(const TemplateImage& tmpl, const EditParams& params) const override;
+  /// `prompt_entry` is ignored: the DiT family keeps template-keyed entries only.
   Result<std::unique_ptr<StepSession>> create_session(std::shared_ptr<const TemplateImage> tmpl, const EditParams& params,
-                                                      std::shared_ptr<const ActivationEntry> entry) const override;
+                                                      std::shared_ptr<const ActivationEntry> entry,
+                                                      std::shared_ptr<const ActivationEntry> prompt_entry) const override;
   Result<std::unique_ptr<StepPrepare>> create_prepare(std::shared_ptr<const TemplateImage> tmpl,
                                                       const EditParams& params) const override;
   at::Tensor forward(std::span<StepSession* const> sessions) const override;

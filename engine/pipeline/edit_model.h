@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -95,14 +96,27 @@ class EditModel {
                                                                       const std::string& name_for_errors) const = 0;
   /// The key of the cache entry an edit with `params` reads.
   virtual ActivationKey cache_key(const TemplateImage& tmpl, const EditParams& params) const = 0;
+  /// The key of an entry recorded under the edit's own prompt (FLUX.2's prompt-keyed cache),
+  /// or nullopt for models without one.
+  virtual std::optional<ActivationKey> prompt_cache_key(const TemplateImage& tmpl, const EditParams& params) const {
+    return std::nullopt;
+  }
   /// Sets up an edit (on the pool): validates params, encodes the prompt where the model has
-  /// a text encoder. `entry` is the entry of cache_key(), or null for an uncached edit.
+  /// a text encoder. `entry` is the entry of cache_key(), `prompt_entry` the one of
+  /// prompt_cache_key(); either may be null (no entry: every token is computed).
   virtual Result<std::unique_ptr<StepSession>> create_session(std::shared_ptr<const TemplateImage> tmpl,
                                                               const EditParams& params,
-                                                              std::shared_ptr<const ActivationEntry> entry) const = 0;
+                                                              std::shared_ptr<const ActivationEntry> entry,
+                                                              std::shared_ptr<const ActivationEntry> prompt_entry) const = 0;
   /// The prepare run that makes the entry of cache_key().
   virtual Result<std::unique_ptr<StepPrepare>> create_prepare(std::shared_ptr<const TemplateImage> tmpl,
                                                               const EditParams& params) const = 0;
+  /// The prepare run that makes the entry of prompt_cache_key() (run on the pool: it encodes
+  /// the prompt). Models without prompt-keyed entries refuse.
+  virtual Result<std::unique_ptr<StepPrepare>> create_prompt_prepare(std::shared_ptr<const TemplateImage> tmpl,
+                                                                     const EditParams& params) const {
+    return invalid_argument("model " + name() + " keeps no prompt-keyed cache entries");
+  }
   /// One forward over the next step of every session (all created by this model), packed;
   /// each session's prediction_rows() rows in session order.
   virtual at::Tensor forward(std::span<StepSession* const> sessions) const = 0;

@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <span>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "common/hash.h"
 #include "model/flux2_model.h"
 #include "pipeline/flux2_edit_session.h"
 #include "pipeline/flux2_prepare_run.h"
@@ -111,7 +113,10 @@ Result<std::shared_ptr<const Flux2EditModel>> Flux2EditModel::create(Flux2EditMo
                             std::to_string(cfg.context_dim));
   }
   if (parts.default_steps < 1) return invalid_argument("FLUX.2 model " + parts.name + ": default_steps must be >= 1");
-  return std::shared_ptr<const Flux2EditModel>(new Flux2EditModel(std::move(parts)));
+  INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const PromptEmbedding> empty, parts.text->encode(""));
+  std::shared_ptr<Flux2EditModel> model(new Flux2EditModel(std::move(parts)));
+  model->empty_prompt_ = std::move(empty);
+  return std::shared_ptr<const Flux2EditModel>(std::move(model));
 }
 
 int Flux2EditModel::resolved_steps(const EditParams& params) const {
@@ -136,9 +141,17 @@ ActivationKey Flux2EditModel::cache_key(const TemplateImage& tmpl, const EditPar
   return key;
 }
 
+std::optional<ActivationKey> Flux2EditModel::prompt_cache_key(const TemplateImage& tmpl, const EditParams& params) const {
+  ActivationKey key = cache_key(tmpl, params);
+  const std::string text = parts_.text->id() + '\n' + params.prompt_text;
+  key.conditioning = "prompt-" + sha256_hex(std::as_bytes(std::span<const char>(text.data(), text.size())));
+  return key;
+}
+
 Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session(std::shared_ptr<const TemplateImage> tmpl,
                                                                     const EditParams& params,
-                                                                    std::shared_ptr<const ActivationEntry> entry) const {
+                                                                    std::shared_ptr<const ActivationEntry> entry,
+                                                                    std::shared_ptr<const ActivationEntry> prompt_entry) const {
   if (params.prompt.defined()) {
     return invalid_argument("FLUX.2 model " + parts_.name + " takes prompts as text (prompt_text), not as a vector");
   }
@@ -147,10 +160,7 @@ Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session(std::shared_
   p.mask = params.mask;
   p.prompt = prompt->rows;
   p.guidance = params.guidance_scale;
-  if (!parts_.transformer->config().guidance_embed && params.guidance_scale > 1.0) {
-    INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const PromptEmbedding> empty, parts_.text->encode(""));
-    p.null_prompt = empty->rows;
-  }
+  if (!parts_.transformer->config().guidance_embed && params.guidance_scale > 1.0) p.null_prompt = empty_prompt_->rows;
   p.seed = params.seed;
   p.strength = params.strength;
   p.steps = resolved_steps(params);
@@ -159,7 +169,10 @@ Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session(std::shared_
   p.feather_px = params.feather_px;
   p.decode_margin = params.decode_margin;
   Flux2Cache cache;
-  if (params.cache == CacheMode::kUse) cache.template_keyed = std::move(entry);
+  if (params.cache == CacheMode::kUse) {
+    cache.template_keyed = std::move(entry);
+    cache.prompt_keyed = std::move(prompt_entry);
+  }
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2EditSession> session,
                           Flux2EditSession::create(parts_.transformer, parts_.codec, std::move(tmpl), p, std::move(cache)));
   return std::unique_ptr<StepSession>(std::make_unique<Flux2StepSession>(std::move(session), prompt->truncated));
@@ -167,11 +180,21 @@ Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session(std::shared_
 
 Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prepare(std::shared_ptr<const TemplateImage> tmpl,
                                                                     const EditParams& params) const {
-  INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const PromptEmbedding> empty, parts_.text->encode(""));
   ActivationKey key = cache_key(*tmpl, params);
   std::string id = tmpl->id;
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2PrepareRun> run,
-                          Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), empty->rows, resolved_steps(params),
+                          Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), empty_prompt_->rows, resolved_steps(params),
+                                                  params.schedule.template_seed, params.guidance_scale));
+  return std::unique_ptr<StepPrepare>(std::make_unique<Flux2StepPrepare>(std::move(run), std::move(key), std::move(id)));
+}
+
+Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prompt_prepare(std::shared_ptr<const TemplateImage> tmpl,
+                                                                           const EditParams& params) const {
+  INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const PromptEmbedding> prompt, parts_.text->encode(params.prompt_text));
+  ActivationKey key = *prompt_cache_key(*tmpl, params);
+  std::string id = tmpl->id;
+  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2PrepareRun> run,
+                          Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), prompt->rows, resolved_steps(params),
                                                   params.schedule.template_seed, params.guidance_scale));
   return std::unique_ptr<StepPrepare>(std::make_unique<Flux2StepPrepare>(std::move(run), std::move(key), std::move(id)));
 }

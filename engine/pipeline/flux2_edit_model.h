@@ -31,7 +31,7 @@ struct Flux2EditModelParts {
 class Flux2EditModel final : public EditModel {
  public:
   /// Checks that the parts fit together (codec channels and text width against the
-  /// transformer); errors name the part.
+  /// transformer) and encodes the empty prompt; errors name the part.
   static Result<std::shared_ptr<const Flux2EditModel>> create(Flux2EditModelParts parts);
 
   const Flux2EditModelParts& parts() const { return parts_; }
@@ -45,10 +45,16 @@ class Flux2EditModel final : public EditModel {
   Result<std::shared_ptr<const TemplateImage>> make_template(std::span<const std::byte> bytes,
                                                               const std::string& name_for_errors) const override;
   ActivationKey cache_key(const TemplateImage& tmpl, const EditParams& params) const override;
+  /// The template-keyed key with the prompt's digest (and the text encoder's identity) as
+  /// its conditioning.
+  std::optional<ActivationKey> prompt_cache_key(const TemplateImage& tmpl, const EditParams& params) const override;
   Result<std::unique_ptr<StepSession>> create_session(std::shared_ptr<const TemplateImage> tmpl, const EditParams& params,
-                                                      std::shared_ptr<const ActivationEntry> entry) const override;
+                                                      std::shared_ptr<const ActivationEntry> entry,
+                                                      std::shared_ptr<const ActivationEntry> prompt_entry) const override;
   Result<std::unique_ptr<StepPrepare>> create_prepare(std::shared_ptr<const TemplateImage> tmpl,
                                                       const EditParams& params) const override;
+  Result<std::unique_ptr<StepPrepare>> create_prompt_prepare(std::shared_ptr<const TemplateImage> tmpl,
+                                                             const EditParams& params) const override;
   at::Tensor forward(std::span<StepSession* const> sessions) const override;
   at::Tensor decode_preview(const at::Tensor& latent, const PixelRect& box) const override;
   int codec_factor() const override { return parts_.codec->factor(); }
@@ -57,6 +63,10 @@ class Flux2EditModel final : public EditModel {
   explicit Flux2EditModel(Flux2EditModelParts parts);
   Flux2EditModelParts parts_;
   EditModelInfo info_;
+  // The empty prompt's rows, encoded once when the model is created: template-keyed prepare
+  // runs (started on the step loop) and guidance's null half read them, and encoding on the
+  // loop would stall every running edit for the encoder's time.
+  std::shared_ptr<const PromptEmbedding> empty_prompt_;
 };
 
 struct Flux2LoadOptions {

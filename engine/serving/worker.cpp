@@ -5,6 +5,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <optional>
 
 #include <ATen/ATen.h>
@@ -85,17 +86,30 @@ struct Worker::Record {
 };
 
 struct Worker::PrepareJob {
-  std::unique_ptr<StepPrepare> run;
+  std::shared_ptr<StepPrepare> run;
   double step_work_ms = 0;
   double deadline_abs_ms = 0;
+  bool background = false;  // a prompt-keyed prepare nobody waits for (see worker.h)
   std::vector<std::shared_ptr<Record>> waiting;
 };
 
 struct Worker::Message {
-  enum Kind { kReady, kNeedsPrepare, kCancel, kStored } kind;
+  enum Kind { kReady, kNeedsPrepare, kCancel, kStored, kWantPromptPrepare, kBackgroundPrepare } kind = kReady;
   std::shared_ptr<Record> record;
   std::shared_ptr<const TemplateImage> tmpl;
   std::string canonical;
+  EditParams params;                      // kWantPromptPrepare
+  std::shared_ptr<StepPrepare> prepare;   // kBackgroundPrepare; null when it could not be set up
+
+  static Message of(Kind kind, std::shared_ptr<Record> record, std::shared_ptr<const TemplateImage> tmpl = nullptr,
+                    std::string canonical = {}) {
+    Message m;
+    m.kind = kind;
+    m.record = std::move(record);
+    m.tmpl = std::move(tmpl);
+    m.canonical = std::move(canonical);
+    return m;
+  }
 };
 
 int64_t Worker::live_records() { return g_live_records.load(); }
@@ -183,7 +197,7 @@ bool Worker::cancel(uint64_t id, Status reason) {
                                    : std::move(reason);
   }
   r->cancel_requested = true;
-  post({Message::kCancel, r, nullptr, {}});
+  post(Message::of(Message::kCancel, r));
   return true;
 }
 
@@ -350,13 +364,24 @@ void Worker::preprocess(const std::shared_ptr<Record>& r) {
     }
     const bool any_masked = (mask > 0).any().item<bool>();
     if (r->req.params.cache == CacheMode::kUse && any_masked) {
+      std::shared_ptr<const ActivationEntry> prompt_entry;
+      if (const auto prompt_key = model_->prompt_cache_key(*tmpl, r->req.params)) {
+        auto found = store_->get(*prompt_key);
+        if (found.ok()) {
+          prompt_entry = *found;
+        } else if (r->req.cls == RequestClass::kLive) {
+          Message want = Message::of(Message::kWantPromptPrepare, nullptr, tmpl, prompt_key->canonical());
+          want.params = r->req.params;
+          post(std::move(want));
+        }
+      }
       const ActivationKey key = model_->cache_key(*tmpl, r->req.params);
       auto entry = store_->get(key);
-      if (entry.ok()) {
-        create_session(r, *entry);
+      if (entry.ok() || prompt_entry) {
+        create_session(r, entry.ok() ? *entry : nullptr, std::move(prompt_entry));
       } else {
         // The loop starts (or joins) the template's prepare job.
-        post({Message::kNeedsPrepare, r, tmpl, key.canonical()});
+        post(Message::of(Message::kNeedsPrepare, r, tmpl, key.canonical()));
       }
       return;
     }
@@ -366,9 +391,10 @@ void Worker::preprocess(const std::shared_ptr<Record>& r) {
   }
 }
 
-void Worker::create_session(const std::shared_ptr<Record>& r, std::shared_ptr<const ActivationEntry> entry) {
+void Worker::create_session(const std::shared_ptr<Record>& r, std::shared_ptr<const ActivationEntry> entry,
+                            std::shared_ptr<const ActivationEntry> prompt_entry) {
   try {
-    auto session = model_->create_session(r->tmpl, r->req.params, std::move(entry));
+    auto session = model_->create_session(r->tmpl, r->req.params, std::move(entry), std::move(prompt_entry));
     if (!session.ok()) {
       complete(r, RequestState::kFailed, session.status());
       return;
@@ -387,7 +413,7 @@ void Worker::create_session(const std::shared_ptr<Record>& r, std::shared_ptr<co
     const double before = r->remaining_work_ms.exchange(exact);
     work_ms_.fetch_add(exact - before);
     r->ready_ms = now_ms();
-    post({Message::kReady, r, nullptr, {}});
+    post(Message::of(Message::kReady, r));
   } catch (...) {
     complete(r, RequestState::kFailed,
              invalid_argument("request " + std::to_string(r->req.id) +
@@ -499,6 +525,36 @@ void Worker::handle(Message& m) {
     case Message::kStored:
       recent_.erase(m.canonical);
       break;
+    case Message::kWantPromptPrepare: {
+      if (prepares_.count(m.canonical) || recent_.count(m.canonical) || background_pending_.count(m.canonical)) break;
+      background_pending_.insert(m.canonical);
+      // Set up on the pool: it encodes the prompt (a cache hit after the edit's own session).
+      pool_.post([this, tmpl = m.tmpl, params = m.params, canonical = m.canonical] {
+        std::shared_ptr<StepPrepare> run;
+        try {
+          auto made = model_->create_prompt_prepare(tmpl, params);
+          if (made.ok()) run = std::move(*made);
+        } catch (...) {
+          // A background prepare that cannot be set up only costs later strokes their speed-up.
+        }
+        Message made = Message::of(Message::kBackgroundPrepare, nullptr, nullptr, canonical);
+        made.prepare = std::move(run);
+        post(std::move(made));
+      });
+      break;
+    }
+    case Message::kBackgroundPrepare: {
+      background_pending_.erase(m.canonical);
+      if (!m.prepare || prepares_.count(m.canonical)) break;
+      auto job = std::make_unique<PrepareJob>();
+      const double tokens = double(m.prepare->tokens());
+      job->step_work_ms = cost_->predict_ms(tokens, 1.0, tokens * tokens);
+      job->deadline_abs_ms = std::numeric_limits<double>::infinity();  // after every awaited prepare
+      job->background = true;
+      job->run = std::move(m.prepare);
+      prepares_.emplace(m.canonical, std::move(job));
+      break;
+    }
   }
 }
 
@@ -527,7 +583,7 @@ void Worker::run_prepare_slice() {
   for (auto it = prepares_.begin(); it != prepares_.end();) {
     auto& w = it->second->waiting;
     std::erase_if(w, [](const auto& r) { return r->ended.load(); });
-    it = w.empty() ? prepares_.erase(it) : std::next(it);
+    it = w.empty() && !it->second->background ? prepares_.erase(it) : std::next(it);
   }
   if (prepares_.empty()) return;
   auto best = prepares_.begin();
@@ -567,7 +623,7 @@ void Worker::run_prepare_slice() {
   // put() may spill to disk: never on the loop.
   pool_.post([this, key = job.run->key(), entry, canonical] {
     (void)store_->put(key, entry);  // a full store only costs a later re-prepare
-    post({Message::kStored, nullptr, nullptr, canonical});
+    post(Message::of(Message::kStored, nullptr, nullptr, canonical));
   });
   for (auto& r : job.waiting) {
     pool_.post([this, r, entry] { create_session(r, entry); });

@@ -14,6 +14,11 @@
 /// forward that would compete for the same cores on any other thread, and slicing keeps the
 /// running requests moving. Requests on the same template share one job.
 ///
+/// Live painting keeps one prompt over many strokes: for a live request of a model with
+/// prompt-keyed entries (FLUX.2) whose entry is missing, the first stroke runs on the
+/// template-keyed entry while a prompt-keyed prepare runs in the background (after every
+/// prepare someone waits for); later strokes with that prompt read it.
+///
 /// Threading: submit(), cancel(), load(), metrics() are safe from any thread. Callbacks run on
 /// the TaskPool. Every error is reported in the request's result; no exception leaves the loop.
 
@@ -24,6 +29,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -105,7 +111,8 @@ class Worker {
   void post(Message message);
   void handle(Message& message);
   void preprocess(const std::shared_ptr<Record>& r);
-  void create_session(const std::shared_ptr<Record>& r, std::shared_ptr<const ActivationEntry> entry);
+  void create_session(const std::shared_ptr<Record>& r, std::shared_ptr<const ActivationEntry> entry,
+                      std::shared_ptr<const ActivationEntry> prompt_entry = nullptr);
   void start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<const TemplateImage> tmpl);
   void run_prepare_slice();
   void run_step();
@@ -143,6 +150,7 @@ class Worker {
   std::vector<std::shared_ptr<Record>> active_;  // sessions the loop steps, in arrival order
   std::map<std::string, std::unique_ptr<PrepareJob>> prepares_;  // by cache key
   std::map<std::string, std::shared_ptr<const ActivationEntry>> recent_;  // prepared, not yet stored
+  std::set<std::string> background_pending_;  // prompt-keyed prepares being set up on the pool
   uint64_t ready_seq_ = 0;
   bool prepare_turn_ = false;
 

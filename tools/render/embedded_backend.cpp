@@ -3,13 +3,16 @@
 #include <c10/core/InferenceMode.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <span>
 #include <thread>
+#include <vector>
 
 #include "cache/activation_store.h"
 #include "model/compute_threads.h"
 #include "model/model.h"
-#include "model/prompt_encoder.h"
+#include "pipeline/load_edit_model.h"
 #include "pipeline/mask.h"
 #include "pipeline/template_image.h"
 #include "serving/cost_model.h"
@@ -33,7 +36,7 @@ RenderFailure failure_of(const Status& s) {
 
 class EmbeddedBackend final : public RenderBackend {
  public:
-  EmbeddedBackend(std::shared_ptr<const Model> model, std::unique_ptr<ServingRuntime> runtime, BackendInfo info)
+  EmbeddedBackend(std::shared_ptr<const EditModel> model, std::unique_ptr<ServingRuntime> runtime, BackendInfo info)
       : model_(std::move(model)), runtime_(std::move(runtime)), info_(std::move(info)) {}
   ~EmbeddedBackend() override {
     // Stop the workers before the templates and masks they may still reference go.
@@ -49,15 +52,12 @@ class EmbeddedBackend final : public RenderBackend {
     if (!tmpl.ok()) return tmpl.status();
     auto mask = mask_of(edit.mask_path, **tmpl);
     if (!mask.ok()) return mask.status();
-    auto prompt = encode_prompt(model_->manifest, edit.prompt);
-    if (!prompt.ok()) return prompt.status();
-
     ServingRequest r;
+    if (Status prompted = model_->set_prompt(r.params, edit.prompt); !prompted.ok()) return prompted;
     r.id = edit.id;
     r.client_id = 1;
     r.tmpl = *tmpl;
     r.params.mask = *mask;
-    r.params.prompt = *prompt;
     r.params.guidance_scale = edit.guidance;
     r.params.seed = edit.seed;
     r.params.strength = edit.strength;
@@ -106,7 +106,11 @@ class EmbeddedBackend final : public RenderBackend {
   Result<std::shared_ptr<const TemplateImage>> template_of(const std::string& path) {
     auto it = templates_.find(path);
     if (it != templates_.end()) return it->second;
-    auto t = load_template(*model_, path);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return not_found("template image " + path + " cannot be opened");
+    const std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (data.empty()) return invalid_argument("template image " + path + " is empty");
+    auto t = model_->make_template(std::as_bytes(std::span<const char>(data)), path);
     if (!t.ok()) return t.status();
     templates_.emplace(path, *t);
     return *t;
@@ -121,7 +125,7 @@ class EmbeddedBackend final : public RenderBackend {
     return *m;
   }
 
-  std::shared_ptr<const Model> model_;
+  std::shared_ptr<const EditModel> model_;
   std::unique_ptr<ServingRuntime> runtime_;
   BackendInfo info_;
   // Owned by the runner's thread (submit()).
@@ -149,7 +153,7 @@ Result<std::unique_ptr<RenderBackend>> open_embedded_backend(const EmbeddedOptio
   const int threads = options.threads > 0 ? options.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   set_compute_threads(threads);
   c10::InferenceMode guard;
-  auto model = load_model(path);
+  auto model = load_edit_model(path);
   if (!model.ok()) return Status(model.status().code(), "model " + path + ": " + model.status().message());
   ActivationStoreOptions so;
   so.ram_budget_bytes = options.ram_cache_bytes;
@@ -163,20 +167,22 @@ Result<std::unique_ptr<RenderBackend>> open_embedded_backend(const EmbeddedOptio
   ro.pool_threads = 1;
   // With one worker and one class of requests only their order depends on the cost model:
   // the plausible one spares a start-up timing run per farm task.
-  auto runtime = ServingRuntime::create(*model, std::shared_ptr<ActivationStore>(std::move(*store)),
+  auto runtime = ServingRuntime::create(model->model, std::shared_ptr<ActivationStore>(std::move(*store)),
                                         std::make_shared<const StepCostModel>(StepCostModel::plausible()), ro);
   if (!runtime.ok()) return runtime.status();
 
   BackendInfo info;
-  info.model_id = (*model)->id;
+  const EditModelInfo& m = model->model->info();
+  info.model_id = m.id;
   info.where = "embedded";
-  const ModelManifest& m = (*model)->manifest;
-  info.default_steps = m.sampler.steps;
-  info.default_sampler = m.sampler.sampler;
+  info.default_steps = m.default_steps;
+  info.default_sampler = m.default_sampler;
   info.default_guidance = m.default_guidance;
   info.max_image_pixels = m.max_image_pixels;
-  if (m.has_prompt) info.vocabulary = m.prompt.vocabulary;
-  return std::unique_ptr<RenderBackend>(new EmbeddedBackend(*model, std::move(*runtime), std::move(info)));
+  info.free_text = m.free_text;
+  // A vocabulary model without words takes no prompt (nullopt); free text is never checked.
+  if (!m.free_text && !m.vocabulary.empty()) info.vocabulary = m.vocabulary;
+  return std::unique_ptr<RenderBackend>(new EmbeddedBackend(model->model, std::move(*runtime), std::move(info)));
 }
 
 }  // namespace infill::render

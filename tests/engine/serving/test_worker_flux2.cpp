@@ -6,7 +6,9 @@
 #include "support/temp_dir.h"
 #include "support/tiny_flux2.h"
 
+#include <chrono>
 #include <future>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -68,10 +70,12 @@ struct Flux2Serving {
   }
 };
 
-std::future<RequestResult> submit(ServingRuntime& rt, uint64_t id, std::shared_ptr<const TemplateImage> tmpl, EditParams params) {
+std::future<RequestResult> submit(ServingRuntime& rt, uint64_t id, std::shared_ptr<const TemplateImage> tmpl, EditParams params,
+                                  RequestClass cls = RequestClass::kInteractive) {
   auto done = std::make_shared<std::promise<RequestResult>>();
   ServingRequest r;
   r.id = id;
+  r.cls = cls;
   r.tmpl = std::move(tmpl);
   r.params = std::move(params);
   r.on_complete = [done](const RequestResult& result) { done->set_value(result); };
@@ -103,7 +107,7 @@ TEST_CASE("Worker runs FLUX.2 edits from free-text prompts, template-keyed, equa
   const EditParams p = f.params("make the cup red", 7);
   auto entry = f.store->get(f.model->cache_key(*f.tmpl, p));
   REQUIRE(entry.ok());
-  auto session = f.model->create_session(f.tmpl, p, *entry);
+  auto session = f.model->create_session(f.tmpl, p, *entry, nullptr);
   REQUIRE(session.ok());
   while (!(*session)->done()) {
     StepSession* one = session->get();
@@ -141,4 +145,37 @@ TEST_CASE("Worker FLUX.2: guidance on a base model, cache off, long prompts and 
   CHECK(l.output.prompt_truncated);  // 40 words and the template's tokens do not fit in 32
   CHECK(v.state == RequestState::kFailed);
   CHECK_THAT(v.status.to_string(), Catch::Contains("prompt_text"));
+}
+
+TEST_CASE("Worker FLUX.2 live painting: the first stroke runs template-keyed while a prompt-keyed prepare runs behind it",
+          "[flux2-serving]") {
+  Flux2Serving f;
+  auto rt = f.runtime();
+  const RequestResult first = submit(*rt, 1, f.tmpl, f.params("make the cup red", 7), RequestClass::kLive).get();
+  REQUIRE(first.state == RequestState::kDone);
+  CHECK(first.output.cache_mode == "template_keyed");
+  // The background prepare ends by storing the prompt-keyed entry: wait for that event.
+  const ActivationKey key = *f.model->prompt_cache_key(*f.tmpl, f.params("make the cup red", 0));
+  CHECK(key.conditioning.rfind("prompt-", 0) == 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (!f.store->contains(key) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(f.store->contains(key));
+  // A later stroke with the same prompt reads it; another prompt falls back to template-keyed.
+  const RequestResult second = submit(*rt, 2, f.tmpl, f.params("make the cup red", 8), RequestClass::kLive).get();
+  const RequestResult other = submit(*rt, 3, f.tmpl, f.params("a dark blue patch", 8), RequestClass::kLive).get();
+  REQUIRE(second.state == RequestState::kDone);
+  CHECK(second.output.cache_mode == "prompt_keyed");
+  REQUIRE(other.state == RequestState::kDone);
+  CHECK(other.output.cache_mode == "template_keyed");
+  // The prompt-keyed stroke is the pipeline's own edit on that entry.
+  const EditParams p = f.params("make the cup red", 8);
+  auto session = f.model->create_session(f.tmpl, p, f.store->get(f.model->cache_key(*f.tmpl, p)).value(), f.store->get(key).value());
+  REQUIRE(session.ok());
+  while (!(*session)->done()) {
+    StepSession* one = session->get();
+    REQUIRE((*session)->apply(f.model->forward(std::span<StepSession* const>(&one, 1)), (*session)->step() + 1).ok());
+  }
+  CHECK(((*session)->finish().value().image.data == second.output.image.data));
 }
