@@ -14,7 +14,7 @@
  * message), so the plug-in cannot cancel its edit itself. Before waiting, it starts a small
  * watcher, this same binary run as "infill-repaint --cancel-watch ENDPOINT EDIT_ID", whose
  * stdin is a pipe from the plug-in: when the pipe closes without the word "done", the plug-in
- * died and the watcher cancels the edit on the engine (DELETE /v1/edits/ID). */
+ * died and the watcher cancels the edit on the engine (infill_client_cancel_edit). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <stddef.h>
@@ -22,7 +22,6 @@
 #include <unistd.h>
 
 #include <gio/gio.h>
-#include <gio/gunixsocketaddress.h>
 #include <libgimp/gimp.h>
 #include <libgimp/gimpui.h>
 
@@ -201,61 +200,28 @@ static gchar* check_prompt(const infill_model_info* model, const char* prompt) {
 /* The cancel watcher                                                                       */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Reads the engine's token the way libinfill_client does when none is given. */
-static gchar* read_token(const char* token_file) {
-  gchar* text = NULL;
-  gchar* path;
-  const char* env = g_getenv("INFILL_TOKEN");
-  if (token_file && token_file[0]) {
-    path = g_strdup(token_file);
-  } else if (env && env[0]) {
-    return g_strstrip(g_strdup(env));
-  } else {
-    path = g_build_filename(g_get_user_config_dir(), "infill", "token", NULL);
-  }
-  if (!g_file_get_contents(path, &text, NULL, NULL)) text = NULL;
-  g_free(path);
-  return text ? g_strstrip(text) : NULL;
-}
-
-/* Sends DELETE /v1/edits/<id> to the engine; the answer is read and dropped. */
+/* Cancels the edit on the engine through the SDK (infill_client_cancel_edit), with the token
+ * file the plug-in used, so that auth, timeouts and errors behave as in every other call. */
 static int send_cancel(const char* endpoint, const char* edit_id, const char* token_file) {
-  GSocketClient* sc = g_socket_client_new();
-  GSocketConnectable* address = NULL;
-  GSocketConnection* conn = NULL;
-  GError* error = NULL;
-  GString* request = g_string_new(NULL);
-  gchar answer[256];
-  int ok = 0;
+  infill_client_options o;
+  infill_client* client = NULL;
+  infill_error* e;
+  guint64 id = g_ascii_strtoull(edit_id, NULL, 10);
 
-  g_socket_client_set_timeout(sc, 5);
-  if (g_str_has_prefix(endpoint, "unix:")) {
-    address = G_SOCKET_CONNECTABLE(g_unix_socket_address_new(endpoint + 5));
-  } else if (g_str_has_prefix(endpoint, "http://")) {
-    gchar* token = read_token(token_file);
-    address = g_network_address_parse_uri(endpoint, 80, &error);
-    if (token) g_string_append_printf(request, "Authorization: Bearer %s\r\n", token);
-    g_free(token);
+  infill_client_options_init(&o);
+  o.endpoint = endpoint;
+  o.token_file = token_file && *token_file ? token_file : NULL;
+  o.connect_timeout_ms = 5000;
+  o.request_timeout_ms = 5000;
+  o.cancel_on_destroy = 0;
+  e = infill_client_create(&o, &client);
+  if (!e) e = infill_client_cancel_edit(client, id);
+  if (e) {
+    g_printerr("infill-repaint: cancelling edit %s at %s: %s\n", edit_id, endpoint, infill_error_message(e));
+    infill_error_delete(e);
   }
-  if (address) conn = g_socket_client_connect(sc, address, NULL, &error);
-  if (conn) {
-    GOutputStream* out = g_io_stream_get_output_stream(G_IO_STREAM(conn));
-    GInputStream* in = g_io_stream_get_input_stream(G_IO_STREAM(conn));
-    gchar* head = g_strdup_printf(
-        "DELETE /v1/edits/%s HTTP/1.1\r\nHost: localhost\r\n%sConnection: close\r\n\r\n", edit_id,
-        request->str);
-    ok = g_output_stream_write_all(out, head, strlen(head), NULL, NULL, &error) &&
-         g_input_stream_read(in, answer, sizeof answer, NULL, &error) > 0;
-    g_free(head);
-    g_object_unref(conn);
-  }
-  if (error)
-    g_printerr("infill-repaint: cancelling edit %s at %s: %s\n", edit_id, endpoint, error->message);
-  g_clear_error(&error);
-  g_string_free(request, TRUE);
-  if (address) g_object_unref(address);
-  g_object_unref(sc);
-  return ok ? 0 : 1;
+  if (client) infill_client_destroy(client);
+  return e ? 1 : 0;
 }
 
 /* infill-repaint --cancel-watch ENDPOINT EDIT_ID [TOKEN_FILE]: waits for stdin to close; cancels

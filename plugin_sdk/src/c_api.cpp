@@ -625,6 +625,18 @@ infill_error* infill_job_cancel(infill_job* job) {
   });
 }
 
+infill_error* infill_client_cancel_edit(infill_client* client, uint64_t edit_id) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (auto* e = check_client(client)) return e;
+    if (edit_id == 0) return invalid("edit_id is 0; give the id infill_job_id returned");
+    const auto& http = client->core->http();
+    auto r = infill::sdk::http_call(http, "DELETE", "/v1/edits/" + std::to_string(edit_id));
+    if (!r.ok()) return to_c(r.error());
+    if (r->status == 202 || r->status == 409) return nullptr;  // 409: it had ended
+    return to_c(infill::sdk::response_error(http, *r, "cancelling edit " + std::to_string(edit_id)));
+  });
+}
+
 infill_error* infill_job_wait(infill_job* job, uint32_t timeout_ms) {
   return guarded(__func__, [&]() -> infill_error* {
     if (!job || !job->job) return invalid("job is NULL");

@@ -936,3 +936,36 @@ TEST_CASE("sdk with a FLUX.2 model: free-text prompts, the model says so, the re
   infill_job_release(job);
   infill_client_destroy(c);
 }
+
+TEST_CASE("sdk: infill_client_cancel_edit cancels an edit by id from another client, as the GIMP watcher does",
+          "[sdk][engine]") {
+  // The worker holds the edit before its second step: it is still running when the other
+  // client cancels it, however fast the machine is.
+  StepGate gate(1);
+  ServerFixture f(true, infill::test::test_limits(), false, gate.hook());
+  const auto opener = gate.open_on_exit();
+  infill_client* c = make_client({unix_endpoint(f)});
+  infill_client* watcher = make_client({unix_endpoint(f)});
+  const infill_template_info t = upload(c, f);
+  infill_edit_params p = rect_params(t.id, 30);
+  Recorder rec;
+  rec.attach(p);
+  infill_job* job = nullptr;
+  REQUIRE_OK(infill_client_submit_edit(c, &p, &job));
+  REQUIRE(gate.wait_held(60000));
+  REQUIRE_OK(infill_client_cancel_edit(watcher, infill_job_id(job)));
+  gate.open();
+  REQUIRE(rec.wait_done(60000));
+  CHECK(rec.done_calls == 1);
+  CHECK(rec.state == INFILL_JOB_CANCELLED);
+  // Cancelling it again (it has ended) is not an error; an unknown id and id 0 are.
+  CHECK_FALSE(Err(infill_client_cancel_edit(watcher, infill_job_id(job))).failed);
+  const Err unknown(infill_client_cancel_edit(watcher, 987654321));
+  CHECK(unknown.failed);
+  CHECK(unknown.contains("987654321"));
+  const Err zero(infill_client_cancel_edit(watcher, 0));
+  CHECK(zero.code == INFILL_ERROR_INVALID_ARGUMENT);
+  infill_job_release(job);
+  infill_client_destroy(watcher);
+  infill_client_destroy(c);
+}

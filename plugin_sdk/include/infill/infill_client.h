@@ -39,7 +39,8 @@ extern "C" {
 
 /// The API version this header describes: (major << 16) | minor. A library accepts callers
 /// compiled against the same major and a minor up to its own (structs only grow).
-/// 1.1: infill_edit_params.model.
+/// 1.1: infill_edit_params.model; infill_client_cancel_edit; infill_model_info.free_text and
+/// .family; infill_done.cache_mode and .prompt_truncated.
 #define INFILL_CLIENT_API_VERSION_MAJOR 1
 #define INFILL_CLIENT_API_VERSION_MINOR 1
 #define INFILL_CLIENT_API_VERSION \
@@ -421,6 +422,12 @@ INFILL_CLIENT_API void infill_job_progress(const infill_job* job, uint32_t* step
 /// Asks the engine to stop the edit at its next step; it then ends as CANCELLED (on_done
 /// follows). Cancelling an edit that already ended is not an error.
 INFILL_CLIENT_API infill_error* infill_job_cancel(infill_job* job);
+/// Cancels an edit by its id (infill_job_id), whichever client or process submitted it: the
+/// engine stops it at its next step and it ends as CANCELLED. For watchers that outlive or
+/// stand apart from the submitting process (the GIMP plug-in's). An edit that already ended
+/// is not an error; an id the engine does not know is INFILL_ERROR_EDIT_FAILED naming it.
+/// (Added in 1.1.)
+INFILL_CLIENT_API infill_error* infill_client_cancel_edit(infill_client* client, uint64_t edit_id);
 /// Blocks until on_done has returned (NULL) or `timeout_ms` passed (INFILL_ERROR_TIMEOUT).
 /// UINT32_MAX waits without limit. Must not be called from a callback of an unfinished job.
 INFILL_CLIENT_API infill_error* infill_job_wait(infill_job* job, uint32_t timeout_ms);

@@ -231,6 +231,9 @@ class Client {
   }
   void wait_ready(uint32_t timeout_ms) { detail::check(infill_client_wait_ready(client_.get(), timeout_ms)); }
 
+  /// Cancels an edit by id, whoever submitted it (infill_client_cancel_edit).
+  void cancel_edit(uint64_t edit_id) { detail::check(infill_client_cancel_edit(client_.get(), edit_id)); }
+
   std::vector<ModelInfo> models() {
     infill_model_list* raw = nullptr;
     detail::check(infill_client_list_models(client_.get(), &raw));
