@@ -87,4 +87,20 @@ inline int wait_exit(pid_t pid, int timeout_ms) {
   return -1;
 }
 
+// Polls an edit until it ends (done, failed or cancelled) or the timeout passes; returns its
+// last status JSON.
+inline nlohmann::json wait_edit(const Endpoint& ep, uint64_t id, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  nlohmann::json j;
+  while (std::chrono::steady_clock::now() < deadline) {
+    Response s = request(ep, "GET", "/v1/edits/" + std::to_string(id));
+    if (s.status != 200) return {{"http_status", s.status}, {"body", s.body}};
+    j = s.json();
+    const std::string state = j["state"];
+    if (state == "done" || state == "failed" || state == "cancelled") return j;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return j;
+}
+
 }  // namespace infill::test

@@ -14,23 +14,6 @@
 using namespace infill;
 using namespace infill::test;
 
-namespace {
-
-nlohmann::json wait_done(const Endpoint& ep, uint64_t id, int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  nlohmann::json j;
-  while (std::chrono::steady_clock::now() < deadline) {
-    Response s = request(ep, "GET", "/v1/edits/" + std::to_string(id));
-    if (s.status != 200) return {{"http_status", s.status}, {"body", s.body}};
-    j = s.json();
-    const std::string state = j["state"];
-    if (state == "done" || state == "failed" || state == "cancelled") return j;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return j;
-}
-
-}  // namespace
 
 TEST_CASE("infill-engine serves a FLUX.2 folder with free-text prompts beside infill-tiny", "[server][process][flux2]") {
   const std::string bin = engine_binary();
@@ -69,7 +52,7 @@ TEST_CASE("infill-engine serves a FLUX.2 folder with free-text prompts beside in
   INFO(r.body);
   REQUIRE(r.status == 202);
   const uint64_t id = r.json()["id"];
-  const nlohmann::json done = wait_done(ep, id, 120000);
+  const nlohmann::json done = wait_edit(ep, id, 120000);
   INFO(done.dump());
   REQUIRE(done["state"] == "done");
   Response png = request(ep, "GET", "/v1/edits/" + std::to_string(id) + "/result");

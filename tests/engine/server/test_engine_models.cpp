@@ -16,21 +16,6 @@ using namespace infill::test;
 
 namespace {
 
-// Polls an edit until it ends; returns its last status JSON.
-nlohmann::json wait_edit(const Endpoint& ep, uint64_t id, int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  nlohmann::json j;
-  while (std::chrono::steady_clock::now() < deadline) {
-    Response s = request(ep, "GET", "/v1/edits/" + std::to_string(id));
-    if (s.status != 200) return {{"http_status", s.status}, {"body", s.body}};
-    j = s.json();
-    const std::string state = j["state"];
-    if (state == "done" || state == "failed" || state == "cancelled") return j;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return j;
-}
-
 bool binaries_present(const std::string& bin) {
   if (!std::filesystem::exists(bin)) {
     WARN("infill-engine is not built at " << bin << "; build the infill-engine target");
