@@ -6,7 +6,6 @@
 #include "support/tiny_flux2.h"
 
 #include <filesystem>
-#include <thread>
 
 #include "engine_process.h"
 #include "server_fixture.h"

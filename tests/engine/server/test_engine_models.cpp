@@ -6,7 +6,6 @@
 
 #include <filesystem>
 #include <set>
-#include <thread>
 
 #include "engine_process.h"
 #include "server_fixture.h"
