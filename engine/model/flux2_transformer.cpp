@@ -64,7 +64,7 @@ struct Flux2Transformer::Weights {
     auto lin = [&](const std::string& name, Linear& l, int64_t out, int64_t in) {
       s.push_back({name + ".weight", {out, in}, &l.w});
     };
-    lin("img_in", img_in, h, cfg.in_channels);
+    lin("img_in", img_in, h, cfg.input_channels());
     lin("txt_in", txt_in, h, cfg.context_dim);
     lin("time_in.in_layer", time_in0, h, cfg.time_embed_dim);
     lin("time_in.out_layer", time_in1, h, h);
@@ -110,6 +110,11 @@ Status Flux2Config::validate() const {
   if (in_channels <= 0 || context_dim <= 0 || hidden_size <= 0 || mlp_hidden <= 0 || time_embed_dim <= 0) {
     return bad("sizes must be positive");
   }
+  if (mask_channels < 0 || mask_cells() * mask_cells() != mask_channels) {
+    return bad("mask_channels is " + std::to_string(mask_channels) +
+               ", expected 0 or a square (p x p mask cells per token): img_in reads " + std::to_string(input_channels()) +
+               " channels, final_layer.linear writes " + std::to_string(in_channels));
+  }
   if (num_heads <= 0 || hidden_size % num_heads != 0) {
     return bad("hidden_size " + std::to_string(hidden_size) + " is not a multiple of num_heads " +
                std::to_string(num_heads));
@@ -127,8 +132,14 @@ Status Flux2Config::validate() const {
   return {};
 }
 
+int Flux2Config::mask_cells() const {
+  int p = 0;
+  while ((p + 1) * (p + 1) <= mask_channels) ++p;
+  return p;
+}
+
 std::string Flux2Config::family_size() const {
-  if (in_channels != 128) return "custom";
+  if (in_channels != 128 || mask_channels != 0) return "custom";
   if (hidden_size == 3072 && num_heads == 24 && double_blocks == 5 && single_blocks == 20 && context_dim == 7680) {
     return "klein-4b";
   }
@@ -188,7 +199,10 @@ Result<Flux2Config> infer_flux2_config(const Flux2Checkpoint& checkpoint) {
   INFILL_ASSIGN_OR_RETURN(auto txt_in, shape_of("txt_in.weight", 2));
   INFILL_ASSIGN_OR_RETURN(auto time_in, shape_of("time_in.in_layer.weight", 2));
   c.hidden_size = static_cast<int>(img_in[0]);
-  c.in_channels = static_cast<int>(img_in[1]);
+  INFILL_ASSIGN_OR_RETURN(auto final_linear, shape_of("final_layer.linear.weight", 2));
+  // The prediction is a latent; img_in may read more (mask-conditioned models).
+  c.in_channels = static_cast<int>(final_linear[0]);
+  c.mask_channels = static_cast<int>(img_in[1] - final_linear[0]);
   c.context_dim = static_cast<int>(txt_in[1]);
   c.time_embed_dim = static_cast<int>(time_in[1]);
   c.double_blocks = count_blocks("double_blocks");
@@ -435,8 +449,8 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     s.seg = &seg;
     s.rt = seg.txt.defined() ? seg.txt.size(0) : 0;
     s.ri = seg.img.defined() ? seg.img.size(0) : 0;
-    TORCH_CHECK(s.ri > 0 && seg.img.dim() == 2 && seg.img.size(1) == cfg.in_channels, "segment ", i,
-                ": img must be [R >= 1, ", cfg.in_channels, "]");
+    TORCH_CHECK(s.ri > 0 && seg.img.dim() == 2 && seg.img.size(1) == cfg.input_channels(), "segment ", i,
+                ": img must be [R >= 1, ", cfg.input_channels(), "]");
     TORCH_CHECK(seg.img_ids.defined() && seg.img_ids.sizes() == at::IntArrayRef({s.ri, 4}), "segment ", i,
                 ": img_ids must be [", s.ri, ", 4]");
     if (s.rt > 0) {

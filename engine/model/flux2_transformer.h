@@ -32,6 +32,10 @@ namespace infill {
 
 struct Flux2Config {
   int in_channels = 128;     ///< latent channels per token (the prediction has as many)
+  /// Extra input channels of mask-conditioned models (the FLUX.1 Fill convention, used by the
+  /// bundled model): p x p cells per image token, each the share of masked pixels in it.
+  /// `img_in` reads in_channels + mask_channels; published FLUX.2 checkpoints have none.
+  int mask_channels = 0;
   int context_dim = 7680;    ///< width of a text embedding row
   int hidden_size = 3072;
   int num_heads = 24;
@@ -44,6 +48,10 @@ struct Flux2Config {
   double theta = 2000.0;
 
   int head_dim() const { return hidden_size / num_heads; }
+  /// Width of an image row: latent and mask channels.
+  int input_channels() const { return in_channels + mask_channels; }
+  /// Cells per side of a token's mask (sqrt of mask_channels; 0 without).
+  int mask_cells() const;
   int depth() const { return double_blocks + single_blocks; }
   /// invalid_argument naming the field unless the sizes are consistent.
   Status validate() const;
@@ -71,7 +79,8 @@ struct Flux2Segment {
   at::Tensor txt;
   /// [R_t, 4] float (t, h, w, l) position ids of those rows.
   at::Tensor txt_ids;
-  /// [R_i, in_channels] image and reference token rows to compute (R_i >= 1).
+  /// [R_i, in_channels + mask_channels] image and reference token rows to compute (R_i >= 1):
+  /// the latent, then the mask cells (zero for reference tokens).
   at::Tensor img;
   /// [R_i, 4] float position ids of those rows (reference tokens have t = 10).
   at::Tensor img_ids;

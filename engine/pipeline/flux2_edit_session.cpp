@@ -55,6 +55,10 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   INFILL_ASSIGN_OR_RETURN(at::Tensor mask, checked_edit_mask(params.mask, *tmpl));
   INFILL_RETURN_IF_ERROR(check_edit_ranges(params.strength, params.halo_tokens, params.feather_px));
   INFILL_RETURN_IF_ERROR(check_text(params.prompt, "prompt", cfg));
+  if (cfg.mask_channels > 0 && codec->factor() % cfg.mask_cells() != 0) {
+    return invalid_argument("the model's " + std::to_string(cfg.mask_cells()) + "x" + std::to_string(cfg.mask_cells()) +
+                            " mask cells do not divide its tokens of " + std::to_string(codec->factor()) + " pixels");
+  }
   if (tmpl->latent.size(0) != cfg.in_channels || codec->factor() * tmpl->latent.size(1) != tmpl->model_height) {
     return invalid_argument("the template was not encoded for this model (latent " + std::to_string(tmpl->latent.size(0)) +
                             " channels, the model reads " + std::to_string(cfg.in_channels) + ")");
@@ -91,6 +95,8 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   s->tokens_ = masked_tokens(latent_mask(padded, s->codec_->factor()), 1, params.halo_tokens);
 
   s->clean_ = latent_to_tokens(tmpl->latent);
+  s->mask_rows_ = flux2_mask_rows(padded, s->codec_->factor(), cfg.mask_cells());
+  s->no_mask_rows_ = at::zeros_like(s->mask_rows_);
   const at::Tensor template_noise_rows = latent_to_tokens(template_noise(*tmpl, params.template_seed));
   const at::Tensor edit_noise_rows = latent_to_tokens(template_noise(*tmpl, params.seed));
   const at::Tensor masked = s->tokens_.token_mask().unsqueeze(1);
@@ -131,14 +137,14 @@ void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, co
   if (entry == nullptr) {  // every token: text, image, reference
     s.txt = text;
     s.txt_ids = text_ids_;
-    s.img = at::cat({x_, clean_});
+    s.img = at::cat({flux2_with_mask(x_, mask_rows_), flux2_with_mask(clean_, no_mask_rows_)});
     s.img_ids = image_ids_;
     return;
   }
   kv->set_step(step_);
   s.kv = kv;
   s.sequence_length = text_rows_ + 2 * grid_h_ * grid_w_;
-  s.img = x_.index_select(0, idx);
+  s.img = flux2_with_mask(x_.index_select(0, idx), mask_rows_.index_select(0, idx));
   s.img_ids = masked_ids_;
   if (compute_text) {
     s.txt = text;

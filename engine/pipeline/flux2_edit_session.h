@@ -118,6 +118,8 @@ class Flux2EditSession {
   TokenSet tokens_;
   int64_t grid_h_ = 0, grid_w_ = 0, text_rows_ = 0;
   at::Tensor clean_;          // [N, C] template latent tokens
+  at::Tensor mask_rows_;      // [N, k] mask cells of image tokens (k = the model's mask_channels)
+  at::Tensor no_mask_rows_;   // [N, k] zeros: reference tokens
   at::Tensor noise_;          // [N, C] template noise outside the mask, edit noise inside
   at::Tensor x_;              // [N, C] current noisy latent tokens
   at::Tensor last_velocity_;  // [M, C] of the last applied step, for previews

@@ -36,7 +36,9 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr
   run->text_ids_ = flux2_text_ids(text.size(0));
   run->clean_ = latent_to_tokens(tmpl->latent);
   run->noise_ = latent_to_tokens(template_noise(*tmpl, template_seed));
-  run->reference_ = run->clean_;
+  // The prepare run sees no mask: every image token is unmasked, as an edit's cached tokens are.
+  run->no_mask_rows_ = at::zeros({run->clean_.size(0), cfg.mask_channels}, at::kFloat);
+  run->reference_ = flux2_with_mask(run->clean_, run->no_mask_rows_);
   run->image_ids_ = at::cat({flux2_grid_ids(h, w, 0), flux2_grid_ids(h, w, kFlux2ReferenceTime)});
   run->guidance_ = guidance;
   ActivationLayout layout;
@@ -58,7 +60,7 @@ void Flux2PrepareRun::run_step() {
   Flux2Segment segment;
   segment.txt = text_;
   segment.txt_ids = text_ids_;
-  segment.img = at::cat({sampler_->add_noise(clean_, noise_, i), reference_});
+  segment.img = at::cat({flux2_with_mask(sampler_->add_noise(clean_, noise_, i), no_mask_rows_), reference_});
   segment.img_ids = image_ids_;
   segment.timestep = sampler_->model_timestep(i) / 1000.0;
   segment.guidance = guidance_;

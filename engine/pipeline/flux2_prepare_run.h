@@ -53,7 +53,9 @@ class Flux2PrepareRun {
   std::optional<Sampler> sampler_;
   std::shared_ptr<ActivationEntry> entry_;
   std::unique_ptr<EntryKvSink> sink_;
-  at::Tensor text_, text_ids_, clean_, noise_, reference_, image_ids_;
+  at::Tensor text_, text_ids_, clean_, noise_, image_ids_;
+  at::Tensor no_mask_rows_;  // [N, mask_channels] zeros
+  at::Tensor reference_;     // [N, in_channels + mask_channels] the clean latent as reference tokens
   double guidance_ = 0.0;
   int step_ = 0;
 };

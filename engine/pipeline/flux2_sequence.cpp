@@ -19,6 +19,25 @@ at::Tensor flux2_grid_ids(int64_t h, int64_t w, int t) {
   return ids;
 }
 
+at::Tensor flux2_mask_rows(const at::Tensor& pixel_mask, int token_pixels, int cells) {
+  TORCH_CHECK(pixel_mask.dim() == 2 && token_pixels > 0 && pixel_mask.size(0) % token_pixels == 0 &&
+                  pixel_mask.size(1) % token_pixels == 0,
+              "flux2_mask_rows: mask must be [H, W] with H and W multiples of ", token_pixels);
+  const int64_t h = pixel_mask.size(0) / token_pixels, w = pixel_mask.size(1) / token_pixels;
+  if (cells == 0) return at::zeros({h * w, 0}, at::kFloat);
+  TORCH_CHECK(cells > 0 && token_pixels % cells == 0, "flux2_mask_rows: ", cells, " cells do not divide a token of ",
+              token_pixels, " pixels");
+  const int64_t cell = token_pixels / cells;
+  const at::Tensor means =
+      at::avg_pool2d(pixel_mask.to(at::kFloat).unsqueeze(0).unsqueeze(0), {cell, cell}, {cell, cell})[0][0];
+  // [h * cells, w * cells] -> [h, w, cells, cells] -> [h * w, cells * cells]
+  return means.reshape({h, cells, w, cells}).permute({0, 2, 1, 3}).reshape({h * w, int64_t{cells} * cells}).contiguous();
+}
+
+at::Tensor flux2_with_mask(const at::Tensor& rows, const at::Tensor& mask_rows) {
+  return mask_rows.size(1) == 0 ? rows : at::cat({rows, mask_rows}, 1);
+}
+
 at::Tensor latent_to_tokens(const at::Tensor& chw) {
   return chw.reshape({chw.size(0), chw.size(1) * chw.size(2)}).t().contiguous();
 }

@@ -18,6 +18,13 @@ constexpr int kFlux2ReferenceTime = 10;
 at::Tensor flux2_text_ids(int64_t length);
 /// float [h * w, 4] ids (t, y, x, 0) of a latent grid, row-major.
 at::Tensor flux2_grid_ids(int64_t h, int64_t w, int t);
+/// The mask cells of mask-conditioned models (Flux2Config::mask_channels = cells * cells):
+/// `pixel_mask` [H, W] float in [0, 1], H and W multiples of `token_pixels` -> float
+/// [(H / token_pixels) * (W / token_pixels), cells * cells], row-major tokens, each row the mean
+/// mask over the token's cells in (y, x) order. cells == 0 gives [tokens, 0].
+at::Tensor flux2_mask_rows(const at::Tensor& pixel_mask, int token_pixels, int cells);
+/// rows [N, C] with `mask_rows` [N, k] appended (rows itself when k == 0).
+at::Tensor flux2_with_mask(const at::Tensor& rows, const at::Tensor& mask_rows);
 /// [C, h, w] latent -> [h * w, C] token rows, row-major.
 at::Tensor latent_to_tokens(const at::Tensor& chw);
 /// The inverse: [h * w, C] -> [C, h, w].

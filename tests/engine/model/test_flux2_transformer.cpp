@@ -320,6 +320,28 @@ TEST_CASE("FLUX.2 weights keep their stored dtype and round-trip through a file"
   CHECK(at::equal(forward_one(model, full_segment(r, 0.5)), forward_one(*loaded, full_segment(r, 0.5))));
 }
 
+TEST_CASE("FLUX.2 mask-conditioned transformers: mask channels inferred from img_in and final_layer", "[flux2]") {
+  infill::test::TempDir dir;
+  Flux2Config cfg = small_config();
+  cfg.mask_channels = 4;
+  const std::string path = dir.path() + "/masked.safetensors";
+  REQUIRE(Flux2Transformer::random(cfg, 5, at::kFloat).save(path).ok());
+  auto file = infill::SafetensorsFile::open(path);
+  REQUIRE(file.ok());
+  auto inferred = infill::infer_flux2_config(*file, "");
+  REQUIRE(inferred.ok());
+  CHECK(inferred->in_channels == cfg.in_channels);
+  CHECK(inferred->mask_channels == 4);
+  CHECK(inferred->input_channels() == cfg.in_channels + 4);
+  CHECK(inferred->family_size() == "custom");
+  // Not a square number of cells: refused, naming the widths.
+  cfg.mask_channels = 3;
+  const infill::Status bad = cfg.validate();
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.message(), Catch::Matchers::Contains("mask_channels is 3"));
+  CHECK_THAT(bad.message(), Catch::Matchers::Contains("final_layer.linear"));
+}
+
 TEST_CASE("FLUX.2 bad checkpoints are refused naming the tensor", "[flux2]") {
   infill::test::TempDir dir;
   const Flux2Config cfg = small_config();

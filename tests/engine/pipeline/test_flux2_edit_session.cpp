@@ -16,6 +16,7 @@
 #include "model/safetensors.h"
 #include "pipeline/flux2_edit_session.h"
 #include "pipeline/flux2_prepare_run.h"
+#include "pipeline/flux2_sequence.h"
 
 using namespace infill;
 
@@ -189,6 +190,55 @@ TEST_CASE("FLUX.2 edit: pixels outside the mask keep their bytes in every mode, 
   REQUIRE(untouched.ok());
   CHECK(untouched->steps_run == 0);
   CHECK((untouched->image.data == image.data));
+}
+
+TEST_CASE("FLUX.2 edit: a mask-conditioned model reads the mask cells of the edited tokens; the prepare run sees none",
+          "[flux2-edit]") {
+  c10::InferenceMode guard;
+  Flux2Config cfg = small_config();
+  cfg.mask_channels = 4;  // 2x2 cells of 8 px per 16-px token
+  const auto model = std::make_shared<const Flux2Transformer>(Flux2Transformer::random(cfg, 6, at::kFloat));
+  const auto codec = patch_codec();
+  const PixelImage image = test::random_image(80, 48, 3, PixelFormat::kU8, 2);
+  const auto tmpl = make_flux2_template(*codec, image);
+  const at::Tensor prompt = at::randn({4, 32}, at::make_generator<at::CPUGeneratorImpl>(8));
+  Flux2EditParams params;
+  // Tokens (1, 1) and (1, 2) fully, and the top-right cell of token (0, 2) only.
+  params.mask = rect_mask(80, 48, 16, 16, 32, 16) + rect_mask(80, 48, 40, 0, 8, 8);
+  params.steps = 2;
+  params.prompt = prompt;
+  params.halo_tokens = 0;
+  const int64_t n = 15;  // 5 x 3 tokens
+
+  const at::Tensor cells = flux2_mask_rows(params.mask, 16, 2);
+  REQUIRE(cells.sizes() == at::IntArrayRef({n, 4}));
+  CHECK(at::equal(cells[2], at::tensor({0.0f, 1.0f, 0.0f, 0.0f})));
+  CHECK(at::equal(cells[6], at::ones({4})));
+  CHECK(cells.sum().item<double>() == 9.0);
+
+  auto off = Flux2EditSession::create(model, codec, tmpl, params, {});
+  REQUIRE(off.ok());
+  const Flux2Segment full = (*off)->segments()[0];
+  REQUIRE(full.img.sizes() == at::IntArrayRef({2 * n, 132}));
+  CHECK(at::equal(full.img.narrow(0, 0, n).narrow(1, 128, 4), cells));
+  CHECK(full.img.narrow(0, n, n).narrow(1, 128, 4).abs().sum().item<double>() == 0.0);  // reference tokens
+
+  auto run = Flux2PrepareRun::create(model, tmpl, prompt, 2, params.template_seed, 1.0);
+  REQUIRE(run.ok());
+  (*run)->run_step();  // runs with zero cells everywhere (a wrong width would throw)
+  Flux2Cache cache;
+  cache.prompt_keyed = prepare(model, tmpl, prompt, 2, params.template_seed);
+  auto cached = Flux2EditSession::create(model, codec, tmpl, params, cache);
+  REQUIRE(cached.ok());
+  const Flux2Segment masked = (*cached)->segments()[0];
+  REQUIRE(masked.img.sizes() == at::IntArrayRef({3, 132}));  // tokens 2, 6, 7
+  CHECK(at::equal(masked.img.narrow(1, 128, 4), cells.index_select(0, at::tensor({2, 6, 7}, at::kLong))));
+
+  for (const Flux2Cache& c : {Flux2Cache{}, cache}) {
+    auto out = run_edit(model, codec, tmpl, params, c);
+    REQUIRE(out.ok());
+    CHECK(outside_identical(out->image, image, params.mask));
+  }
 }
 
 TEST_CASE("FLUX.2 edit: classifier-free guidance runs a cached null-prompt segment; guidance_embed models embed it",
