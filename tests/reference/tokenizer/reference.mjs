@@ -5,7 +5,9 @@
 //                                     the lines infill-tokenize prints (plain, or --chat)
 //   node reference.mjs chat DIR N     same, chat-templated and truncated at N tokens
 // Tokenizers.js (@huggingface/tokenizers) encodes; @huggingface/jinja renders the folder's
-// chat template with add_generation_prompt and enable_thinking=false, as FLUX.2 [klein] does.
+// chat template (DIR/chat_template.jinja when present, as transformers and the engine read
+// it, else tokenizer_config.json's "chat_template") with add_generation_prompt and
+// enable_thinking=false, as FLUX.2 [klein] does.
 import fs from "node:fs";
 import path from "node:path";
 import readline from "node:readline";
@@ -30,7 +32,8 @@ if (mode === "export") {
 const tokenizerJson = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));
 const tokenizerConfig = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
 const tokenizer = new Tokenizer(tokenizerJson, tokenizerConfig);
-const template = new Template(tokenizerConfig.chat_template);
+const jinjaPath = path.join(dir, "chat_template.jinja");
+const template = new Template(fs.existsSync(jinjaPath) ? fs.readFileSync(jinjaPath, "utf8") : tokenizerConfig.chat_template);
 const maxLength = Number(maxArg ?? 512);
 
 const lines = readline.createInterface({ input: process.stdin });
