@@ -31,4 +31,24 @@ double psnr(const at::Tensor& a, const at::Tensor& b) {
   return mse <= 1e-10 ? 100.0 : -10.0 * std::log10(mse);
 }
 
+double blockiness(const at::Tensor& image, int period) {
+  TORCH_CHECK(image.dim() == 3 && image.size(1) > period && image.size(2) > period && period >= 2,
+              "blockiness: image is ", image.sizes(), ", expected [C, H, W] with H and W above the period ", period);
+  c10::InferenceMode guard;
+  const at::Tensor x = image.to(at::kFloat);
+  const at::Tensor dx = (x.narrow(2, 1, x.size(2) - 1) - x.narrow(2, 0, x.size(2) - 1)).abs();  // [C, H, W-1]
+  const at::Tensor dy = (x.narrow(1, 1, x.size(1) - 1) - x.narrow(1, 0, x.size(1) - 1)).abs();  // [C, H-1, W]
+  // Difference j lies between pixels j and j + 1: on a boundary when j + 1 is a multiple of period.
+  const auto on_boundary = [&](int64_t n) { return ((at::arange(n, at::kLong) + 1) % period) == 0; };
+  const at::Tensor bx = on_boundary(dx.size(2)).to(at::kFloat).view({1, 1, -1}).expand_as(dx);
+  const at::Tensor by = on_boundary(dy.size(1)).to(at::kFloat).view({1, -1, 1}).expand_as(dy);
+  const double boundary_sum = (dx * bx).sum().item<double>() + (dy * by).sum().item<double>();
+  const double boundary_count = bx.sum().item<double>() + by.sum().item<double>();
+  const double inside_sum = dx.sum().item<double>() + dy.sum().item<double>() - boundary_sum;
+  const double inside_count = static_cast<double>(dx.numel() + dy.numel()) - boundary_count;
+  // The small constant makes a constant image score 1 rather than 0/0.
+  constexpr double kEps = 1e-8;
+  return (boundary_sum / boundary_count + kEps) / (inside_sum / inside_count + kEps);
+}
+
 }  // namespace infill::train

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "trainer.h"
+#include "loss_curve.h"
 
 namespace infill::train {
 

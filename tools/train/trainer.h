@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "model/latent_codec.h"
 #include "model/manifest.h"
+#include "loss_curve.h"
 #include "wallpaper_dataset.h"
 
 namespace infill::train {
@@ -39,19 +40,6 @@ struct TrainOptions {
   double recolour_share = 0.5;
   int checkpoint_every = 200;
   std::string work_dir;         ///< checkpoints and the loss log live here
-};
-
-/// One logged point of the loss curve.
-struct LossPoint {
-  int step = 0;
-  double loss = 0.0;  ///< mean over the steps since the previous point
-  double seconds = 0.0;  ///< wall time of the run so far (this process and earlier ones)
-};
-
-struct TrainResult {
-  std::vector<LossPoint> curve;
-  std::vector<LossPoint> held_out_curve;  ///< loss on a fixed held-out batch
-  double seconds = 0.0;
 };
 
 /// Latents as the DiT sees them: (codec latent - shift) * scale.
