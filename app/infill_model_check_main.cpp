@@ -28,7 +28,6 @@ int describe_folder(const std::string& path) {
   }
   const infill::Flux2Folder& f = (*model)->folder;
   const infill::Flux2Config& c = (*model)->transformer.config();
-  const infill::Flux2AutoencoderConfig& ae = (*model)->autoencoder->config();
   line["layout"] = infill::flux2_layout_name(f.layout);
   line["pipeline_class"] = f.pipeline_class;
   line["family_size"] = c.family_size();
@@ -41,10 +40,18 @@ int describe_folder(const std::string& path) {
                          {"double_blocks", c.double_blocks},
                          {"single_blocks", c.single_blocks},
                          {"context_dim", c.context_dim},
+                         {"mask_channels", c.mask_channels},
                          {"guidance_embed", c.guidance_embed},
                          {"weight_bytes", (*model)->transformer.weight_bytes()}};
-  line["autoencoder"] = {{"file", f.autoencoder_file}, {"ch", ae.ch}, {"z_channels", ae.z_channels},
-                         {"factor", ae.factor()}};
+  line["autoencoder"] = {{"file", f.autoencoder_file},
+                         {"class", f.codec_class.empty() ? "AutoencoderKLFlux2" : f.codec_class},
+                         {"latent_channels", (*model)->codec->latent_channels()},
+                         {"factor", (*model)->codec->factor()}};
+  if ((*model)->autoencoder) {
+    line["autoencoder"]["ch"] = (*model)->autoencoder->config().ch;
+    line["autoencoder"]["z_channels"] = (*model)->autoencoder->config().z_channels;
+  }
+  line["max_sequence_length"] = f.max_sequence_length;
   line["text_encoder"] = f.text_encoder_dir;
   line["tokenizer"] = f.tokenizer_dir;
   line["load_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -1,6 +1,7 @@
-// infill-train: trains the bundled infill-tiny model (patch PCA codec + inpainting DiT) from
-// wallpapers shipped in Debian packages. Not needed at run time. See
-// resources/models/infill-tiny/MODEL_CARD.md for the exact command and the recipe.
+// infill-train: trains the bundled models from wallpapers shipped in Debian packages. Not
+// needed at run time. The default recipe makes infill-tiny 2 (FLUX.2 architecture, free-text
+// prompts; tools/train/tiny2_recipe.h); `--arch dit` makes the first infill-tiny (patch PCA
+// codec + inpainting DiT). Each model card gives the exact command.
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "tools/train/colour_words.h"
 #include "tools/train/loss_plot.h"
 #include "tools/train/patch_pca_fit.h"
+#include "tools/train/tiny2_recipe.h"
 #include "tools/train/trainer.h"
 #include "tools/train/wallpaper_dataset.h"
 
@@ -28,10 +30,15 @@ namespace {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: infill-train --out DIR [--work DIR] [--seed N] [--steps N] [--small-steps N] [--batch N] [--threads N]\n"
-               "                    [--hidden N] [--depth N] [--heads N] [--channels N] [--lr X] [--recolour-share X]\n"
-               "Trains infill-tiny into DIR (manifest.json, dit.safetensors, codec.safetensors, training.json,\n"
-               "loss.png). Resumes from the checkpoint in --work (default $XDG_CACHE_HOME/infill/train).\n");
+               "usage: infill-train --out DIR [--arch flux2|dit] [--work DIR] [--seed N] [--threads N] [--steps N]\n"
+               "                    [--small-steps N] [--hidden N] [--heads N] [--lr X] [--recolour-share X]\n"
+               "  flux2 (default, infill-tiny 2): [--decoder-steps N] [--double-blocks N] [--single-blocks N]\n"
+               "                    [--vocab-size N] [--max-length N] [--stop-after codec|text|transformer]\n"
+               "  dit (infill-tiny): [--batch N] [--depth N] [--channels N]\n"
+               "Trains a bundled model into DIR. flux2 writes a diffusers-layout FLUX.2 folder (model_index.json,\n"
+               "transformer/, vae/, text_encoder/, tokenizer/, training.json, loss.png); dit writes manifest.json,\n"
+               "dit.safetensors, codec.safetensors, training.json, loss.png. Resumes from the checkpoints in\n"
+               "--work (default $XDG_CACHE_HOME/infill/train).\n");
 }
 
 std::string default_work_dir() {
@@ -44,9 +51,11 @@ std::string default_work_dir() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out, work = default_work_dir();
+  std::string out, work = default_work_dir(), arch = "flux2";
   train::TrainOptions options;
+  train::Tiny2Options tiny2;
   int threads = 2, hidden = 256, depth = 6, heads = 4, channels = 8;
+  bool hidden_given = false, heads_given = false, steps_given = false, small_steps_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -67,15 +76,22 @@ int main(int argc, char** argv) {
       return n;
     };
     if (a == "--out") out = value();
+    else if (a == "--arch") arch = value();
     else if (a == "--work") work = value();
     else if (a == "--seed") options.seed = static_cast<uint64_t>(number());
-    else if (a == "--steps") options.steps = static_cast<int>(number());
+    else if (a == "--steps") options.steps = static_cast<int>(number()), steps_given = true;
     else if (a == "--batch") options.batch = static_cast<int>(number());
-    else if (a == "--small-steps") options.small_steps = static_cast<int>(number());
+    else if (a == "--small-steps") options.small_steps = static_cast<int>(number()), small_steps_given = true;
     else if (a == "--threads") threads = static_cast<int>(number());
-    else if (a == "--hidden") hidden = static_cast<int>(number());
+    else if (a == "--hidden") hidden = static_cast<int>(number()), hidden_given = true;
     else if (a == "--depth") depth = static_cast<int>(number());
-    else if (a == "--heads") heads = static_cast<int>(number());
+    else if (a == "--heads") heads = static_cast<int>(number()), heads_given = true;
+    else if (a == "--decoder-steps") tiny2.decoder_steps = static_cast<int>(number());
+    else if (a == "--double-blocks") tiny2.double_blocks = static_cast<int>(number());
+    else if (a == "--single-blocks") tiny2.single_blocks = static_cast<int>(number());
+    else if (a == "--vocab-size") tiny2.vocab_size = static_cast<int>(number());
+    else if (a == "--max-length") tiny2.max_sequence_length = static_cast<int>(number());
+    else if (a == "--stop-after") tiny2.stop_after = value();
     else if (a == "--channels") channels = static_cast<int>(number());
     else if (a == "--lr") options.lr = std::atof(value().c_str());
     else if (a == "--recolour-share") options.recolour_share = std::atof(value().c_str());
@@ -91,6 +107,33 @@ int main(int argc, char** argv) {
   if (out.empty()) {
     usage();
     return 2;
+  }
+  if (arch != "flux2" && arch != "dit") {
+    std::fprintf(stderr, "Error: --arch is \"%s\", expected flux2 or dit\n", arch.c_str());
+    return 2;
+  }
+  if (!tiny2.stop_after.empty() && tiny2.stop_after != "codec" && tiny2.stop_after != "text" &&
+      tiny2.stop_after != "transformer") {
+    std::fprintf(stderr, "Error: --stop-after is \"%s\", expected codec, text or transformer\n", tiny2.stop_after.c_str());
+    return 2;
+  }
+  if (arch == "flux2") {
+    tiny2.out = out;
+    tiny2.work_dir = work + "/tiny2";
+    tiny2.seed = options.seed;
+    tiny2.threads = threads;
+    if (hidden_given) tiny2.hidden = hidden;
+    if (heads_given) tiny2.heads = heads;
+    if (steps_given) tiny2.transformer_steps = options.steps;
+    if (small_steps_given) tiny2.small_steps = options.small_steps;
+    tiny2.lr = options.lr;
+    tiny2.recolour_share = options.recolour_share;
+    const Status s = train::make_infill_tiny2(tiny2, [](const std::string& line) { std::cout << line << std::endl; });
+    if (!s.ok()) {
+      std::fprintf(stderr, "Error: %s\n", s.message().c_str());
+      return 5;
+    }
+    return 0;
   }
   set_compute_threads(threads);
   options.work_dir = work;

@@ -46,6 +46,41 @@ bool name_says_distilled(const std::string& name) {
   return n.find("klein") != std::string::npos && n.find("base") == std::string::npos;
 }
 
+// model_index.json's "infill" object (the bundled model's settings), when present.
+Status read_infill_settings(const nlohmann::json& index, const std::string& index_path, Flux2Folder& f) {
+  if (!index.contains("infill")) return {};
+  const nlohmann::json& s = index["infill"];
+  const auto bad = [&](const std::string& field, const std::string& expected) {
+    return invalid_argument(index_path + ": \"infill\"." + field + " is " + (s.contains(field) ? s[field].dump() : "missing") +
+                            ", expected " + expected);
+  };
+  if (!s.is_object()) return invalid_argument(index_path + ": \"infill\" is not an object");
+  if (s.contains("max_sequence_length")) {
+    if (!s["max_sequence_length"].is_number_integer() || s["max_sequence_length"].get<int>() < 1 ||
+        s["max_sequence_length"].get<int>() > 4096) {
+      return bad("max_sequence_length", "an integer in 1..4096");
+    }
+    f.max_sequence_length = s["max_sequence_length"].get<int>();
+  }
+  if (s.contains("default_steps")) {
+    if (!s["default_steps"].is_number_integer() || s["default_steps"].get<int>() < 1 || s["default_steps"].get<int>() > 1000) {
+      return bad("default_steps", "an integer in 1..1000");
+    }
+    f.default_steps = s["default_steps"].get<int>();
+  }
+  if (s.contains("default_guidance")) {
+    if (!s["default_guidance"].is_number() || s["default_guidance"].get<double>() < 0 || s["default_guidance"].get<double>() > 20) {
+      return bad("default_guidance", "a number in [0, 20]");
+    }
+    f.default_guidance = s["default_guidance"].get<double>();
+  }
+  if (s.contains("description")) {
+    if (!s["description"].is_string()) return bad("description", "a string");
+    f.description = s["description"].get<std::string>();
+  }
+  return {};
+}
+
 Result<Flux2Folder> diffusers_folder(const fs::path& root) {
   Flux2Folder f;
   f.layout = Flux2Folder::Layout::kDiffusers;
@@ -67,10 +102,21 @@ Result<Flux2Folder> diffusers_folder(const fs::path& root) {
     }
   }
   INFILL_ASSIGN_OR_RETURN(f.transformer_files, safetensors_shards((root / "transformer").string(), "diffusion_pytorch_model"));
-  INFILL_ASSIGN_OR_RETURN(auto vae, safetensors_shards((root / "vae").string(), "diffusion_pytorch_model"));
-  if (vae.size() != 1) return invalid_argument((root / "vae").string() + ": a sharded autoencoder is not supported");
-  f.autoencoder_file = vae[0];
-  f.autoencoder_diffusers_names = true;
+  const nlohmann::json& vae_entry = index["vae"];
+  if (vae_entry.is_array() && vae_entry.size() == 2 && vae_entry[0] == "infill") {
+    if (vae_entry[1] != "LearnedDecoderCodec") {
+      return invalid_argument(index_path + ": \"vae\" names codec " + vae_entry[1].dump() +
+                              ", expected [\"infill\", \"LearnedDecoderCodec\"] or a diffusers autoencoder");
+    }
+    f.codec_class = "LearnedDecoderCodec";
+    f.autoencoder_file = (root / "vae" / "codec.safetensors").string();
+    INFILL_RETURN_IF_ERROR(require_file(f.autoencoder_file, "the bundled model's codec"));
+  } else {
+    INFILL_ASSIGN_OR_RETURN(auto vae, safetensors_shards((root / "vae").string(), "diffusion_pytorch_model"));
+    if (vae.size() != 1) return invalid_argument((root / "vae").string() + ": a sharded autoencoder is not supported");
+    f.autoencoder_file = vae[0];
+    f.autoencoder_diffusers_names = true;
+  }
   f.text_encoder_dir = (root / "text_encoder").string();
   INFILL_RETURN_IF_ERROR(require_file(root / "text_encoder" / "config.json", "the text encoder's configuration"));
   INFILL_RETURN_IF_ERROR(safetensors_shards((root / "text_encoder").string(), "model").status());
@@ -84,6 +130,7 @@ Result<Flux2Folder> diffusers_folder(const fs::path& root) {
     f.distilled = false;
   }
   set_defaults(f);
+  INFILL_RETURN_IF_ERROR(read_infill_settings(index, index_path, f));
   return f;
 }
 

@@ -11,6 +11,12 @@
 ///   transformer file itself with `ae.safetensors` beside it; a `text_encoder/` and
 ///   `tokenizer/` beside them are used when present.
 ///
+/// The bundled model (infill-tiny 2) uses the diffusers layout with two extensions, both in
+/// model_index.json: `"vae": ["infill", "LearnedDecoderCodec"]` with `vae/codec.safetensors`
+/// (model/learned_decoder_codec.h) in place of the FLUX.2 VAE, and an `"infill"` object with
+/// `max_sequence_length` (text rows; 512, klein's, by default), `default_steps`,
+/// `default_guidance` and `description`.
+///
 /// Distilled or base: `model_index.json`'s "is_distilled" (klein's distilled checkpoints set
 /// it; base ones do not), else the folder or file name ("klein" without "base" is
 /// distilled), else base. A distilled checkpoint runs 4 steps without guidance, a base one
@@ -35,6 +41,8 @@ struct Flux2Folder {
   /// The autoencoder file; `autoencoder_diffusers_names` when it is diffusers' vae/ file.
   std::string autoencoder_file;
   bool autoencoder_diffusers_names = false;
+  /// "" for the FLUX.2 VAE; "LearnedDecoderCodec" for the bundled model's codec.
+  std::string codec_class;
   /// The text encoder's folder (config.json + weights) and the tokenizer's folder
   /// (tokenizer.json); empty when a single-file folder has none.
   std::string text_encoder_dir;
@@ -42,6 +50,8 @@ struct Flux2Folder {
   bool distilled = false;
   int default_steps = 50;
   double default_guidance = 4.0;
+  int max_sequence_length = 512;  ///< text rows per prompt (klein's pipelines use 512)
+  std::string description;        ///< "infill".description, else empty
 };
 
 /// "diffusers" or "single_file".

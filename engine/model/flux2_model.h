@@ -12,17 +12,21 @@
 #include "model/flux2_autoencoder.h"
 #include "model/flux2_folder.h"
 #include "model/flux2_transformer.h"
+#include "model/latent_codec.h"
 
 namespace infill {
 
 struct Flux2Model {
   Flux2Folder folder;
   Flux2Transformer transformer;
+  /// Templates and results: the FLUX.2 VAE, or the bundled model's codec.
+  std::shared_ptr<const LatentCodec> codec;
+  /// The FLUX.2 VAE when the folder has one (it is `codec` then); null for the bundled codec.
   std::shared_ptr<const Flux2Autoencoder> autoencoder;
 };
 
 /// Recognises and checks the folder (or transformer file), then loads the transformer and the
-/// autoencoder. Every error names the file (and the tensor) at fault; nothing is half-loaded.
+/// codec the folder names (model/flux2_folder.h). Every error names the file (and the tensor) at fault; nothing is half-loaded.
 Result<std::unique_ptr<Flux2Model>> load_flux2_model(const std::string& path);
 
 }  // namespace infill

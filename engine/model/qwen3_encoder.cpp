@@ -339,4 +339,20 @@ Result<at::Tensor> Qwen3Encoder::encode(const std::vector<int32_t>& ids, const s
   return at::cat(parts, 1);
 }
 
+Result<std::vector<int>> flux2_text_layers(const Qwen3Config& config, int context_dim, const std::string& where) {
+  if (context_dim % config.hidden_size != 0) {
+    return invalid_argument(where + ": the transformer reads text rows of " + std::to_string(context_dim) +
+                            " channels, not a multiple of the text encoder's hidden size " + std::to_string(config.hidden_size));
+  }
+  const int count = context_dim / config.hidden_size;
+  if (count == 3 && config.num_layers >= 27) return klein_text_layers();
+  if (count > config.num_layers) {
+    return invalid_argument(where + ": the transformer reads " + std::to_string(count) + " hidden states, the text encoder has " +
+                            std::to_string(config.num_layers) + " layers");
+  }
+  std::vector<int> layers;
+  for (int i = 1; i <= count; ++i) layers.push_back((i * config.num_layers + count - 1) / count);
+  return layers;
+}
+
 }  // namespace infill

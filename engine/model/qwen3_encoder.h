@@ -85,4 +85,10 @@ inline const std::vector<int>& klein_text_layers() {
   return layers;
 }
 
+/// The hidden states a FLUX.2 transformer reading `context_dim`-wide text rows takes from an
+/// encoder of `config`: klein's (9, 18, 27) when it reads three of an encoder with 27 layers or
+/// more, else as many evenly spaced layers as the width holds (the bundled model's small
+/// encoder). Errors name `where` when the width does not fit the encoder.
+Result<std::vector<int>> flux2_text_layers(const Qwen3Config& config, int context_dim, const std::string& where);
+
 }  // namespace infill

@@ -212,34 +212,15 @@ at::Tensor Flux2EditModel::decode_preview(const at::Tensor& latent, const PixelR
   c10::InferenceMode guard;
   const LatentCodec& codec = parts_.preview_codec ? *parts_.preview_codec : *parts_.codec;
   const int f = codec.factor();
+  // 3 latent pixels of context: the bundled model's learned decoder needs 3 for a crop to equal
+  // the full decode (LearnedDecoderCodec::context_margin); the VAE's differences fade within 2.
   return codec.decode_crop(latent.unsqueeze(0), box.x / f, box.y / f, (box.width + f - 1) / f, (box.height + f - 1) / f,
-                           2)[0];
+                           3)[0];
 }
 
 }  // namespace infill
 
 namespace infill {
-
-namespace {
-
-// The hidden states a transformer reading `context_dim`-wide rows takes from `config`.
-Result<std::vector<int>> text_layers(const Qwen3Config& config, int context_dim, const std::string& where) {
-  if (context_dim % config.hidden_size != 0) {
-    return invalid_argument(where + ": the transformer reads text rows of " + std::to_string(context_dim) +
-                            " channels, not a multiple of the text encoder's hidden size " + std::to_string(config.hidden_size));
-  }
-  const int count = context_dim / config.hidden_size;
-  if (count == 3 && config.num_layers >= 27) return klein_text_layers();
-  if (count > config.num_layers) {
-    return invalid_argument(where + ": the transformer reads " + std::to_string(count) + " hidden states, the text encoder has " +
-                            std::to_string(config.num_layers) + " layers");
-  }
-  std::vector<int> layers;
-  for (int i = 1; i <= count; ++i) layers.push_back((i * config.num_layers + count - 1) / count);
-  return layers;
-}
-
-}  // namespace
 
 Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::string& path, const Flux2LoadOptions& options) {
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2Model> loaded, load_flux2_model(path));
@@ -250,8 +231,9 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
   }
   INFILL_ASSIGN_OR_RETURN(Qwen3Config text_config, read_qwen3_config(folder.text_encoder_dir + "/config.json"));
   Qwen3PromptEncoder::Options text_options;
+  text_options.max_length = folder.max_sequence_length;
   INFILL_ASSIGN_OR_RETURN(text_options.layers,
-                          text_layers(text_config, loaded->transformer.config().context_dim, folder.text_encoder_dir));
+                          flux2_text_layers(text_config, loaded->transformer.config().context_dim, folder.text_encoder_dir));
   int64_t memory = options.memory_bytes;
   if (memory <= 0) memory = int64_t{::sysconf(_SC_PHYS_PAGES)} * ::sysconf(_SC_PAGESIZE);
   text_options.residency = text_encoder_residency(loaded->transformer.weight_bytes(),
@@ -262,10 +244,12 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
                                                    text_options));
   Flux2EditModelParts parts;
   parts.name = folder.name;
-  parts.description = "FLUX.2 " + loaded->transformer.config().family_size() + " (" + flux2_layout_name(folder.layout) +
-                      " folder, " + (folder.distilled ? "distilled" : "base") + ")";
+  parts.description = !folder.description.empty()
+                          ? folder.description
+                          : "FLUX.2 " + loaded->transformer.config().family_size() + " (" + flux2_layout_name(folder.layout) +
+                                " folder, " + (folder.distilled ? "distilled" : "base") + ")";
   parts.transformer = std::make_shared<const Flux2Transformer>(std::move(loaded->transformer));
-  parts.codec = loaded->autoencoder;
+  parts.codec = loaded->codec;
   parts.text = std::shared_ptr<Qwen3PromptEncoder>(std::move(text));
   parts.default_steps = folder.default_steps;
   parts.default_guidance = folder.default_guidance;

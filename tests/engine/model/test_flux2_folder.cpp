@@ -63,6 +63,52 @@ std::string message(const infill::Result<Flux2Folder>& r) { return r.ok() ? "(fo
 
 }  // namespace
 
+TEST_CASE("FLUX.2 folders of the bundled model: the infill codec and settings in model_index.json", "[flux2][folder]") {
+  infill::test::TempDir dir;
+  const auto index_with = [](const std::string& settings) {
+    return R"({"_class_name": "Flux2KleinPipeline", "is_distilled": false,
+               "transformer": ["diffusers", "Flux2Transformer2DModel"], "vae": ["infill", "LearnedDecoderCodec"],
+               "text_encoder": ["transformers", "Qwen3Model"], "tokenizer": ["transformers", "Qwen2TokenizerFast"],
+               "infill": {)" + settings + "}}";
+  };
+  const std::string index =
+      index_with(R"("max_sequence_length": 32, "default_steps": 16, "default_guidance": 3.0, "description": "tiny")");
+  const fs::path root = make_diffusers_folder(fs::path(dir.path()) / "infill-tiny-2", index);
+  fs::remove(root / "vae" / "diffusion_pytorch_model.safetensors");
+
+  // The codec file is named by the index, and checked.
+  auto missing = infill::find_flux2_folder(root.string());
+  REQUIRE_FALSE(missing.ok());
+  CHECK_THAT(message(missing), Catch::Matchers::Contains("vae/codec.safetensors is missing"));
+
+  write_text(root / "vae" / "codec.safetensors", "x");
+  auto folder = infill::find_flux2_folder(root.string());
+  REQUIRE(folder.ok());
+  CHECK(folder->codec_class == "LearnedDecoderCodec");
+  CHECK(folder->autoencoder_file == (root / "vae" / "codec.safetensors").string());
+  CHECK_FALSE(folder->autoencoder_diffusers_names);
+  CHECK(folder->max_sequence_length == 32);
+  CHECK(folder->default_steps == 16);
+  CHECK(folder->default_guidance == 3.0);
+  CHECK(folder->description == "tiny");
+
+  // Bad settings name the field and what was expected.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"("max_sequence_length": 0)", R"("infill".max_sequence_length is 0, expected an integer in 1..4096)"},
+      {R"("default_steps": "many")", R"("infill".default_steps is "many", expected an integer in 1..1000)"},
+      {R"("default_guidance": -1)", R"("infill".default_guidance is -1, expected a number in [0, 20])"}};
+  for (const auto& [field, expected] : bad) {
+    write_text(root / "model_index.json", index_with(field));
+    auto refused = infill::find_flux2_folder(root.string());
+    REQUIRE_FALSE(refused.ok());
+    CHECK_THAT(message(refused), Catch::Matchers::Contains(expected));
+  }
+  std::string unknown = index;
+  unknown.replace(unknown.find("LearnedDecoderCodec"), std::string("LearnedDecoderCodec").size(), "MagicCodec");
+  write_text(root / "model_index.json", unknown);
+  CHECK_THAT(message(infill::find_flux2_folder(root.string())), Catch::Matchers::Contains(R"(names codec "MagicCodec")"));
+}
+
 TEST_CASE("FLUX.2 diffusers folders are recognised and every file they need is checked", "[flux2][folder]") {
   infill::test::TempDir dir;
   const fs::path root = make_diffusers_folder(fs::path(dir.path()) / "FLUX.2-klein-4B", kKleinIndex);

@@ -1,0 +1,222 @@
+#include "tiny2_recipe.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "bpe_trainer.h"
+#include "captions.h"
+#include "colour_words.h"
+#include "flux2_trainer.h"
+#include "loss_plot.h"
+#include "model/compute_threads.h"
+#include "model/learned_decoder_codec.h"
+#include "model/qwen3_encoder.h"
+#include "model/qwen3_prompt_encoder.h"
+#include "patch_pca_fit.h"
+#include "text/chat_template.h"
+#include "train_codec.h"
+#include "wallpaper_dataset.h"
+
+namespace infill::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kModelName = "infill-tiny-2";
+
+Status write_json(const fs::path& path, const nlohmann::ordered_json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) return io_error("cannot write " + path.string());
+  return {};
+}
+
+nlohmann::json curve_json(const std::vector<LossPoint>& curve) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& p : curve) a.push_back({p.step, p.loss});
+  return a;
+}
+
+Flux2Config transformer_config(const Tiny2Options& o, int latent_channels, int context_dim) {
+  Flux2Config c;
+  c.in_channels = latent_channels;
+  c.mask_channels = 4;  // 2x2 cells per token: one per 8x8 PCA patch
+  c.context_dim = context_dim;
+  c.hidden_size = o.hidden;
+  c.num_heads = o.heads;
+  c.double_blocks = o.double_blocks;
+  c.single_blocks = o.single_blocks;
+  c.mlp_hidden = 3 * o.hidden;  // FLUX.2's mlp_ratio
+  const int quarter = o.hidden / o.heads / 4;
+  c.axes_dim = {quarter, quarter, quarter, quarter};
+  return c;
+}
+
+Qwen3Config text_config(const Tiny2Options& o, int vocab_size) {
+  Qwen3Config c;
+  c.vocab_size = vocab_size;
+  c.hidden_size = o.text_hidden;
+  c.num_layers = o.text_layers;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = o.text_hidden / 4;
+  c.intermediate_size = 3 * o.text_hidden;
+  return c;
+}
+
+}  // namespace
+
+Status make_infill_tiny2(const Tiny2Options& o, const std::function<void(const std::string&)>& progress) {
+  set_compute_threads(o.threads);
+  const fs::path out(o.out), work(o.work_dir);
+  std::error_code ec;
+  for (const char* sub : {"vae", "tokenizer", "text_encoder", "transformer"}) fs::create_directories(out / sub, ec);
+  if (ec) return io_error("cannot create " + o.out + ": " + ec.message());
+  nlohmann::ordered_json record = {{"seed", o.seed}, {"threads", o.threads}};
+
+  // 1. Data.
+  INFILL_ASSIGN_OR_RETURN(Dataset data, load_dataset(DatasetOptions{}));
+  progress("data: " + std::to_string(data.train.size()) + " training images, " + std::to_string(data.held_out.size()) +
+           " held-out images");
+  record["train_images"] = data.train.size();
+  record["held_out_images"] = data.held_out.size();
+
+  // 2. Text: tokenizer trained on the training captions as the encoder sees them (inside the
+  // chat wrapper, so its words and line breaks become single tokens too); encoder weights
+  // fixed by the seed.
+  INFILL_ASSIGN_OR_RETURN(const ChatTemplate chat, recognise_chat_template(kCompactChatTemplate, "the compact chat template"));
+  std::vector<std::string> corpus;
+  for (const std::string& caption : training_caption_corpus()) corpus.push_back(render_user_prompt(chat, caption));
+  INFILL_RETURN_IF_ERROR(write_tokenizer_folder((out / "tokenizer").string(), corpus, o.vocab_size));
+  INFILL_ASSIGN_OR_RETURN(PromptTokenizer tokenizer, PromptTokenizer::load((out / "tokenizer").string()));
+  const Qwen3Config text = text_config(o, tokenizer.tokenizer().id_count());
+  INFILL_RETURN_IF_ERROR(Qwen3Encoder::random(text, o.seed + 101, at::kBFloat16)->save((out / "text_encoder").string()));
+  const int context_dim = o.text_layers * o.text_hidden;  // every layer's hidden state, stacked
+  Qwen3PromptEncoder::Options text_options;
+  text_options.max_length = o.max_sequence_length;
+  INFILL_ASSIGN_OR_RETURN(text_options.layers, flux2_text_layers(text, context_dim, (out / "text_encoder").string()));
+  INFILL_ASSIGN_OR_RETURN(
+      std::unique_ptr<Qwen3PromptEncoder> encoder,
+      Qwen3PromptEncoder::load((out / "tokenizer").string(), (out / "text_encoder").string(),
+                               std::make_shared<PromptEmbeddingCache>(int64_t{512} << 20), text_options));
+  progress("text: " + std::to_string(corpus.size()) + " training captions, vocabulary " +
+           std::to_string(tokenizer.tokenizer().id_count()) + " tokens, encoder hidden " + std::to_string(o.text_hidden) +
+           " x " + std::to_string(o.text_layers) + " layers");
+  record["text"] = {{"captions", corpus.size()}, {"vocab_size", tokenizer.tokenizer().id_count()},
+                    {"hidden", o.text_hidden}, {"layers", o.text_layers}, {"max_sequence_length", o.max_sequence_length},
+                    {"encoder", "fixed seeded weights (seed + 101)"}};
+  // Every caption, held-out phrasings included, must fit the text rows untruncated.
+  size_t longest = 0;
+  std::string longest_caption;
+  for (const auto& label : every_label()) {
+    for (CaptionSplit split : {CaptionSplit::kTraining, CaptionSplit::kHeldOut}) {
+      for (const std::string& caption : every_caption(label, split)) {
+        const PromptTokens tokens = tokenizer.encode(caption, o.max_sequence_length);
+        if (static_cast<size_t>(tokens.full_length) > longest) {
+          longest = static_cast<size_t>(tokens.full_length);
+          longest_caption = caption;
+        }
+      }
+    }
+  }
+  progress("text: the longest caption (\"" + longest_caption + "\") takes " + std::to_string(longest) + " of " +
+           std::to_string(o.max_sequence_length) + " text rows");
+  if (longest > static_cast<size_t>(o.max_sequence_length)) {
+    return invalid_argument("--max-length " + std::to_string(o.max_sequence_length) + " truncates the caption \"" +
+                            longest_caption + "\" (" + std::to_string(longest) + " tokens)");
+  }
+  record["text"]["longest_caption_tokens"] = longest;
+  if (o.stop_after == "text") return {};
+
+  // 3. Codec: the PCA in closed form, then the decoder.
+  at::Generator pca_gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  CropOptions crop_options;
+  crop_options.size = 256;
+  const at::Tensor pca_crops = random_crops(data.train, 1024, crop_options, pca_gen);
+  INFILL_ASSIGN_OR_RETURN(PatchPcaCodec pca, fit_patch_pca(pca_crops, 8, o.pca_channels));
+  CodecTrainOptions codec_options;
+  codec_options.seed = o.seed;
+  codec_options.steps = o.decoder_steps;
+  codec_options.work_dir = (work / "decoder").string();
+  const std::string codec_path = (out / "vae" / "codec.safetensors").string();
+  INFILL_ASSIGN_OR_RETURN(CodecTrainResult c, train_codec(pca, data, codec_options, codec_path, progress));
+  INFILL_ASSIGN_OR_RETURN(LearnedDecoderCodec codec, LearnedDecoderCodec::load(codec_path));
+  progress("codec: patch PCA 8x8 -> " + std::to_string(o.pca_channels) + " channels + learned decoder, held-out PSNR " +
+           std::to_string(c.held_out_psnr) + " dB (PCA decode " + std::to_string(c.held_out_pca_psnr) +
+           " dB), blockiness of noisy latents 8/16 px " + std::to_string(c.blockiness8) + "/" +
+           std::to_string(c.blockiness16) + " (PCA decode " + std::to_string(c.pca_blockiness8) + "/" +
+           std::to_string(c.pca_blockiness16) + ")");
+  record["codec"] = {{"pca_channels", o.pca_channels},
+                     {"latent_scale", c.latent_scale},
+                     {"decoder_steps", o.decoder_steps},
+                     {"held_out_psnr_db", c.held_out_psnr},
+                     {"pca_held_out_psnr_db", c.held_out_pca_psnr},
+                     {"noisy_latent_blockiness", {{"8", c.blockiness8}, {"16", c.blockiness16}}},
+                     {"pca_noisy_latent_blockiness", {{"8", c.pca_blockiness8}, {"16", c.pca_blockiness16}}},
+                     {"crop_blockiness", {{"8", c.crop_blockiness8}, {"16", c.crop_blockiness16}}},
+                     {"seconds", c.run.seconds},
+                     {"loss", curve_json(c.run.curve)},
+                     {"held_out_loss", curve_json(c.run.held_out_curve)}};
+  if (o.stop_after == "codec") return {};
+
+  // 4. Transformer.
+  const Flux2Config config = transformer_config(o, codec.latent_channels(), context_dim);
+  INFILL_RETURN_IF_ERROR(config.validate());
+  Flux2TrainText train_text;
+  train_text.encode = [&](const std::string& prompt) -> Result<at::Tensor> {
+    INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const PromptEmbedding> e, encoder->encode(prompt));
+    return e->rows;
+  };
+  train_text.caption = [](const std::vector<int>& words, uint64_t draw) {
+    return make_caption(words, CaptionSplit::kTraining, draw);
+  };
+  Flux2TrainOptions t;
+  t.seed = o.seed;
+  t.steps = o.transformer_steps;
+  t.small_steps = o.small_steps;
+  t.lr = o.lr;
+  t.recolour_share = o.recolour_share;
+  t.work_dir = (work / "transformer").string();
+  INFILL_ASSIGN_OR_RETURN(TrainResult result,
+                          train_flux2(config, data, codec, train_text, t,
+                                      (out / "transformer" / "diffusion_pytorch_model.safetensors").string(), progress));
+  record["transformer"] = {{"hidden", config.hidden_size},  {"heads", config.num_heads},
+                           {"double_blocks", config.double_blocks}, {"single_blocks", config.single_blocks},
+                           {"mask_channels", config.mask_channels}, {"steps", t.steps},
+                           {"small_steps", t.small_steps}, {"batch", t.batch}, {"small_batch", t.small_batch},
+                           {"crop", t.crop}, {"small_crop", t.small_crop}, {"lr", t.lr},
+                           {"recolour_share", t.recolour_share}, {"prompt_dropout", t.prompt_dropout},
+                           {"seconds", result.seconds}, {"loss", curve_json(result.curve)},
+                           {"held_out_loss", curve_json(result.held_out_curve)}};
+
+  // 5. The folder's index, the training record and the loss curve.
+  nlohmann::ordered_json index = {
+      {"_class_name", "Flux2KleinPipeline"},
+      {"is_distilled", false},
+      {"transformer", {"diffusers", "Flux2Transformer2DModel"}},
+      {"vae", {"infill", "LearnedDecoderCodec"}},
+      {"text_encoder", {"transformers", "Qwen3Model"}},
+      {"tokenizer", {"transformers", "Qwen2TokenizerFast"}},
+      {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
+      {"infill",
+       {{"description", "Tiny FLUX.2-architecture inpainting model trained by infill-train on Debian wallpapers; "
+                        "free-text colour and tone prompts."},
+        {"max_sequence_length", o.max_sequence_length},
+        {"default_steps", 16},
+        {"default_guidance", 3.0}}}};
+  INFILL_RETURN_IF_ERROR(write_json(out / "model_index.json", index));
+  nlohmann::json sources = nlohmann::json::array();
+  for (const auto& s : data.train) sources.push_back({{"group", s.group}, {"path", s.path}, {"split", "train"}});
+  for (const auto& s : data.held_out) sources.push_back({{"group", s.group}, {"path", s.path}, {"split", "held_out"}});
+  record["sources"] = sources;
+  INFILL_RETURN_IF_ERROR(write_json(out / "training.json", record));
+  INFILL_RETURN_IF_ERROR(write_loss_plot((out / "loss.png").string(), result.curve, result.held_out_curve));
+  progress(std::string("wrote ") + kModelName + " to " + o.out);
+  return {};
+}
+
+}  // namespace infill::train
