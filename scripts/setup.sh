@@ -19,6 +19,8 @@ packages=(
   # Training data of the bundled model (infill-train, bench_model_quality): wallpapers and
   # photos with their licences in /usr/share/doc/<package>/copyright.
   gnome-backgrounds mate-backgrounds plasma-workspace-wallpapers
+  # Photos never used for training, which bench_model_quality also edits (CC BY-SA 3.0).
+  ukui-wallpapers
   # The GIMP 2.10 plug-in (plugin_sdk/gimp/) and its batch-mode test.
   libgimp2.0-dev gimp
   # The Qt 6 editor (ui/) and its screenshot test under a virtual X server.

@@ -88,20 +88,12 @@ Result<Dataset> load_dataset(const DatasetOptions& options) {
   c10::InferenceMode guard;
   for (const auto& [group, variants] : chosen) {
     for (const auto& [variant, entry] : variants) {
-      auto image = load_image(entry.second, int64_t{1} << 31);
+      auto image = load_source_image(entry.second, group, options.working_short_side);
       if (!image.ok()) {
-        data.skipped.push_back(entry.second + ": " + image.status().message());
+        data.skipped.push_back(image.status().message());
         continue;
       }
-      SourceImage s;
-      s.group = group;
-      s.path = entry.second;
-      s.rgb = to_working_size(to_rgb_tensor(*image), options.working_short_side);
-      if (s.rgb.size(1) < 256 || s.rgb.size(2) < 256) {
-        data.skipped.push_back(entry.second + ": smaller than 256 px after scaling");
-        continue;
-      }
-      (is_held_out(group, options.held_out_fraction) ? data.held_out : data.train).push_back(std::move(s));
+      (is_held_out(group, options.held_out_fraction) ? data.held_out : data.train).push_back(std::move(*image));
     }
   }
   if (data.train.empty() || data.held_out.empty()) {
@@ -110,6 +102,18 @@ Result<Dataset> load_dataset(const DatasetOptions& options) {
                             std::to_string(chosen.size()) + " groups");
   }
   return data;
+}
+
+Result<SourceImage> load_source_image(const std::string& path, const std::string& group, int short_side) {
+  c10::InferenceMode guard;
+  auto image = load_image(path, int64_t{1} << 31);
+  if (!image.ok()) return Status(image.status().code(), path + ": " + image.status().message());
+  SourceImage s;
+  s.group = group;
+  s.path = path;
+  s.rgb = to_working_size(to_rgb_tensor(*image), short_side);
+  if (s.rgb.size(1) < 256 || s.rgb.size(2) < 256) return invalid_argument(path + ": smaller than 256 px after scaling");
+  return s;
 }
 
 at::Tensor random_crops(const std::vector<SourceImage>& images, int n, const CropOptions& options, at::Generator& gen) {

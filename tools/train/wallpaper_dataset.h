@@ -45,6 +45,10 @@ std::string source_group(const std::string& path);
 /// Whether a group is held out (a pure function of its name).
 bool is_held_out(const std::string& group, double fraction);
 
+/// One image file at the working scale (short side `short_side`, at least 256 px), or why it
+/// cannot be used, naming the file.
+Result<SourceImage> load_source_image(const std::string& path, const std::string& group, int short_side = 512);
+
 struct CropOptions {
   int size = 256;
   bool augment = true;  ///< random scale, flips and hue rotation (training only)
