@@ -21,6 +21,7 @@
 #include "cache/disk_tier.h"
 #include "model/compute_threads.h"
 #include "model/model.h"
+#include "pipeline/bundled_models.h"
 #include "pipeline/load_edit_model.h"
 #include "server/engine_service.h"
 #include "server/http_server.h"
@@ -38,7 +39,8 @@ options:
   --token-file PATH   TCP bearer token, created on first use (default: $XDG_CONFIG_HOME/infill/token)
   --config PATH       JSON config (default: the first of $XDG_CONFIG_HOME/infill/engine.json,
                       $XDG_CONFIG_DIRS/infill/engine.json, <prefix>/share/infill/engine.json)
-  --model PATH        model folder (default: the bundled infill-tiny, else the build's random model):
+  --model PATH        model folder (default: the bundled infill-tiny-2 and infill-tiny, else the
+                      build's random model):
                       an Infill model (manifest.json) or a FLUX.2 folder (diffusers layout, or the
                       transformer file + ae.safetensors + text_encoder/ + tokenizer/);
                       repeat to serve several models: the first is the default, an edit's
@@ -62,21 +64,18 @@ bool has_manifest(const std::filesystem::path& dir) {
   return std::filesystem::exists(dir / "manifest.json", ec);
 }
 
-// The bundled model next to an installed binary or in the source tree; else the random model
-// the build generates.
-std::string default_model(const char* argv0) {
+// The bundled models next to an installed binary or in the source tree (infill-tiny-2 first:
+// the default); else the random model the build generates.
+std::vector<std::string> default_models(const char* argv0) {
+  std::vector<std::string> models = infill::bundled_model_dirs(INFILL_SOURCE_DIR);
+  if (!models.empty()) return models;
   std::error_code ec;
   std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) exe = std::filesystem::absolute(argv0, ec);
-  const std::filesystem::path dir = exe.parent_path();
-  for (const auto& candidate : {dir / "../share/infill/models/infill-tiny", dir / "../resources/models/infill-tiny",
-                                std::filesystem::path(INFILL_SOURCE_DIR) / "resources/models/infill-tiny"}) {
-    if (has_manifest(candidate)) return std::filesystem::weakly_canonical(candidate, ec).string();
+  for (const auto& candidate : {exe.parent_path() / "../models/infill-random", std::filesystem::path(INFILL_RANDOM_MODEL_DIR)}) {
+    if (has_manifest(candidate)) return {std::filesystem::weakly_canonical(candidate, ec).string()};
   }
-  for (const auto& candidate : {dir / "../models/infill-random", std::filesystem::path(INFILL_RANDOM_MODEL_DIR)}) {
-    if (has_manifest(candidate)) return std::filesystem::weakly_canonical(candidate, ec).string();
-  }
-  return "";
+  return {};
 }
 
 // The first engine.json of: the user's ($XDG_CONFIG_HOME/infill), the system's
@@ -159,9 +158,8 @@ int main(int argc, char** argv) {
   if (config.socket_path.empty()) config.socket_path = infill::default_runtime_dir() + "/engine.sock";
   if (config.token_file.empty()) config.token_file = infill::default_config_dir() + "/token";
   if (config.models.empty()) {
-    const std::string bundled = default_model(argv[0]);
-    if (bundled.empty()) return fail("no model: pass --model PATH (no bundled or generated model was found)", 2);
-    config.models.push_back(bundled);
+    config.models = default_models(argv[0]);
+    if (config.models.empty()) return fail("no model: pass --model PATH (no bundled or generated model was found)", 2);
   }
   if (config.threads <= 0)
     config.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / config.workers);

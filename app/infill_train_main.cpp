@@ -2,6 +2,8 @@
 // needed at run time. The default recipe makes infill-tiny 2 (FLUX.2 architecture, free-text
 // prompts; tools/train/tiny2_recipe.h); `--arch dit` makes the first infill-tiny (patch PCA
 // codec + inpainting DiT). Each model card gives the exact command.
+#include <malloc.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -108,6 +110,12 @@ int main(int argc, char** argv) {
     usage();
     return 2;
   }
+  // Every training step frees and allocates the same large activation buffers. With glibc's
+  // defaults the freed top of the heap goes back to the kernel and is faulted in again at the
+  // next step: measured 100k page faults/s and half of the CPU time in the kernel, steps 1.7x
+  // slower (decoder, 2 threads). Keep freed memory in the process.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   if (arch != "flux2" && arch != "dit") {
     std::fprintf(stderr, "Error: --arch is \"%s\", expected flux2 or dit\n", arch.c_str());
     return 2;

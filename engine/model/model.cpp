@@ -4,33 +4,10 @@
 #include <fstream>
 
 #include "common/hash.h"
+#include "model/file_identity.h"
 #include "model/patch_pca_codec.h"
 
 namespace infill {
-
-namespace {
-
-// A cheap identity of a weight file: its size and the hash of its first 64 KiB (which holds
-// the safetensors header with every name, shape and offset) and last 64 KiB.
-Result<uint64_t> file_identity(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return not_found("weight file " + path + " cannot be opened");
-  const std::streamoff size = in.tellg();
-  constexpr std::streamoff kChunk = 64 * 1024;
-  std::string buffer(static_cast<size_t>(std::min(size, kChunk)), '\0');
-  in.seekg(0);
-  in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-  uint64_t h = fnv1a64(buffer) ^ static_cast<uint64_t>(size);
-  if (size > kChunk) {
-    in.seekg(size - std::min(size - kChunk, kChunk));
-    std::string tail(static_cast<size_t>(std::min(size - kChunk, kChunk)), '\0');
-    in.read(tail.data(), static_cast<std::streamsize>(tail.size()));
-    h = h * 1099511628211ull ^ fnv1a64(tail);
-  }
-  return h;
-}
-
-}  // namespace
 
 Result<std::shared_ptr<const Model>> load_model(const std::string& path) {
   INFILL_ASSIGN_OR_RETURN(ModelManifest manifest, load_manifest(path));

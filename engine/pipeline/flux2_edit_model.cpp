@@ -9,6 +9,8 @@
 #include <c10/core/InferenceMode.h>
 
 #include "common/hash.h"
+#include "model/file_identity.h"
+#include "model/safetensors_shards.h"
 #include "model/flux2_model.h"
 #include "pipeline/flux2_edit_session.h"
 #include "pipeline/flux2_prepare_run.h"
@@ -64,7 +66,7 @@ class Flux2StepPrepare final : public StepPrepare {
 }  // namespace
 
 Flux2EditModel::Flux2EditModel(Flux2EditModelParts parts) : parts_(std::move(parts)) {
-  info_.id = parts_.name;
+  info_.id = parts_.id.empty() ? parts_.name : parts_.id;
   info_.name = parts_.name;
   info_.description = parts_.description;
   info_.family = "flux2";
@@ -131,7 +133,7 @@ Result<std::shared_ptr<const TemplateImage>> Flux2EditModel::make_template(std::
 
 ActivationKey Flux2EditModel::cache_key(const TemplateImage& tmpl, const EditParams& params) const {
   ActivationKey key;
-  key.model_id = parts_.name;
+  key.model_id = info_.id;
   key.template_hash = tmpl.id;
   key.width = static_cast<int>(tmpl.latent.size(2));
   key.height = static_cast<int>(tmpl.latent.size(1));
@@ -244,6 +246,13 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
                                                    text_options));
   Flux2EditModelParts parts;
   parts.name = folder.name;
+  std::vector<std::string> weight_files = folder.transformer_files;
+  weight_files.push_back(folder.autoencoder_file);
+  INFILL_ASSIGN_OR_RETURN(std::vector<std::string> text_files, safetensors_shards(folder.text_encoder_dir, "model"));
+  weight_files.insert(weight_files.end(), text_files.begin(), text_files.end());
+  weight_files.push_back(folder.tokenizer_dir + "/tokenizer.json");
+  INFILL_ASSIGN_OR_RETURN(uint64_t identity, files_identity(weight_files));
+  parts.id = folder.name + "-" + hex64(identity);
   parts.description = !folder.description.empty()
                           ? folder.description
                           : "FLUX.2 " + loaded->transformer.config().family_size() + " (" + flux2_layout_name(folder.layout) +

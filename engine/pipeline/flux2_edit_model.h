@@ -17,7 +17,10 @@
 namespace infill {
 
 struct Flux2EditModelParts {
-  std::string name;  ///< the model's id in cache keys, errors and metrics
+  std::string name;  ///< the model's name in errors and metrics
+  /// The model's id (API, cache keys): the name and an identity of its weight files, so that
+  /// the disk cache never serves K/V of other weights under the same name. Empty: the name.
+  std::string id;
   std::string description;
   std::shared_ptr<const Flux2Transformer> transformer;
   std::shared_ptr<const LatentCodec> codec;          ///< the VAE: templates and results

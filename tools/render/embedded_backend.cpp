@@ -12,6 +12,7 @@
 #include "cache/activation_store.h"
 #include "model/compute_threads.h"
 #include "model/model.h"
+#include "pipeline/bundled_models.h"
 #include "pipeline/load_edit_model.h"
 #include "pipeline/mask.h"
 #include "pipeline/template_image.h"
@@ -136,20 +137,13 @@ class EmbeddedBackend final : public RenderBackend {
 }  // namespace
 
 std::string bundled_model_path() {
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  const fs::path dir = exe.parent_path();
-  for (const fs::path& candidate :
-       {dir / "../share/infill/models/infill-tiny", dir / "../resources/models/infill-tiny",
-        fs::path(INFILL_SOURCE_DIR) / "resources/models/infill-tiny"}) {
-    if (fs::exists(candidate / "manifest.json", ec)) return fs::weakly_canonical(candidate, ec).string();
-  }
-  return "";
+  const std::vector<std::string> dirs = bundled_model_dirs(INFILL_SOURCE_DIR);
+  return dirs.empty() ? std::string() : dirs.front();
 }
 
 Result<std::unique_ptr<RenderBackend>> open_embedded_backend(const EmbeddedOptions& options) {
   const std::string path = options.model_path.empty() ? bundled_model_path() : options.model_path;
-  if (path.empty()) return not_found("no model: the bundled infill-tiny was not found; pass --model DIR");
+  if (path.empty()) return not_found("no model: the bundled infill-tiny-2 was not found; pass --model DIR");
   const int threads = options.threads > 0 ? options.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   set_compute_threads(threads);
   c10::InferenceMode guard;

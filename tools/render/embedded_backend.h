@@ -24,8 +24,8 @@ struct EmbeddedOptions {
 /// corrupt_data / invalid_argument naming the file), the store cannot be opened.
 Result<std::unique_ptr<RenderBackend>> open_embedded_backend(const EmbeddedOptions& options);
 
-/// The bundled infill-tiny next to an installed binary (../share/infill/models/infill-tiny)
-/// or in the source tree; "" when neither exists.
+/// The default bundled model (infill-tiny-2; pipeline/bundled_models.h) next to an installed
+/// binary or in the source tree; "" when none exists.
 std::string bundled_model_path();
 
 }  // namespace infill::render

@@ -35,7 +35,7 @@ options:
                        (default: an engine embedded in this process)
   --token-file FILE    bearer token for an http:// engine (the engine's --token-file)
   --model DIR          model of the embedded engine (default: the job's "model", else the
-                       bundled infill-tiny)
+                       bundled infill-tiny-2)
   --cache-dir DIR      disk tier of the activation cache (default: $XDG_CACHE_HOME/infill/activations;
                        "none" = RAM only)
   --no-cache           recompute every token at every step (the full-recompute baseline)

@@ -100,6 +100,9 @@ TEST_CASE("an infill-tiny 2 folder loads through the engine's loader and edits w
   CHECK(model.info().default_steps == 3);
   CHECK(model.info().default_guidance == 2.0);
   CHECK(model.info().description == "tiny 2 test");
+  // The id names the weights: the activation cache's disk tier must not serve K/V of
+  // other weights retrained into the same folder.
+  CHECK(model.info().id.rfind("infill-tiny-2-", 0) == 0);
   CHECK(model.token_pixels() == 16);
   const auto& flux2 = static_cast<const Flux2EditModel&>(model);
   CHECK(flux2.parts().transformer->config().mask_channels == 4);
@@ -139,4 +142,11 @@ TEST_CASE("an infill-tiny 2 folder loads through the engine's loader and edits w
     CHECK(at::equal(before.masked_select(outside), after.masked_select(outside)));
     CHECK((before - after).abs().max().item<double>() > 0.0);
   }
+
+  const auto& cfg = flux2.parts().transformer->config();
+  REQUIRE(Flux2Transformer::random(cfg, 99, at::kHalf).save((root / "transformer" / "diffusion_pytorch_model.safetensors").string()).ok());
+  auto retrained = load_edit_model(root.string());
+  REQUIRE(retrained.ok());
+  CHECK(retrained->model->info().id != model.info().id);
+  CHECK(retrained->model->info().name == model.info().name);
 }
