@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   train::TrainOptions options;
   train::Tiny2Options tiny2;
   int threads = 2, hidden = 256, depth = 6, heads = 4, channels = 8;
-  bool hidden_given = false, heads_given = false, steps_given = false, small_steps_given = false;
+  bool hidden_given = false, heads_given = false, steps_given = false, small_steps_given = false, recolour_given = false, lr_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
     else if (a == "--max-length") tiny2.max_sequence_length = static_cast<int>(number());
     else if (a == "--stop-after") tiny2.stop_after = value();
     else if (a == "--channels") channels = static_cast<int>(number());
-    else if (a == "--lr") options.lr = std::atof(value().c_str());
-    else if (a == "--recolour-share") options.recolour_share = std::atof(value().c_str());
+    else if (a == "--lr") options.lr = std::atof(value().c_str()), lr_given = true;
+    else if (a == "--recolour-share") options.recolour_share = std::atof(value().c_str()), recolour_given = true;
     else if (a == "--help" || a == "-h") {
       usage();
       return 0;
@@ -134,8 +134,8 @@ int main(int argc, char** argv) {
     if (heads_given) tiny2.heads = heads;
     if (steps_given) tiny2.transformer_steps = options.steps;
     if (small_steps_given) tiny2.small_steps = options.small_steps;
-    tiny2.lr = options.lr;
-    tiny2.recolour_share = options.recolour_share;
+    if (lr_given) tiny2.lr = options.lr;
+    if (recolour_given) tiny2.recolour_share = options.recolour_share;
     const Status s = train::make_infill_tiny2(tiny2, [](const std::string& line) { std::cout << line << std::endl; });
     if (!s.ok()) {
       std::fprintf(stderr, "Error: %s\n", s.message().c_str());

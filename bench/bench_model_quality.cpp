@@ -6,7 +6,7 @@
 // training (ukui-wallpapers). The new model is prompted with held-out phrasings ("the hole
 // should be blue", "blue, please", ...); the old one with the bare word. Prints one JSON
 // document with, per model and per image source:
-//   codec_psnr_db            codec round trip of 256 px crops (held-out only)
+//   codec_psnr_db(_outside)  codec round trip of 256 px crops (held-out; outside photos)
 //   prompt_adherence         share of edits whose region's mean colour is nearest to the asked
 //                            colour word's reference colour, per cache mode
 //   blockiness_8 / _16       mean |gradient| on 8 (16) px boundaries over the same inside the
@@ -144,6 +144,8 @@ int main(int argc, char** argv) {
   std::string old_dir = INFILL_SOURCE_DIR "/resources/models/infill-tiny";
   std::string sheet = "model_quality_sheet.png", outside_package = "ukui-wallpapers";
   int edits = 96, outside_edits = 32, threads = 2;
+  std::string phrasings = "held_out";
+  double guidance = 0.0;  // 0: each model's default
   uint64_t seed = 2024;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
@@ -155,11 +157,18 @@ int main(int argc, char** argv) {
     else if (a == "--sheet") sheet = v;
     else if (a == "--seed") seed = std::stoull(v);
     else if (a == "--threads") threads = std::stoi(v);
+    else if (a == "--phrasings") phrasings = v;
+    else if (a == "--guidance") guidance = std::stod(v);
     else {
       std::cerr << "Error: unknown option " << a << "\n";
       return 2;
     }
   }
+  if (phrasings != "held_out" && phrasings != "training") {
+    std::cerr << "Error: --phrasings is \"" << phrasings << "\", expected held_out or training\n";
+    return 2;
+  }
+  const train::CaptionSplit split = phrasings == "training" ? train::CaptionSplit::kTraining : train::CaptionSplit::kHeldOut;
   set_compute_threads(threads);
   c10::InferenceMode guard;
 
@@ -206,6 +215,7 @@ int main(int argc, char** argv) {
   crop_options.size = 256;
   crop_options.augment = false;
   const at::Tensor psnr_crops = train::random_crops(data->held_out, 128, crop_options, gen);
+  const at::Tensor outside_psnr_crops = outside.empty() ? at::Tensor() : train::random_crops(outside, 64, crop_options, gen);
 
   train::MaskOptions mask_options;
   mask_options.size = 256;
@@ -220,7 +230,7 @@ int main(int argc, char** argv) {
       c.mask = train::random_mask(mask_options, gen);
       c.ratio = c.mask.mean().item<double>();
       c.target = static_cast<int>(at::randint(train::kColourWords, {1}, gen).item<int64_t>());
-      c.caption = train::make_caption({c.target}, train::CaptionSplit::kHeldOut,
+      c.caption = train::make_caption({c.target}, split,
                                       static_cast<uint64_t>(at::randint(0, int64_t{1} << 62, {1}, gen).item<int64_t>()));
       cases.push_back(std::move(c));
     }
@@ -251,8 +261,9 @@ int main(int argc, char** argv) {
     report[m.label]["folder"] = m.dir;
     report[m.label]["family"] = model.info().family;
     report[m.label]["steps"] = model.info().default_steps;
-    report[m.label]["guidance"] = model.info().default_guidance;
+    report[m.label]["guidance"] = guidance > 0.0 ? guidance : model.info().default_guidance;
     report[m.label]["codec_psnr_db"] = psnr;
+    if (outside_psnr_crops.defined()) report[m.label]["codec_psnr_db_outside"] = train::round_trip_psnr(*m.codec, outside_psnr_crops);
     const auto tm = std::chrono::steady_clock::now();
     for (size_t i = 0; i < cases.size(); ++i) {
       const EditCase& c = cases[i];
@@ -269,7 +280,7 @@ int main(int argc, char** argv) {
         std::cerr << "Error: " << s.message() << "\n";
         return 5;
       }
-      params.guidance_scale = model.info().default_guidance;
+      params.guidance_scale = guidance > 0.0 ? guidance : model.info().default_guidance;
       params.seed = seed + i;
       // Cached modes: the old model's one entry; the new model's template-keyed (the first
       // stroke's) and prompt-keyed (later strokes') entries.
@@ -363,7 +374,7 @@ int main(int argc, char** argv) {
                           {"outside_package", outside_package},
                           {"outside_images", outside.size()},
                           {"outside_edits", outside_edits},
-                          {"new_prompts", "held-out phrasings of the colour word (tools/train/captions.h)"},
+                          {"new_prompts", phrasings + " phrasings of the colour word (tools/train/captions.h)"},
                           {"old_prompts", "the colour word"}}},
                         {"models", report},
                         {"contact_sheet", sheet},

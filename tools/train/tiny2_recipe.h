@@ -33,10 +33,11 @@ struct Tiny2Options {
   int heads = 3;
   int double_blocks = 2;
   int single_blocks = 4;
-  int transformer_steps = 2400;
-  int small_steps = 1600;
+  int transformer_steps = 3200;
+  int small_steps = 2200;
   double lr = 4e-4;
-  double recolour_share = 0.5;
+  /// Share of crops whose masked region is recoloured: only the prompt tells their colour.
+  double recolour_share = 0.7;
   /// Stop after this stage ("codec", "text", "transformer"); empty runs every stage.
   std::string stop_after;
 };

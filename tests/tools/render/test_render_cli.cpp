@@ -1,4 +1,4 @@
-// The infill-render binary end to end on the bundled infill-tiny model: golden outputs, the
+// The infill-render binary end to end on the default bundled model (infill-tiny-2): golden outputs, the
 // output protocol, exit codes for bad jobs, resumable runs, --items, SIGTERM and deadlines.
 #include "support/catch.h"
 
@@ -186,6 +186,7 @@ TEST_CASE("infill-render: bad job files exit 2 naming the file, the field and wh
     std::string job;
     std::string pointer;
     std::string expected;
+    std::vector<std::string> args = {};  // e.g. a model with a prompt vocabulary
   };
   auto edit = [](const std::string& fields) {
     return R"({"format": "infill-job/1", "edits": [{"template": "hills_128.png", "mask": "hills_128_mask.png", "output": "o/{seed}.png", )" +
@@ -205,12 +206,15 @@ TEST_CASE("infill-render: bad job files exit 2 naming the file, the field and wh
       {"size mismatch",
        R"({"format": "infill-job/1", "edits": [{"template": "hills_128.png", "mask": "big_mask.png", "output": "o.png"}]})",
        "/edits/0/mask", "expected a mask of the template's size"},
-      {"unknown prompt word", edit(R"("prompt": "green chartreuse")"), "/edits/0/prompt", "expected words from: red"},
+      {"unknown prompt word", edit(R"("prompt": "green chartreuse")"), "/edits/0/prompt", "expected words from: red",
+       {"--model", kSource + "/resources/models/infill-tiny"}},
   };
   for (const Case& c : cases) {
     INFO(c.what);
     std::ofstream(g.dir.file("bad.json")) << c.job;
-    RenderRun r = run_render({g.dir.file("bad.json"), "--cache-dir", g.dir.file("cache")}, g.dir.file("bad"));
+    std::vector<std::string> args = {g.dir.file("bad.json"), "--cache-dir", g.dir.file("cache")};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    RenderRun r = run_render(args, g.dir.file("bad"));
     INFO(r.err);
     CHECK(r.exited);
     CHECK(r.code == 2);
