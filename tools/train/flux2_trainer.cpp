@@ -91,15 +91,7 @@ Result<TrainResult> train_flux2(const Flux2Config& config, const Dataset& data, 
   at::Generator held_gen = step_generator(options.seed ^ 0x5eedull, -1);
   INFILL_ASSIGN_OR_RETURN(const Flux2Batch held, make_flux2_batch(data.held_out, codec, config, text, 24, options.crop,
                                                                   false, held_gen, options.recolour_share, 0.0));
-  LoopOptions loop;
-  loop.seed = options.seed;
-  loop.steps = options.steps;
-  loop.lr = options.lr;
-  loop.warmup_steps = options.warmup_steps;
-  loop.ema_decay = options.ema_decay;
-  loop.checkpoint_every = options.checkpoint_every;
-  loop.work_dir = options.work_dir;
-  loop.name = "transformer";
+  const LoopOptions loop = loop_options_of(options, "transformer");
   auto step_loss = [&](torch::nn::Module&, int step, at::Generator& gen) {
     const bool small = step < options.small_steps;
     auto b = make_flux2_batch(data.train, codec, config, text, small ? options.small_batch : options.batch,

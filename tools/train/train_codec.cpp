@@ -175,15 +175,7 @@ Result<CodecTrainResult> train_codec(const PatchPcaCodec& pca, const Dataset& da
   const torch::Tensor held_target = random_crops(data.held_out, 16, held_crops, held_gen).clone();
   const torch::Tensor held_latent = encode(held_target);
 
-  LoopOptions loop;
-  loop.seed = options.seed;
-  loop.steps = options.steps;
-  loop.lr = options.lr;
-  loop.warmup_steps = options.warmup_steps;
-  loop.ema_decay = options.ema_decay;
-  loop.checkpoint_every = options.checkpoint_every;
-  loop.work_dir = options.work_dir;
-  loop.name = "decoder";
+  const LoopOptions loop = loop_options_of(options, "decoder");
   auto step_loss = [&](torch::nn::Module&, int, at::Generator& gen) {
     // Crops come from InferenceMode; a clone is an ordinary tensor that autograd may keep.
     const torch::Tensor target = random_crops(data.train, options.batch, train_crops, gen).clone();

@@ -83,15 +83,7 @@ Result<TrainResult> train_dit(const DitConfig& config, const Dataset& data, cons
   // A fixed held-out batch (no augmentation) tracks generalisation along the run.
   at::Generator held_gen = step_generator(options.seed ^ 0x5eedull, -1);
   const Batch held = make_batch(data.held_out, latents, config, 32, options.crop, options.halo_tokens, false, held_gen);
-  LoopOptions loop;
-  loop.seed = options.seed;
-  loop.steps = options.steps;
-  loop.lr = options.lr;
-  loop.warmup_steps = options.warmup_steps;
-  loop.ema_decay = options.ema_decay;
-  loop.checkpoint_every = options.checkpoint_every;
-  loop.work_dir = options.work_dir;
-  loop.name = "DiT";
+  const LoopOptions loop = loop_options_of(options, "DiT");
   auto step_loss = [&](torch::nn::Module&, int step, at::Generator& gen) {
     const bool small = step < options.small_steps;
     const Batch b = make_batch(data.train, latents, config, small ? options.small_batch : options.batch,

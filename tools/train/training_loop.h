@@ -33,6 +33,22 @@ struct LoopOptions {
   std::string name;      ///< what is trained, in progress lines ("transformer", "decoder")
 };
 
+/// The loop options of a recipe's own options (any struct with the fields seed, steps, lr,
+/// warmup_steps, ema_decay, checkpoint_every and work_dir), naming what is trained.
+template <class RecipeOptions>
+LoopOptions loop_options_of(const RecipeOptions& o, const std::string& name) {
+  LoopOptions loop;
+  loop.seed = o.seed;
+  loop.steps = o.steps;
+  loop.lr = o.lr;
+  loop.warmup_steps = o.warmup_steps;
+  loop.ema_decay = o.ema_decay;
+  loop.checkpoint_every = o.checkpoint_every;
+  loop.work_dir = o.work_dir;
+  loop.name = name;
+  return loop;
+}
+
 /// The generator of step `step` of a run seeded with `seed`.
 at::Generator step_generator(uint64_t seed, int64_t step);
 
