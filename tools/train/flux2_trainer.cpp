@@ -48,9 +48,7 @@ Result<Flux2Batch> make_flux2_batch(const std::vector<SourceImage>& images, cons
   b.templates = random_crops(images, batch, crop_options, gen);
   MaskOptions mask_options;
   mask_options.size = crop;
-  std::vector<at::Tensor> masks;
-  for (int i = 0; i < batch; ++i) masks.push_back(random_mask(mask_options, gen));
-  b.masks = torch::stack(masks);
+  b.masks = random_masks(mask_options, batch, gen);
   const at::Tensor recolour_draw = at::rand({batch}, gen);
   const at::Tensor recolour_word = at::randint(kColourWords, {batch}, gen);
   const at::Tensor drop_draw = at::rand({batch}, gen);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -76,6 +77,12 @@ at::Tensor random_mask(const MaskOptions& options, at::Generator& gen) {
     }
     if ((ratio >= options.min_ratio && ratio <= options.max_ratio) || attempt >= 50) return c.mask.to(at::kFloat);
   }
+}
+
+at::Tensor random_masks(const MaskOptions& options, int n, at::Generator& gen) {
+  std::vector<at::Tensor> masks;
+  for (int i = 0; i < n; ++i) masks.push_back(random_mask(options, gen));
+  return at::stack(masks);
 }
 
 }  // namespace infill::train

@@ -16,4 +16,7 @@ struct MaskOptions {
 /// (retrying shapes until it does). Deterministic given `gen`.
 at::Tensor random_mask(const MaskOptions& options, at::Generator& gen);
 
+/// `n` masks drawn one after another with random_mask: float [n, size, size].
+at::Tensor random_masks(const MaskOptions& options, int n, at::Generator& gen);
+
 }  // namespace infill::train

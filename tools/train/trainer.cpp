@@ -27,9 +27,7 @@ Batch make_batch(const std::vector<SourceImage>& images, const LatentSpace& late
   b.crops = random_crops(images, batch, crop_options, gen);
   MaskOptions mask_options;
   mask_options.size = crop;
-  std::vector<at::Tensor> masks;
-  for (int i = 0; i < batch; ++i) masks.push_back(random_mask(mask_options, gen));
-  b.masks = torch::stack(masks);
+  b.masks = random_masks(mask_options, batch, gen);
   if (recolour_share > 0) {
     const at::Tensor draw = at::rand({batch}, gen);
     const at::Tensor words = at::randint(kColourWords, {batch}, gen);
