@@ -25,6 +25,7 @@
 #include "pipeline/load_edit_model.h"
 #include "server/engine_service.h"
 #include "server/http_server.h"
+#include "server/socket_activation.h"
 #include "server/server_config.h"
 
 namespace {
@@ -52,6 +53,10 @@ options:
   --no-calibrate      skip the start-up timing of the cost model
   --check             validate the config and the model, print a summary, exit 0 (ok) or 2
   --help
+
+Socket activation: started with listening sockets passed by systemd (infill-engine.socket)
+or systemd-socket-activate, it serves on those (one Unix, at most one TCP) instead of
+--socket and --listen; connections made while the model loads wait in the socket's backlog.
 )";
 
 int fail(const std::string& message, int code) {
@@ -163,8 +168,14 @@ int main(int argc, char** argv) {
   }
   if (config.threads <= 0)
     config.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / config.workers);
+  // Socket activation (infill-engine.socket, systemd-socket-activate): serve on the sockets
+  // the service manager made; they replace --socket and --listen.
+  auto activated = infill::take_activated_sockets();
+  if (!activated.ok()) return fail(activated.status().message(), 2);
+  if (activated->unix_fd >= 0) config.socket_path = activated->unix_path;
+  if (activated->any()) config.listen = activated->tcp_fd >= 0 ? "socket-activated" : "";
   std::pair<std::string, uint16_t> tcp;
-  if (!config.listen.empty()) {
+  if (!config.listen.empty() && activated->tcp_fd < 0) {
     auto addr = infill::parse_listen_address(config.listen);
     if (!addr.ok()) return fail("--listen: " + addr.status().message(), 2);
     tcp = *addr;
@@ -226,6 +237,9 @@ int main(int argc, char** argv) {
   ho.tcp_port = tcp.second;
   ho.allowed_origins = config.allowed_origins;
   ho.limits = config.limits;
+  ho.activated_unix_fd = activated->unix_fd;
+  ho.activated_tcp_fd = activated->tcp_fd;
+  if (activated->any() && activated->unix_fd < 0) ho.socket_path.clear();  // TCP only, as the unit says
   if (!config.listen.empty()) {
     auto token = infill::load_or_create_token(config.token_file);
     if (!token.ok()) return fail(token.status().message(), 2);
@@ -233,8 +247,10 @@ int main(int argc, char** argv) {
   }
   auto server = infill::HttpServer::start(service, ho);
   if (!server.ok()) return fail(server.status().message(), 5);
-  std::cerr << "infill-engine: listening on unix:" << config.socket_path;
-  if (!config.listen.empty()) std::cerr << " and tcp:" << tcp.first << ":" << (*server)->tcp_port();
+  std::cerr << "infill-engine: listening on";
+  if (!ho.socket_path.empty()) std::cerr << " unix:" << ho.socket_path;
+  if (!config.listen.empty()) std::cerr << " tcp:" << (activated->tcp_fd >= 0 ? std::string("*") : tcp.first) << ":" << (*server)->tcp_port();
+  if (activated->any()) std::cerr << " (socket-activated)";
   std::cerr << "; loading";
   for (const std::string& m : config.models) std::cerr << " " << m;
   std::cerr << std::endl;

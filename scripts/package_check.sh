@@ -46,12 +46,14 @@ step "infill-model-check answers and names what it cannot load"
 step "infill-tokenize names the tokenizer folder it cannot read"
 { /usr/bin/infill-tokenize "$work/no-tokenizer" </dev/null 2>&1 || true; } | grep -q 'no-tokenizer'
 
-step "systemd-analyze verify the user unit"
-systemd-analyze verify /usr/lib/systemd/user/infill-engine.service
-[ -L /etc/systemd/user/default.target.wants/infill-engine.service ] || {
-  echo "package_check: the user unit was not enabled globally" >&2
-  exit 1
-}
+step "systemd-analyze verify the user units (socket and service)"
+systemd-analyze verify /usr/lib/systemd/user/infill-engine.socket /usr/lib/systemd/user/infill-engine.service
+for link in default.target.wants/infill-engine.service sockets.target.wants/infill-engine.socket; do
+  [ -L "/etc/systemd/user/$link" ] || {
+    echo "package_check: $link was not enabled globally" >&2
+    exit 1
+  }
+done
 
 if dpkg -s infill >/dev/null 2>&1; then
   step "appstreamcli validate, desktop-file-validate"
@@ -96,7 +98,7 @@ while read -r path; do
   fi
 done < "$installed"
 for path in /usr/share/infill /usr/lib/infill /etc/systemd/user/default.target.wants/infill-engine.service \
-  /usr/include/infill; do
+  /etc/systemd/user/sockets.target.wants/infill-engine.socket /usr/include/infill; do
   if [ -e "$path" ] || [ -L "$path" ]; then
     echo "package_check: left behind: $path" >&2
     left=1

@@ -26,6 +26,8 @@
 #include "serving/task_pool.h"
 #include "server/job_journal.h"
 #include "server/multipart.h"
+#include "server/prometheus_metrics.h"
+#include "server/service_metrics.h"
 
 namespace infill {
 namespace {
@@ -68,13 +70,6 @@ ErrorCode error_code_from_name(const std::string& name) {
   for (int c = 1; c <= static_cast<int>(ErrorCode::kCancelled); ++c)
     if (name == error_code_name(static_cast<ErrorCode>(c))) return static_cast<ErrorCode>(c);
   return ErrorCode::kInternal;
-}
-
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(std::min<double>(double(v.size() - 1), std::floor(q * double(v.size() - 1) + 0.5)));
-  return v[i];
 }
 
 struct TemplateRecord {
@@ -155,6 +150,7 @@ struct EngineService::Impl {
   int live_total = 0;
   uint64_t next_id = 1;
   uint64_t templates_created = 0, edits_submitted = 0, edits_rejected = 0;
+  std::map<std::string, uint64_t> edits_finished;  // by terminal state name
 
   std::mutex sink_mu;  // held while the sink runs, so detaching waits for calls in progress
   std::function<void(const ServiceEvent&)> sink;
@@ -173,6 +169,9 @@ struct EngineService::Impl {
     std::lock_guard lock(sink_mu);
     if (sink) sink(e);
   }
+
+  // What GET /v1/metrics and GET /metrics render.
+  ServiceMetrics snapshot() const;
 
   ApiReply not_ready() const {
     std::string why;
@@ -497,67 +496,44 @@ ApiReply EngineService::models() const {
   return json_reply(200, {{"models", list}});
 }
 
+ServiceMetrics EngineService::Impl::snapshot() const {
+  ServiceMetrics m;
+  for (const ModelSlot& slot : slots) {
+    const std::string& id = slot.model->info().id;
+    for (WorkerMetrics& w : slot.runtime->worker_metrics()) m.workers.push_back({id, std::move(w)});
+    int index = 0;
+    for (const WorkerLoad& l : slot.runtime->loads()) m.loads.push_back({id, index++, l});
+    const auto more = slot.runtime->request_metrics();
+    m.recent_requests.insert(m.recent_requests.end(), more.begin(), more.end());
+  }
+  m.cache = store->stats();
+  m.resident_bytes = process_resident_bytes();
+  m.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
+  m.edits_resumed = edits_resumed;
+  m.journal_path = journal ? journal->path() : std::string();
+  std::lock_guard lock(mu);
+  m.live_edits = live_total;
+  m.templates = templates.size();
+  m.templates_created = templates_created;
+  m.edits_submitted = edits_submitted;
+  m.edits_rejected = edits_rejected;
+  m.edits_finished = edits_finished;
+  for (const auto& [id, e] : edits) m.edits_by_state[request_state_name(e.state)] += 1;
+  m.results_kept = edits.size();
+  return m;
+}
+
 ApiReply EngineService::metrics() const {
   if (!ready()) return impl_->not_ready();
-  Impl& s = *impl_;
-  json workers = json::array();
-  json loads = json::array();
-  std::vector<RequestMetrics> recent;
-  for (const ModelSlot& slot : s.slots) {
-    for (const WorkerMetrics& w : slot.runtime->worker_metrics()) {
-      workers.push_back({{"index", w.index},
-                         {"model", slot.model->info().id},
-                         {"steps", w.steps},
-                         {"failed_steps", w.failed_steps},
-                         {"prepare_steps", w.prepare_steps},
-                         {"requests_advanced", w.requests_advanced},
-                         {"max_batch", w.max_batch},
-                         {"mean_batch", w.mean_batch()},
-                         {"mean_step_ms", w.mean_step_ms()},
-                         {"step_ms_total", w.step_ms_total},
-                         {"prepare_ms_total", w.prepare_ms_total},
-                         {"sched_ms_total", w.sched_ms_total},
-                         {"pack_ms_total", w.pack_ms_total},
-                         {"uptime_ms", w.uptime_ms},
-                         {"utilisation", w.utilisation()}});
-    }
-    for (const WorkerLoad& l : slot.runtime->loads())
-      loads.push_back({{"model", slot.model->info().id}, {"requests", l.requests}, {"backlog_ms", l.backlog_ms}});
-    const auto more = slot.runtime->request_metrics();
-    recent.insert(recent.end(), more.begin(), more.end());
-  }
-  std::vector<double> total, queue;
-  size_t met = 0;
-  for (const RequestMetrics& m : recent) {
-    total.push_back(m.total_ms);
-    queue.push_back(m.queue_ms);
-    met += m.deadline_met ? 1 : 0;
-  }
-  const ActivationStoreStats st = s.store->stats();
-  json j = {{"workers", workers},
-            {"loads", loads},
-            {"requests",
-             {{"count", recent.size()},
-              {"total_ms_p50", percentile(total, 0.5)},
-              {"total_ms_p99", percentile(total, 0.99)},
-              {"queue_ms_p50", percentile(queue, 0.5)},
-              {"deadline_met_fraction", recent.empty() ? 0.0 : double(met) / double(recent.size())}}},
-            {"cache",
-             {{"ram_bytes", st.ram_bytes}, {"ram_entries", st.ram_entries}, {"disk_bytes", st.disk_bytes},
-              {"disk_entries", st.disk_entries}, {"hits_ram", st.hits_ram}, {"hits_disk", st.hits_disk},
-              {"misses", st.misses}}}};
-  {
-    std::lock_guard lock(s.mu);
-    j["service"] = {{"live_edits", s.live_total},
-                    {"templates", s.templates.size()},
-                    {"templates_created", s.templates_created},
-                    {"edits_submitted", s.edits_submitted},
-                    {"edits_rejected", s.edits_rejected},
-                    {"edits_resumed", s.edits_resumed},
-                    {"journal", s.journal ? s.journal->path() : std::string()},
-                    {"results_kept", s.edits.size()}};
-  }
-  return json_reply(200, j);
+  return json_reply(200, service_metrics_json(impl_->snapshot()));
+}
+
+ApiReply EngineService::prometheus_metrics() const {
+  if (!ready()) return impl_->not_ready();
+  ApiReply r;
+  r.content_type = kPrometheusContentType;
+  r.body = prometheus_metrics_text(impl_->snapshot());
+  return r;
 }
 
 void EngineService::create_template(std::string bytes, std::string name, std::function<void(ApiReply)> done) {
@@ -973,6 +949,7 @@ void EngineService::Impl::on_complete(const RequestResult& r) {
       e.metrics["prompt_truncated"] = r.output.prompt_truncated;
     }
     e.steps_done = r.metrics.steps_run;
+    edits_finished[request_state_name(r.state)] += 1;
     client = e.client;
     data["model"] = e.model_id;
     if (--live_per_client[client] <= 0) live_per_client.erase(client);

@@ -89,7 +89,10 @@ class EngineService {
 
   ApiReply health() const;
   ApiReply models() const;
+  /// `GET /v1/metrics`: JSON.
   ApiReply metrics() const;
+  /// `GET /metrics`: the same snapshot in the Prometheus text format.
+  ApiReply prometheus_metrics() const;
   /// Decodes and encodes an uploaded image (on the pool); replies 201 with the template.
   void create_template(std::string bytes, std::string name, std::function<void(ApiReply)> done);
   ApiReply template_status(std::string_view id) const;

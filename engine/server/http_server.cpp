@@ -3,6 +3,7 @@
 // Boost 1.74's asio/awaitable.hpp uses std::exchange without including <utility> (g++ 12).
 #include <utility>
 
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -160,6 +161,7 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   asio::io_context ioc{1};
   std::optional<asio::ip::tcp::acceptor> tcp;
   std::optional<asio::local::stream_protocol::acceptor> local;
+  bool owns_socket_file = true;  // false when the service manager made the socket (activation)
   uint16_t bound_port = 0;
   std::thread thread;
   std::shared_ptr<Gate> gate = std::make_shared<Gate>();
@@ -190,7 +192,7 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
     if (tcp) tcp->close(ec);
     if (local && local->is_open()) {
       local->close(ec);
-      ::unlink(options.socket_path.c_str());
+      if (owns_socket_file) ::unlink(options.socket_path.c_str());
     }
   }
 
@@ -324,6 +326,10 @@ awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& 
     if (method != http::verb::get) co_return method_not_allowed("GET");
     co_return service->metrics();
   }
+  if (path == "/metrics") {  // where Prometheus scrapes by default
+    if (method != http::verb::get) co_return method_not_allowed("GET");
+    co_return service->prometheus_metrics();
+  }
   if (path == "/v1/templates") {
     if (method != http::verb::post) co_return method_not_allowed("POST");
     std::string name = query.count("name") ? query.at("name") : "upload";
@@ -399,7 +405,7 @@ awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& 
     if (method == http::verb::delete_ && !result) co_return service->cancel_edit(rest);
     co_return method_not_allowed(result ? "GET" : "GET, DELETE");
   }
-  co_return error_reply(404, "no_such_route", "no route " + path + " (see docs/api.md: /health, /v1/models, /v1/templates, /v1/edits, /v1/events, /v1/metrics)");
+  co_return error_reply(404, "no_such_route", "no route " + path + " (see docs/api.md: /health, /v1/models, /v1/templates, /v1/edits, /v1/events, /v1/metrics, /metrics)");
 }
 
 template <class Stream>
@@ -651,16 +657,21 @@ awaitable<void> HttpServer::Impl::accept_loop(Acceptor& acceptor, bool is_tcp, S
 }
 
 Result<std::unique_ptr<HttpServer>> HttpServer::start(EngineService& service, HttpServerOptions options) {
-  if (options.socket_path.empty() && options.tcp_host.empty())
-    return invalid_argument("the server needs a Unix socket path or a TCP address");
-  if (!options.tcp_host.empty() && options.token.empty())
-    return invalid_argument("a TCP listener needs a bearer token");
+  const bool wants_unix = !options.socket_path.empty() || options.activated_unix_fd >= 0;
+  const bool wants_tcp = !options.tcp_host.empty() || options.activated_tcp_fd >= 0;
+  if (!wants_unix && !wants_tcp) return invalid_argument("the server needs a Unix socket path or a TCP address");
+  if (wants_tcp && options.token.empty()) return invalid_argument("a TCP listener needs a bearer token");
   auto impl = std::make_shared<Impl>();
   impl->service = &service;
   impl->options = std::move(options);
   Impl& s = *impl;
   beast::error_code ec;
-  if (!s.options.socket_path.empty()) {
+  if (s.options.activated_unix_fd >= 0) {
+    s.local.emplace(s.ioc);
+    s.local->assign(asio::local::stream_protocol(), s.options.activated_unix_fd, ec);
+    if (ec) return io_error("cannot serve on the socket-activated Unix socket: " + ec.message());
+    s.owns_socket_file = false;
+  } else if (!s.options.socket_path.empty()) {
     const std::filesystem::path p(s.options.socket_path);
     if (p.has_parent_path()) INFILL_RETURN_IF_ERROR(make_private_dir(p.parent_path().string()));
     struct stat st {};
@@ -679,7 +690,16 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(EngineService& service, Ht
     if (!ec) s.local->listen(asio::socket_base::max_listen_connections, ec);
     if (ec) return io_error("cannot listen on " + s.options.socket_path + ": " + ec.message());
   }
-  if (!s.options.tcp_host.empty()) {
+  if (s.options.activated_tcp_fd >= 0) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (::getsockname(s.options.activated_tcp_fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      return io_error("cannot read the address of the socket-activated TCP socket");
+    s.tcp.emplace(s.ioc);
+    s.tcp->assign(addr.ss_family == AF_INET6 ? asio::ip::tcp::v6() : asio::ip::tcp::v4(), s.options.activated_tcp_fd, ec);
+    if (ec) return io_error("cannot serve on the socket-activated TCP socket: " + ec.message());
+    s.bound_port = s.tcp->local_endpoint().port();
+  } else if (!s.options.tcp_host.empty()) {
     auto addr = asio::ip::make_address(s.options.tcp_host, ec);
     if (ec) return invalid_argument("TCP host " + s.options.tcp_host + " is not an IP address");
     asio::ip::tcp::endpoint ep(addr, s.options.tcp_port);

@@ -29,6 +29,12 @@ struct HttpServerOptions {
   /// Requests with an Origin header not in this list are refused (403).
   std::vector<std::string> allowed_origins;
   ServerLimits limits;
+  /// Listening sockets passed by socket activation (socket_activation.h), used instead of
+  /// binding: the Unix one in place of socket_path (which then only names it; the server
+  /// leaves the file to the service manager), the TCP one in place of tcp_host:tcp_port
+  /// (the token is still required). -1 = none.
+  int activated_unix_fd = -1;
+  int activated_tcp_fd = -1;
 };
 
 class HttpServer {

@@ -3,6 +3,7 @@
 ///
 /// Value types; the worker and runtime hand out copies.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -52,6 +53,20 @@ struct WorkerMetrics {
   /// miss (other threads, the machine's speed drifting).
   std::vector<StepSample> recent_steps;
   static constexpr size_t kRecent = 4096;
+  /// Every batched step's whole step-loop time (scheduling, packing, forward, sampler
+  /// updates), counted per bucket: step_seconds_buckets[i] counts steps no longer than
+  /// kStepSecondsBounds[i] and longer than the bound before; the last bucket counts the rest.
+  /// Not cumulative (the Prometheus rendering makes it so).
+  static constexpr std::array<double, 12> kStepSecondsBounds = {0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
+                                                                0.1,   0.2,   0.5,   1.0,  2.0,  5.0};
+  std::array<uint64_t, kStepSecondsBounds.size() + 1> step_seconds_buckets{};
+  double step_seconds_sum = 0.0;
+  void count_step_seconds(double seconds) {
+    size_t b = 0;
+    while (b < kStepSecondsBounds.size() && seconds > kStepSecondsBounds[b]) ++b;
+    step_seconds_buckets[b] += 1;
+    step_seconds_sum += seconds;
+  }
 
   double mean_batch() const { return steps ? double(requests_advanced) / double(steps) : 0.0; }
   double mean_step_ms() const { return steps ? step_ms_total / double(steps) : 0.0; }

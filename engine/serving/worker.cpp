@@ -814,6 +814,7 @@ void Worker::run_step() {
     m.recent_steps.erase(m.recent_steps.begin(), m.recent_steps.end() - WorkerMetrics::kRecent);
   }
   m.recent_steps.push_back({double(step_tokens), double(batch.size()), step_attention, ms(t0, t4)});
+  m.count_step_seconds(ms(t0, t4) / 1000.0);
 }
 
 void Worker::publish_load() {

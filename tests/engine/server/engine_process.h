@@ -30,7 +30,8 @@ inline std::string build_random_model() {
   return (exe.parent_path().parent_path() / "models" / "infill-random").string();
 }
 
-// Starts `args` (args[0] the binary) with stderr to `log` and stdout to `log`.out.
+// Starts `args` (args[0] the binary, a path or a name looked up in PATH) with stderr to `log`
+// and stdout to `log`.out.
 inline pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -41,7 +42,7 @@ inline pid_t spawn(const std::vector<std::string>& args, const std::string& log)
     FILE* out = std::freopen((log + ".out").c_str(), "w", stdout);
     (void)err;
     (void)out;
-    ::execv(argv[0], argv.data());
+    ::execvp(argv[0], argv.data());
     ::_exit(127);
   }
   return pid;

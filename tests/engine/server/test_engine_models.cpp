@@ -15,23 +15,19 @@ using namespace infill::test;
 
 namespace {
 
-bool binaries_present(const std::string& bin) {
-  if (!std::filesystem::exists(bin)) {
-    WARN("infill-engine is not built at " << bin << "; build the infill-engine target");
-    return false;
-  }
-  if (!std::filesystem::exists(build_random_model() + "/manifest.json")) {
-    WARN("the build's random model is not at " << build_random_model() << "; build the infill_random_model target");
-    return false;
-  }
-  return true;
+// Both are built with the suite (tests/CMakeLists.txt): missing means a broken build, a failure.
+void require_binaries(const std::string& bin) {
+  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
+  REQUIRE(std::filesystem::exists(bin));
+  INFO("the build's random model is not at " << build_random_model() << "; build the infill_random_model target");
+  REQUIRE(std::filesystem::exists(build_random_model() + "/manifest.json"));
 }
 
 }  // namespace
 
 TEST_CASE("infill-engine with two models: lists both, an edit picks one, an unknown model is 400", "[server][process][models]") {
   const std::string bin = engine_binary();
-  if (!binaries_present(bin)) return;
+  require_binaries(bin);
   TempDir dir("infill-models");
   const std::string tiny = std::string(INFILL_SOURCE_DIR) + "/resources/models/infill-tiny";
   const std::string sock = dir.file("run/engine.sock");
@@ -104,7 +100,7 @@ TEST_CASE("infill-engine with two models: lists both, an edit picks one, an unkn
 TEST_CASE("a journaled batch edit resumes on its own model, and fails clearly when that model is gone",
           "[server][process][journal][models]") {
   const std::string bin = engine_binary();
-  if (!binaries_present(bin)) return;
+  require_binaries(bin);
   c10::InferenceMode guard;
   TempDir dir("infill-models-journal");
   // A: a small random model, the default; B: the build's random model (another architecture,

@@ -1,8 +1,11 @@
 // The infill-engine binary as a process: --check, a bad config, start-up to /health 200 and a
-// clean exit 0 on SIGTERM with the socket removed.
+// clean exit 0 on SIGTERM with the socket removed; SIGKILL and resume; socket activation.
 #include "support/catch.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,16 +16,15 @@
 
 #include "engine_process.h"
 #include "server_fixture.h"
+#include "support/command_output.h"
 
 using namespace infill;
 using namespace infill::test;
 
 TEST_CASE("infill-engine: --check, bad config, start, serve, SIGTERM exits 0", "[server][process]") {
   const std::string bin = engine_binary();
-  if (!std::filesystem::exists(bin)) {
-    WARN("infill-engine is not built at " << bin << "; build the infill-engine target");
-    return;
-  }
+  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
+  REQUIRE(std::filesystem::exists(bin));  // built with the suite: missing is a broken build
   c10::InferenceMode guard;
   TempDir dir("infill-proc");
   REQUIRE(write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok());
@@ -69,10 +71,8 @@ TEST_CASE("infill-engine: --check, bad config, start, serve, SIGTERM exits 0", "
 
 TEST_CASE("infill-engine killed with SIGKILL resumes its queued batch edits on restart", "[server][process][journal]") {
   const std::string bin = engine_binary();
-  if (!std::filesystem::exists(bin)) {
-    WARN("infill-engine is not built at " << bin << "; build the infill-engine target");
-    return;
-  }
+  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
+  REQUIRE(std::filesystem::exists(bin));  // built with the suite: missing is a broken build
   c10::InferenceMode guard;
   TempDir dir("infill-kill");
   REQUIRE(write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok());
@@ -124,4 +124,71 @@ TEST_CASE("infill-engine killed with SIGKILL resumes its queued batch edits on r
   if (last_state != "done") CHECK(resumed >= 1);
   ::kill(pid, SIGTERM);
   CHECK(wait_exit(pid, 20000) == 0);
+}
+
+namespace {
+
+// A TCP port nothing listens on now (bound to 0 and released), for a listener made by
+// another process: systemd-socket-activate takes no port 0.
+uint16_t unused_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+    throw std::runtime_error("no free TCP port");
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_CASE("infill-engine socket-activated by systemd-socket-activate serves on the passed Unix and TCP sockets",
+          "[server][process][activation]") {
+  const std::string bin = engine_binary();
+  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
+  REQUIRE(std::filesystem::exists(bin));
+  require_tool_or_skip("systemd-socket-activate", "systemd");
+  c10::InferenceMode guard;
+  TempDir dir("infill-activate");
+  REQUIRE(write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok());
+  std::filesystem::create_directories(dir.file("run"));
+  const std::string sock = dir.file("run/engine.sock");
+  const uint16_t port = unused_tcp_port();
+  // --socket names another path: the passed socket wins, as under the .socket unit.
+  pid_t pid = spawn({"systemd-socket-activate", "-l", sock, "-l", "127.0.0.1:" + std::to_string(port), bin, "--model",
+                     dir.file("model"), "--socket", dir.file("not-this.sock"), "--token-file", dir.file("conf/token"),
+                     "--no-calibrate", "--threads", "1", "--journal", "off"},
+                    dir.file("engine.log"));
+  ReapOnExit reap{pid};
+  // The activator makes the socket, then starts the engine on the first connection; requests
+  // made while the model loads wait in the backlog (or get 503 until it is ready).
+  REQUIRE(wait_healthy(sock, 60000));
+  CHECK_FALSE(std::filesystem::exists(dir.file("not-this.sock")));
+  const std::string log = read_file(dir.file("engine.log"));
+  INFO(log);
+  CHECK(log.find("unix:" + sock) != std::string::npos);
+  CHECK(log.find("(socket-activated)") != std::string::npos);
+
+  // The passed TCP socket serves too, with the bearer token.
+  std::string token;
+  std::ifstream(dir.file("conf/token")) >> token;
+  REQUIRE(token.size() >= 32);
+  const Endpoint tcp{"", port};
+  CHECK(request(tcp, "GET", "/v1/models").status == 401);
+  Response models = request(tcp, "GET", "/v1/models", "", {"Authorization: Bearer " + token});
+  CHECK(models.status == 200);
+  CHECK(models.json()["models"].size() == 1);
+
+  ::kill(pid, SIGTERM);
+  CHECK(wait_exit(pid, 20000) == 0);
+  // The socket file belongs to the service manager: the engine leaves it for the next start.
+  CHECK(std::filesystem::exists(sock));
 }

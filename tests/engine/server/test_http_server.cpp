@@ -165,7 +165,7 @@ TEST_CASE("on TCP every route except /health needs the bearer token", "[server][
   ServerFixture f;
   const std::string tmpl = f.upload();
   const std::vector<std::pair<std::string, std::string>> routes = {
-      {"GET", "/v1/models"},        {"GET", "/v1/metrics"},      {"POST", "/v1/templates"},
+      {"GET", "/v1/models"},        {"GET", "/v1/metrics"},      {"GET", "/metrics"},      {"POST", "/v1/templates"},
       {"GET", "/v1/templates/" + tmpl}, {"POST", "/v1/edits"},  {"GET", "/v1/edits/1"},
       {"DELETE", "/v1/edits/1"},    {"GET", "/v1/edits/1/result"}, {"GET", "/v1/events"},
       {"GET", "/v1/nonexistent"}};

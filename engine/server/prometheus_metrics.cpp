@@ -1,0 +1,178 @@
+#include "server/prometheus_metrics.h"
+
+#include <cmath>
+#include <cstdio>
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+#include "serving/request_state.h"
+
+namespace infill {
+
+const char* const kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
+
+namespace {
+
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+// Appends families in the exposition format: a family's HELP and TYPE once, then its samples.
+class ExpositionWriter {
+ public:
+  void family(const std::string& name, const char* type, const std::string& help) {
+    out_ += "# HELP " + name + " " + escape(help, false) + "\n";
+    out_ += "# TYPE " + name + " " + type + "\n";
+  }
+  void sample(const std::string& name, const Labels& labels, double value) {
+    out_ += name;
+    if (!labels.empty()) {
+      out_ += '{';
+      for (size_t i = 0; i < labels.size(); ++i) {
+        if (i) out_ += ',';
+        out_ += labels[i].first + "=\"" + escape(labels[i].second, true) + "\"";
+      }
+      out_ += '}';
+    }
+    out_ += ' ' + number(value) + '\n';
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  // Label values escape backslash, double quote and newline; HELP text backslash and newline.
+  static std::string escape(const std::string& s, bool quote) {
+    std::string r;
+    r.reserve(s.size());
+    for (char c : s) {
+      if (c == '\\') r += "\\\\";
+      else if (c == '\n') r += "\\n";
+      else if (c == '"' && quote) r += "\\\"";
+      else r += c;
+    }
+    return r;
+  }
+  static std::string number(double v) {
+    if (std::isnan(v)) return "NaN";
+    if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+    char buf[32];
+    if (v == std::floor(v) && std::fabs(v) < 1e15) std::snprintf(buf, sizeof buf, "%.0f", v);
+    else std::snprintf(buf, sizeof buf, "%.9g", v);
+    return buf;
+  }
+  std::string out_;
+};
+
+Labels with(Labels labels, std::initializer_list<std::pair<std::string, std::string>> more) {
+  labels.insert(labels.end(), more.begin(), more.end());
+  return labels;
+}
+
+}  // namespace
+
+std::string prometheus_metrics_text(const ServiceMetrics& m) {
+  ExpositionWriter w;
+
+  w.family("infill_edits_submitted_total", "counter", "Edits accepted since the engine started.");
+  w.sample("infill_edits_submitted_total", {}, double(m.edits_submitted));
+  w.family("infill_edits_rejected_total", "counter", "Edits refused at admission (limits, engine busy).");
+  w.sample("infill_edits_rejected_total", {}, double(m.edits_rejected));
+  w.family("infill_edits_resumed_total", "counter", "Journaled batch edits resumed at start-up.");
+  w.sample("infill_edits_resumed_total", {}, double(m.edits_resumed));
+  w.family("infill_edits_finished_total", "counter", "Edits that ended since the engine started, by terminal state.");
+  for (const char* state : {"done", "failed", "cancelled", "expired"}) {
+    auto it = m.edits_finished.find(state);
+    w.sample("infill_edits_finished_total", {{"state", state}}, it == m.edits_finished.end() ? 0.0 : double(it->second));
+  }
+  w.family("infill_edits", "gauge", "Edits in the engine's ledger now (live ones and kept results), by state.");
+  for (RequestState s : {RequestState::kQueued, RequestState::kPreparing, RequestState::kRunning, RequestState::kDone,
+                         RequestState::kFailed, RequestState::kCancelled, RequestState::kExpired}) {
+    auto it = m.edits_by_state.find(request_state_name(s));
+    w.sample("infill_edits", {{"state", request_state_name(s)}}, it == m.edits_by_state.end() ? 0.0 : double(it->second));
+  }
+  w.family("infill_live_edits", "gauge", "Edits not yet finished.");
+  w.sample("infill_live_edits", {}, double(m.live_edits));
+  w.family("infill_templates", "gauge", "Templates held by the engine.");
+  w.sample("infill_templates", {}, double(m.templates));
+  w.family("infill_templates_created_total", "counter", "Templates uploaded since the engine started.");
+  w.sample("infill_templates_created_total", {}, double(m.templates_created));
+
+  w.family("infill_queue_requests", "gauge", "Requests routed to a worker and not yet finished (its queue depth).");
+  for (const ModelWorkerLoad& l : m.loads)
+    w.sample("infill_queue_requests", {{"model", l.model}, {"worker", std::to_string(l.worker)}}, double(l.load.requests));
+  w.family("infill_queue_backlog_seconds", "gauge", "Predicted compute time of everything a worker holds.");
+  for (const ModelWorkerLoad& l : m.loads)
+    w.sample("infill_queue_backlog_seconds", {{"model", l.model}, {"worker", std::to_string(l.worker)}},
+             l.load.backlog_ms / 1000.0);
+
+  auto worker_labels = [](const ModelWorkerMetrics& mw) {
+    return Labels{{"model", mw.model}, {"worker", std::to_string(mw.worker.index)}};
+  };
+  struct Counter {
+    const char* name;
+    const char* help;
+    uint64_t WorkerMetrics::*field;
+  };
+  for (const Counter& c : {Counter{"infill_worker_steps_total", "Batched denoising steps run.", &WorkerMetrics::steps},
+                           Counter{"infill_worker_failed_steps_total", "Steps whose forward failed (their requests failed).",
+                                   &WorkerMetrics::failed_steps},
+                           Counter{"infill_worker_prepare_steps_total", "Prepare-run slices (one full denoising step each).",
+                                   &WorkerMetrics::prepare_steps},
+                           Counter{"infill_worker_requests_advanced_total", "Request-steps run (sum of batch sizes).",
+                                   &WorkerMetrics::requests_advanced}}) {
+    w.family(c.name, "counter", c.help);
+    for (const ModelWorkerMetrics& mw : m.workers) w.sample(c.name, worker_labels(mw), double(mw.worker.*c.field));
+  }
+  w.family("infill_worker_busy_ratio", "gauge", "Share of the worker's uptime spent on steps, prepare slices and scheduling.");
+  for (const ModelWorkerMetrics& mw : m.workers) w.sample("infill_worker_busy_ratio", worker_labels(mw), mw.worker.utilisation());
+
+  w.family("infill_step_duration_seconds", "histogram",
+           "Whole step-loop time of a batched step: scheduling, packing, forward and sampler updates.");
+  for (const ModelWorkerMetrics& mw : m.workers) {
+    const WorkerMetrics& wm = mw.worker;
+    const Labels base = worker_labels(mw);
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < WorkerMetrics::kStepSecondsBounds.size(); ++b) {
+      cumulative += wm.step_seconds_buckets[b];
+      char le[32];
+      std::snprintf(le, sizeof le, "%g", WorkerMetrics::kStepSecondsBounds[b]);
+      w.sample("infill_step_duration_seconds_bucket", with(base, {{"le", le}}), double(cumulative));
+    }
+    cumulative += wm.step_seconds_buckets.back();
+    w.sample("infill_step_duration_seconds_bucket", with(base, {{"le", "+Inf"}}), double(cumulative));
+    w.sample("infill_step_duration_seconds_sum", base, wm.step_seconds_sum);
+    w.sample("infill_step_duration_seconds_count", base, double(cumulative));
+  }
+
+  const ActivationStoreStats& c = m.cache;
+  w.family("infill_cache_bytes", "gauge", "Bytes of cached template activations, by tier.");
+  w.sample("infill_cache_bytes", {{"tier", "ram"}}, double(c.ram_bytes));
+  w.sample("infill_cache_bytes", {{"tier", "disk"}}, double(c.disk_bytes));
+  w.family("infill_cache_entries", "gauge", "Cached template activation entries, by tier.");
+  w.sample("infill_cache_entries", {{"tier", "ram"}}, double(c.ram_entries));
+  w.sample("infill_cache_entries", {{"tier", "disk"}}, double(c.disk_entries));
+  w.family("infill_cache_hits_total", "counter", "Cache lookups answered, by the tier that answered.");
+  w.sample("infill_cache_hits_total", {{"tier", "ram"}}, double(c.hits_ram));
+  w.sample("infill_cache_hits_total", {{"tier", "disk"}}, double(c.hits_disk));
+  w.family("infill_cache_misses_total", "counter", "Cache lookups that found nothing usable.");
+  w.sample("infill_cache_misses_total", {}, double(c.misses));
+  w.family("infill_cache_evictions_total", "counter",
+           "Entries leaving a tier: RAM victims moved to disk or dropped, disk files deleted for the budget or as corrupt.");
+  w.sample("infill_cache_evictions_total", {{"from", "ram"}, {"outcome", "to_disk"}}, double(c.evictions_to_disk));
+  w.sample("infill_cache_evictions_total", {{"from", "ram"}, {"outcome", "dropped"}}, double(c.evictions_dropped));
+  w.sample("infill_cache_evictions_total", {{"from", "disk"}, {"outcome", "budget"}}, double(c.disk_evictions));
+  w.sample("infill_cache_evictions_total", {{"from", "disk"}, {"outcome", "corrupt"}}, double(c.corrupt_dropped));
+  w.family("infill_cache_promotions_total", "counter", "Disk hits copied into the RAM tier.");
+  w.sample("infill_cache_promotions_total", {}, double(c.promotions));
+
+  if (m.resident_bytes >= 0) {
+    // CPU workers keep weights, the RAM tier and activations in the process's memory.
+    w.family("infill_device_memory_bytes", "gauge", "Memory in use on each compute device (the CPU: the process's resident set).");
+    w.sample("infill_device_memory_bytes", {{"device", "cpu"}}, double(m.resident_bytes));
+    w.family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+    w.sample("process_resident_memory_bytes", {}, double(m.resident_bytes));
+  }
+  w.family("infill_uptime_seconds", "gauge", "Seconds since the engine service was created.");
+  w.sample("infill_uptime_seconds", {}, m.uptime_s);
+  return w.take();
+}
+
+}  // namespace infill

@@ -1,0 +1,90 @@
+#include "server/service_metrics.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace infill {
+namespace {
+
+using nlohmann::json;
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(std::min<double>(double(v.size() - 1), std::floor(q * double(v.size() - 1) + 0.5)));
+  return v[i];
+}
+
+}  // namespace
+
+int64_t process_resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return -1;
+  long long size_pages = 0, resident_pages = 0;
+  const int n = std::fscanf(f, "%lld %lld", &size_pages, &resident_pages);
+  std::fclose(f);
+  if (n != 2) return -1;
+  return static_cast<int64_t>(resident_pages) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+json service_metrics_json(const ServiceMetrics& m) {
+  json workers = json::array();
+  for (const ModelWorkerMetrics& mw : m.workers) {
+    const WorkerMetrics& w = mw.worker;
+    workers.push_back({{"index", w.index},
+                       {"model", mw.model},
+                       {"steps", w.steps},
+                       {"failed_steps", w.failed_steps},
+                       {"prepare_steps", w.prepare_steps},
+                       {"requests_advanced", w.requests_advanced},
+                       {"max_batch", w.max_batch},
+                       {"mean_batch", w.mean_batch()},
+                       {"mean_step_ms", w.mean_step_ms()},
+                       {"step_ms_total", w.step_ms_total},
+                       {"prepare_ms_total", w.prepare_ms_total},
+                       {"sched_ms_total", w.sched_ms_total},
+                       {"pack_ms_total", w.pack_ms_total},
+                       {"uptime_ms", w.uptime_ms},
+                       {"utilisation", w.utilisation()}});
+  }
+  json loads = json::array();
+  for (const ModelWorkerLoad& l : m.loads)
+    loads.push_back({{"model", l.model}, {"requests", l.load.requests}, {"backlog_ms", l.load.backlog_ms}});
+  std::vector<double> total, queue;
+  size_t met = 0;
+  for (const RequestMetrics& r : m.recent_requests) {
+    total.push_back(r.total_ms);
+    queue.push_back(r.queue_ms);
+    met += r.deadline_met ? 1 : 0;
+  }
+  const size_t n = m.recent_requests.size();
+  const ActivationStoreStats& st = m.cache;
+  return {{"workers", workers},
+          {"loads", loads},
+          {"requests",
+           {{"count", n},
+            {"total_ms_p50", percentile(total, 0.5)},
+            {"total_ms_p99", percentile(total, 0.99)},
+            {"queue_ms_p50", percentile(queue, 0.5)},
+            {"deadline_met_fraction", n == 0 ? 0.0 : double(met) / double(n)}}},
+          {"cache",
+           {{"ram_bytes", st.ram_bytes}, {"ram_entries", st.ram_entries}, {"disk_bytes", st.disk_bytes},
+            {"disk_entries", st.disk_entries}, {"hits_ram", st.hits_ram}, {"hits_disk", st.hits_disk},
+            {"misses", st.misses}}},
+          {"service",
+           {{"live_edits", m.live_edits},
+            {"templates", m.templates},
+            {"templates_created", m.templates_created},
+            {"edits_submitted", m.edits_submitted},
+            {"edits_rejected", m.edits_rejected},
+            {"edits_resumed", m.edits_resumed},
+            {"edits_finished", m.edits_finished},
+            {"journal", m.journal_path},
+            {"results_kept", m.results_kept},
+            {"resident_bytes", m.resident_bytes}}}};
+}
+
+}  // namespace infill

@@ -1,0 +1,62 @@
+#pragma once
+/// One snapshot of what the engine service measures: its workers, queues, activation store,
+/// edit ledger and process. `GET /v1/metrics` renders it as JSON (service_metrics_json) and
+/// `GET /metrics` in the Prometheus text format (prometheus_metrics.h), so both always say
+/// the same thing.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cache/activation_store.h"
+#include "serving/router.h"
+#include "serving/serving_metrics.h"
+
+namespace infill {
+
+struct ModelWorkerMetrics {
+  std::string model;  ///< id of the model the worker runs
+  WorkerMetrics worker;
+};
+
+struct ModelWorkerLoad {
+  std::string model;
+  int worker = 0;  ///< the worker's index within its model's runtime
+  WorkerLoad load;
+};
+
+struct ServiceMetrics {
+  std::vector<ModelWorkerMetrics> workers;
+  std::vector<ModelWorkerLoad> loads;
+  /// The runtimes' recent finished requests (each runtime keeps a bounded window).
+  std::vector<RequestMetrics> recent_requests;
+  ActivationStoreStats cache;
+  int live_edits = 0;
+  size_t templates = 0;
+  uint64_t templates_created = 0;
+  uint64_t edits_submitted = 0;
+  uint64_t edits_rejected = 0;
+  uint64_t edits_resumed = 0;
+  /// Edits that ended since the engine started, by terminal state name (done, failed,
+  /// cancelled, expired).
+  std::map<std::string, uint64_t> edits_finished;
+  /// Edits in the ledger now (live ones and kept results), by state name.
+  std::map<std::string, uint64_t> edits_by_state;
+  std::string journal_path;  ///< "" without a journal
+  size_t results_kept = 0;
+  /// The process's resident memory (/proc/self/statm); the model, the RAM tier and
+  /// activations all live there on a CPU worker. -1 where it cannot be read.
+  int64_t resident_bytes = -1;
+  double uptime_s = 0.0;
+};
+
+/// The process's resident set in bytes, or -1.
+int64_t process_resident_bytes();
+
+/// The `GET /v1/metrics` body (documented in docs/api.md).
+nlohmann::json service_metrics_json(const ServiceMetrics& m);
+
+}  // namespace infill

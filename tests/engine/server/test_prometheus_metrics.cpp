@@ -1,0 +1,126 @@
+// GET /metrics in the Prometheus text format, checked by Prometheus's own parser and linter
+// (`promtool check metrics`, Debian's prometheus package) and against what the engine did.
+#include <fstream>
+#include <regex>
+
+#include "server/prometheus_metrics.h"
+#include "server_fixture.h"
+#include "support/command_output.h"
+
+using namespace infill;
+using namespace infill::test;
+
+namespace {
+
+// promtool's verdict on an exposition: exit 0 means it parsed and passed the lint rules.
+CommandOutput promtool_check(const TempDir& dir, const std::string& text) {
+  const std::string path = dir.file("metrics.txt");
+  std::ofstream(path, std::ios::binary) << text;
+  return run_command("promtool check metrics < " + path + " 2>&1");
+}
+
+// The value of the one sample whose line starts with `series` ("name{labels}"), or NaN.
+double sample_value(const std::string& text, const std::string& series) {
+  size_t at = 0;
+  while ((at = text.find(series + " ", at)) != std::string::npos) {
+    if (at == 0 || text[at - 1] == '\n') {
+      const size_t end = text.find('\n', at);
+      return std::stod(text.substr(at + series.size() + 1, end - at - series.size() - 1));
+    }
+    at += series.size();
+  }
+  return std::nan("");
+}
+
+}  // namespace
+
+TEST_CASE("the Prometheus text escapes label values and makes the step histogram cumulative", "[server][metrics]") {
+  require_tool_or_skip("promtool", "prometheus");
+  TempDir dir("infill-prom");
+  ServiceMetrics m;
+  ModelWorkerMetrics w;
+  w.model = "odd \"model\" \\ name\nwith a newline";
+  w.worker.index = 1;
+  w.worker.steps = 3;
+  w.worker.count_step_seconds(0.0005);  // first bucket (<= 1 ms)
+  w.worker.count_step_seconds(0.03);    // <= 50 ms
+  w.worker.count_step_seconds(60.0);    // beyond the last bound: +Inf only
+  m.workers.push_back(w);
+  m.loads.push_back({w.model, 1, WorkerLoad{2, 1500.0}});
+  m.edits_finished["done"] = 5;
+  m.edits_by_state["running"] = 1;
+  m.resident_bytes = 123456789;
+  const std::string text = prometheus_metrics_text(m);
+  INFO(text);
+  const CommandOutput check = promtool_check(dir, text);
+  INFO(check.output);
+  REQUIRE(check.exit_code == 0);
+
+  const std::string labels = R"(model="odd \"model\" \\ name\nwith a newline",worker="1")";
+  CHECK(sample_value(text, "infill_step_duration_seconds_bucket{" + labels + ",le=\"0.001\"}") == 1);
+  CHECK(sample_value(text, "infill_step_duration_seconds_bucket{" + labels + ",le=\"0.02\"}") == 1);
+  CHECK(sample_value(text, "infill_step_duration_seconds_bucket{" + labels + ",le=\"0.05\"}") == 2);
+  CHECK(sample_value(text, "infill_step_duration_seconds_bucket{" + labels + ",le=\"5\"}") == 2);
+  CHECK(sample_value(text, "infill_step_duration_seconds_bucket{" + labels + ",le=\"+Inf\"}") == 3);
+  CHECK(sample_value(text, "infill_step_duration_seconds_count{" + labels + "}") == 3);
+  CHECK(sample_value(text, "infill_step_duration_seconds_sum{" + labels + "}") == Approx(60.0305));
+  CHECK(sample_value(text, "infill_queue_requests{" + labels + "}") == 2);
+  CHECK(sample_value(text, "infill_queue_backlog_seconds{" + labels + "}") == Approx(1.5));
+  CHECK(sample_value(text, R"(infill_edits_finished_total{state="done"})") == 5);
+  CHECK(sample_value(text, R"(infill_edits_finished_total{state="failed"})") == 0);
+  CHECK(sample_value(text, R"(infill_edits{state="running"})") == 1);
+  CHECK(sample_value(text, R"(infill_device_memory_bytes{device="cpu"})") == 123456789);
+
+  // The checker is not a rubber stamp: an unescaped quote in a label value fails it.
+  std::string broken = text;
+  broken.replace(broken.find(R"(\"model\")"), 9, R"("model")");
+  CHECK(promtool_check(dir, broken).exit_code != 0);
+}
+
+TEST_CASE("GET /metrics after an edit: promtool accepts it and it counts the edit, its steps and the cache", "[server][metrics]") {
+  require_tool_or_skip("promtool", "prometheus");
+  ServerFixture f;
+  const std::string tmpl = f.upload();
+  EventStream events(f.unix_ep, "painter");
+  Response sub = request(f.unix_ep, "POST", "/v1/edits",
+                         R"({"template":")" + tmpl + R"(","mask_rect":[8,8,24,20],"seed":3,"steps":4})",
+                         {"Content-Type: application/json", "X-Infill-Client: painter"});
+  INFO(sub.body);
+  REQUIRE(sub.status == 202);
+  const uint64_t id = sub.json()["id"].get<uint64_t>();
+  const auto& got = events.wait_for([&](const SseEvent& e) { return (e.type == "done" || e.type == "failed") && e.data["id"] == id; });
+  REQUIRE(got.back().type == "done");
+
+  Response r = request(f.unix_ep, "GET", "/metrics");
+  REQUIRE(r.status == 200);
+  CHECK(r.headers.at("content-type") == "text/plain; version=0.0.4; charset=utf-8");
+  INFO(r.body);
+  const CommandOutput check = promtool_check(f.dir, r.body);
+  INFO(check.output);
+  REQUIRE(check.exit_code == 0);
+
+  const std::string model = request(f.unix_ep, "GET", "/v1/models").json()["models"][0]["id"].get<std::string>();
+  const std::string worker = "model=\"" + model + "\",worker=\"0\"";
+  CHECK(sample_value(r.body, "infill_edits_submitted_total") == 1);
+  CHECK(sample_value(r.body, R"(infill_edits_finished_total{state="done"})") == 1);
+  CHECK(sample_value(r.body, R"(infill_edits{state="done"})") == 1);
+  CHECK(sample_value(r.body, "infill_live_edits") == 0);
+  CHECK(sample_value(r.body, "infill_templates") == 1);
+  const double steps = sample_value(r.body, "infill_worker_steps_total{" + worker + "}");
+  CHECK(steps >= 4);
+  // Every batched step lands in the histogram once.
+  CHECK(sample_value(r.body, "infill_step_duration_seconds_count{" + worker + "}") == steps);
+  CHECK(sample_value(r.body, "infill_step_duration_seconds_sum{" + worker + "}") > 0);
+  CHECK(sample_value(r.body, "infill_queue_requests{" + worker + "}") == 0);
+  // The prepare run stored the template's activations in the RAM tier.
+  CHECK(sample_value(r.body, R"(infill_cache_entries{tier="ram"})") >= 1);
+  CHECK(sample_value(r.body, R"(infill_cache_bytes{tier="ram"})") > 0);
+  CHECK(sample_value(r.body, R"(infill_device_memory_bytes{device="cpu"})") > 1e6);
+
+  // The same numbers as the JSON form.
+  Response j = request(f.unix_ep, "GET", "/v1/metrics");
+  REQUIRE(j.status == 200);
+  CHECK(j.json()["workers"][0]["steps"].get<double>() >= steps);
+  CHECK(j.json()["service"]["edits_finished"]["done"] == 1);
+  CHECK(request(f.unix_ep, "POST", "/metrics").status == 405);
+}
