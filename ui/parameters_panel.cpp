@@ -1,3 +1,5 @@
+#include <infill_protocol/edit_parameters.h>
+
 #include "ui/parameters_panel.h"
 
 #include <QAbstractItemView>
@@ -18,6 +20,17 @@
 namespace infill::ui {
 
 namespace {
+
+// The widget's range from the one parameter table (protocol/infill_protocol/edit_parameters.h),
+// so the editor offers exactly what the engine accepts.
+void setRangeFromTable(QSpinBox* box, std::string_view name) {
+  const infill::protocol::EditParameter& p = infill::protocol::edit_parameter(name);
+  box->setRange(static_cast<int>(infill::protocol::editor_min(p)), static_cast<int>(infill::protocol::editor_max(p)));
+}
+void setRangeFromTable(QDoubleSpinBox* box, std::string_view name) {
+  const infill::protocol::EditParameter& p = infill::protocol::edit_parameter(name);
+  box->setRange(infill::protocol::editor_min(p), infill::protocol::editor_max(p));
+}
 
 QStringList prompt_words(const QString& prompt) {
   // The engine's rule (engine/model/prompt_encoder.cpp): split on white space and commas,
@@ -80,7 +93,8 @@ ParametersPanel::ParametersPanel(QWidget* parent) : QWidget(parent) {
 
   auto* seed_row = new QHBoxLayout;
   seed_ = new QSpinBox(this);
-  seed_->setRange(0, std::numeric_limits<int>::max());
+  seed_->setObjectName(QStringLiteral("seed"));
+  setRangeFromTable(seed_, "seed");
   seed_->setValue(1);
   random_seed_ = new QCheckBox(tr("Random"), this);
   random_seed_->setToolTip(tr("Pick a new seed for every Generate"));
@@ -90,18 +104,21 @@ ParametersPanel::ParametersPanel(QWidget* parent) : QWidget(parent) {
   connect(random_seed_, &QCheckBox::toggled, seed_, &QWidget::setDisabled);
 
   steps_ = new QSpinBox(this);
-  steps_->setRange(1, 1000);
+  steps_->setObjectName(QStringLiteral("steps"));
+  setRangeFromTable(steps_, "steps");
   steps_->setValue(16);
   form->addRow(tr("Steps"), steps_);
 
   strength_ = new QDoubleSpinBox(this);
-  strength_->setRange(0.05, 1.0);
+  strength_->setObjectName(QStringLiteral("strength"));
+  setRangeFromTable(strength_, "strength");
   strength_->setSingleStep(0.05);
   strength_->setValue(1.0);
   form->addRow(tr("Strength"), strength_);
 
   guidance_ = new QDoubleSpinBox(this);
-  guidance_->setRange(1.0, 20.0);
+  guidance_->setObjectName(QStringLiteral("guidance"));
+  setRangeFromTable(guidance_, "guidance");
   guidance_->setSingleStep(0.5);
   guidance_->setValue(3.0);
   form->addRow(tr("Guidance"), guidance_);
@@ -112,7 +129,8 @@ ParametersPanel::ParametersPanel(QWidget* parent) : QWidget(parent) {
   form->addRow(tr("Variations"), variations_);
 
   feather_ = new QDoubleSpinBox(this);
-  feather_->setRange(0.0, 64.0);
+  feather_->setObjectName(QStringLiteral("feather_px"));
+  setRangeFromTable(feather_, "feather_px");
   feather_->setValue(4.0);
   feather_->setSuffix(tr(" px"));
   feather_->setToolTip(tr("How softly the result blends into the image at the mask's edge"));

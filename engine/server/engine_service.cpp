@@ -1,5 +1,7 @@
 #include "server/engine_service.h"
 
+#include <infill_protocol/edit_parameters.h>
+
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -666,31 +668,40 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   c10::InferenceMode guard;
   const json& p = sub.params;
   if (!p.is_object()) return error_reply(400, "invalid_params", "edit parameters must be a JSON object");
-  static const std::vector<std::string> kKeys = {
-      "template", "prompt", "seed", "steps", "strength", "guidance", "class", "deadline_ms", "preview_every_steps",
-      "supersedes", "mask_png_base64", "mask_rect", "sampler", "halo_tokens", "feather_px", "model"};
   for (const auto& [key, value] : p.items()) {
-    if (std::find(kKeys.begin(), kKeys.end(), key) == kKeys.end()) {
-      std::string known;
-      for (const auto& k : kKeys) known += (known.empty() ? "" : ", ") + k;
-      return error_reply(400, "unknown_parameter", "edit parameter '" + key + "' is not known (known: " + known + ")");
+    const protocol::EditParameter* known = protocol::find_edit_parameter(key);
+    if (!known || !(known->clients & protocol::kApi)) {
+      std::string names;
+      for (const protocol::EditParameter& k : protocol::kEditParameters)
+        if (k.clients & protocol::kApi) names += (names.empty() ? "" : ", ") + std::string(k.name);
+      return error_reply(400, "unknown_parameter", "edit parameter '" + key + "' is not known (known: " + names + ")");
     }
   }
+  // Types and ranges from the one parameter table (protocol/infill_protocol/edit_parameters.h).
   auto str = [&](const char* key, std::string& out) -> std::optional<ApiReply> {
     if (!p.contains(key)) return std::nullopt;
+    const protocol::EditParameter& spec = protocol::edit_parameter(key);
     if (!p[key].is_string()) return error_reply(400, "invalid_parameter", std::string(key) + " must be a string");
     out = p[key].get<std::string>();
+    if (spec.max_length > 0 && out.size() > spec.max_length)
+      return error_reply(400, "invalid_parameter", std::string(key) + " has " + std::to_string(out.size()) +
+                                                       " bytes, expected at most " + std::to_string(spec.max_length));
+    if (spec.type == protocol::ParamType::kEnum && !out.empty() &&
+        ("|" + std::string(spec.choices) + "|").find("|" + out + "|") == std::string::npos)
+      return error_reply(400, "invalid_parameter", std::string(key) + " is " + json(out).dump() + ", expected one of " +
+                                                       std::string(spec.choices));
     return std::nullopt;
   };
-  auto num = [&](const char* key, double lo, double hi, std::optional<double>& out, bool integer) -> std::optional<ApiReply> {
+  auto num = [&](const char* key, std::optional<double>& out) -> std::optional<ApiReply> {
     if (!p.contains(key)) return std::nullopt;
+    const protocol::EditParameter& spec = protocol::edit_parameter(key);
+    const bool integer = spec.type == protocol::ParamType::kInteger;
     const json& v = p[key];
     if (!v.is_number() || (integer && !v.is_number_integer()))
       return error_reply(400, "invalid_parameter", std::string(key) + " must be " + (integer ? "an integer" : "a number"));
     const double x = v.get<double>();
-    if (!(x >= lo && x <= hi))
-      return error_reply(400, "invalid_parameter", std::string(key) + " is " + v.dump() + ", expected " +
-                                                       json(lo).dump() + ".." + json(hi).dump());
+    if (!protocol::in_range(spec, x))
+      return error_reply(400, "invalid_parameter", std::string(key) + " is " + v.dump() + ", expected " + protocol::range_text(spec));
     out = x;
     return std::nullopt;
   };
@@ -698,11 +709,9 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   std::optional<double> seed, steps, strength, guidance, deadline, preview, supersedes, halo, feather;
   for (auto r : {str("template", template_id), str("prompt", prompt), str("class", cls_name),
                  str("mask_png_base64", mask_b64), str("sampler", sampler), str("model", model_name),
-                 num("seed", 0, 9007199254740991.0, seed, true), num("steps", 1, 1000, steps, true),
-                 num("strength", 0, 1, strength, false), num("guidance", 1, 20, guidance, false),
-                 num("deadline_ms", 1, 7 * 24 * 3600e3, deadline, false), num("preview_every_steps", 0, 1000, preview, true),
-                 num("supersedes", 0, 9007199254740991.0, supersedes, true), num("halo_tokens", 0, 64, halo, true),
-                 num("feather_px", 0, 256, feather, false)}) {
+                 num("seed", seed), num("steps", steps), num("strength", strength), num("guidance", guidance),
+                 num("deadline_ms", deadline), num("preview_every_steps", preview), num("supersedes", supersedes),
+                 num("halo_tokens", halo), num("feather_px", feather)}) {
     if (r) return *r;
   }
   if (template_id.empty()) return error_reply(400, "missing_parameter", "template is required (the id POST /v1/templates returned)");
@@ -715,7 +724,6 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   }
   const EditModel& model_used = *slots[slot].model;
   const std::string& model_id = model_used.info().id;
-  if (strength && *strength <= 0) return error_reply(400, "invalid_parameter", "strength must be in (0, 1]");
   RequestClass cls = RequestClass::kInteractive;
   if (!cls_name.empty()) {
     auto c = parse_request_class(cls_name);

@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <infill_protocol/edit_parameters.h>
+
 #include "client_core.h"
 #include "codec.h"
 #include "endpoint.h"
@@ -189,16 +191,37 @@ Result<json> edit_json(const infill_edit_params& p) {
     j["mask_rect"] = {p.mask_rect[0], p.mask_rect[1], p.mask_rect[2], p.mask_rect[3]};
   }
   if (p.prompt && *p.prompt) j["prompt"] = p.prompt;
-  if (p.seed > 9007199254740991ull) return bad("seed is " + std::to_string(p.seed) + ", expected 0..2^53-1");
+  // Ranges from the one parameter table (protocol/infill_protocol/edit_parameters.h), with
+  // the struct's "0 / < 0 = default" conventions on top.
+  using infill::protocol::edit_parameter;
+  using infill::protocol::in_range;
+  using infill::protocol::range_text;
+  auto out_of_range = [&](const char* name, const std::string& shown, const char* unset) {
+    return bad(std::string(name) + " is " + shown + ", expected " + range_text(edit_parameter(name)) + " (" + unset + ")");
+  };
+  if (p.prompt && std::strlen(p.prompt) > edit_parameter("prompt").max_length)
+    return bad("prompt has " + std::to_string(std::strlen(p.prompt)) + " bytes, expected at most " +
+               std::to_string(edit_parameter("prompt").max_length));
+  if (p.prompt && *p.prompt) j["prompt"] = p.prompt;
+  if (!in_range(edit_parameter("seed"), double(p.seed)) || p.seed > 9007199254740991ull)
+    return out_of_range("seed", std::to_string(p.seed), "0 = 0");
   if (p.seed != 0) j["seed"] = p.seed;
-  if (p.steps > 1000) return bad("steps is " + std::to_string(p.steps) + ", expected 1..1000 (0 = the model's default)");
+  if (p.steps != 0 && !in_range(edit_parameter("steps"), double(p.steps)))
+    return out_of_range("steps", std::to_string(p.steps), "0 = the model's default");
   if (p.steps != 0) j["steps"] = p.steps;
-  if (!(p.strength >= 0 && p.strength <= 1)) return bad("strength is " + std::to_string(p.strength) + ", expected (0, 1] (0 = 1)");
+  if (p.strength != 0 && !in_range(edit_parameter("strength"), p.strength))
+    return out_of_range("strength", std::to_string(p.strength), "0 = 1");
   if (p.strength != 0) j["strength"] = p.strength;
-  if (!(p.guidance == 0 || (p.guidance >= 1 && p.guidance <= 20)))
-    return bad("guidance is " + std::to_string(p.guidance) + ", expected 1..20 (0 = the model's default)");
+  if (p.guidance != 0 && !in_range(edit_parameter("guidance"), p.guidance))
+    return out_of_range("guidance", std::to_string(p.guidance), "0 = the model's default");
   if (p.guidance != 0) j["guidance"] = p.guidance;
-  if (p.sampler && *p.sampler) j["sampler"] = p.sampler;
+  if (p.sampler && *p.sampler) {
+    const std::string choices = "|" + std::string(edit_parameter("sampler").choices) + "|";
+    if (choices.find("|" + std::string(p.sampler) + "|") == std::string::npos)
+      return bad("sampler is \"" + std::string(p.sampler) + "\", expected one of " + std::string(edit_parameter("sampler").choices) +
+                 " (NULL or \"\" = the model's default)");
+    j["sampler"] = p.sampler;
+  }
   // Read as an integer: a C caller may pass any value, which is no valid C++ enum value.
   std::underlying_type_t<infill_edit_class> cls = 0;
   std::memcpy(&cls, &p.edit_class, sizeof cls);
@@ -209,15 +232,20 @@ Result<json> edit_json(const infill_edit_params& p) {
     case INFILL_CLASS_BATCH: j["class"] = "batch"; break;
     default: return bad("edit_class is " + std::to_string(cls) + ", expected an infill_edit_class value");
   }
-  if (!(p.deadline_ms >= 0 && std::isfinite(p.deadline_ms)))
-    return bad("deadline_ms is " + std::to_string(p.deadline_ms) + ", expected >= 0 (0 = by class)");
+  if (std::isnan(p.deadline_ms) || p.deadline_ms < 0 || (p.deadline_ms != 0 && !in_range(edit_parameter("deadline_ms"), p.deadline_ms)))
+    return out_of_range("deadline_ms", std::to_string(p.deadline_ms), "0 = by class");
   if (p.deadline_ms > 0) j["deadline_ms"] = p.deadline_ms;
-  if (p.preview_every_steps > 1000) return bad("preview_every_steps is " + std::to_string(p.preview_every_steps) + ", expected 0..1000");
+  if (!in_range(edit_parameter("preview_every_steps"), double(p.preview_every_steps)))
+    return out_of_range("preview_every_steps", std::to_string(p.preview_every_steps), "0 = none");
   if (p.preview_every_steps != 0) j["preview_every_steps"] = p.preview_every_steps;
+  if (double(p.supersedes) > edit_parameter("supersedes").max)
+    return out_of_range("supersedes", std::to_string(p.supersedes), "0 = none");
   if (p.supersedes != 0) j["supersedes"] = p.supersedes;
-  if (p.halo_tokens > 64) return bad("halo_tokens is " + std::to_string(p.halo_tokens) + ", expected 0..64 (< 0 = default)");
+  if (p.halo_tokens >= 0 && !in_range(edit_parameter("halo_tokens"), double(p.halo_tokens)))
+    return out_of_range("halo_tokens", std::to_string(p.halo_tokens), "< 0 = the default");
   if (p.halo_tokens >= 0) j["halo_tokens"] = p.halo_tokens;
-  if (std::isnan(p.feather_px) || p.feather_px > 256) return bad("feather_px is " + std::to_string(p.feather_px) + ", expected 0..256 (< 0 = default)");
+  if (std::isnan(p.feather_px) || (p.feather_px >= 0 && !in_range(edit_parameter("feather_px"), p.feather_px)))
+    return out_of_range("feather_px", std::to_string(p.feather_px), "< 0 = the default");
   if (p.feather_px >= 0) j["feather_px"] = p.feather_px;
   if (p.struct_size >= kEditParamsSizeWithModel && p.model && *p.model) j["model"] = p.model;
   return j;

@@ -457,7 +457,10 @@ TEST_CASE("sdk: edits the engine refuses are submit errors with its message, and
   infill_edit_params s = rect_params(t.id, 2);
   s.sampler = "warp_drive";
   rec.attach(s);
-  CHECK(Err(infill_client_submit_edit(c, &s, nullptr)).code == INFILL_ERROR_REJECTED);
+  // Not in the parameter table's choices: refused by the SDK before anything is sent.
+  Err bad_sampler(infill_client_submit_edit(c, &s, nullptr));
+  CHECK(bad_sampler.code == INFILL_ERROR_INVALID_ARGUMENT);
+  CHECK(bad_sampler.contains("expected one of euler_rf|ddim"));
   infill_template_info missing;
   infill_template_info_init(&missing);
   Err gone(infill_client_get_template(c, "feedbeef", &missing));

@@ -8,8 +8,11 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
+
+#include <infill_protocol/edit_parameters.h>
 
 #include "infill/infill_client.h"
 #include "support/temp_dir.h"
@@ -308,4 +311,52 @@ TEST_CASE("sdk: an unreachable engine is a connection error on every call", "[sd
   CHECK(models.contains("127.0.0.1:9"));
   CHECK(list == nullptr);
   infill_client_destroy(tcp);
+}
+
+TEST_CASE("sdk: every numeric parameter's range is the parameter table's, both edges", "[sdk][params]") {
+  namespace proto = infill::protocol;
+  infill_client* c = make_client("unix:/nonexistent/engine.sock");
+  // The struct field of each numeric parameter the SDK sets; a new row in the table needs one.
+  const std::map<std::string, std::function<void(infill_edit_params&, double)>> setters = {
+      {"seed", [](infill_edit_params& p, double v) { p.seed = static_cast<uint64_t>(v); }},
+      {"steps", [](infill_edit_params& p, double v) { p.steps = static_cast<uint32_t>(v); }},
+      {"strength", [](infill_edit_params& p, double v) { p.strength = v; }},
+      {"guidance", [](infill_edit_params& p, double v) { p.guidance = v; }},
+      {"deadline_ms", [](infill_edit_params& p, double v) { p.deadline_ms = v; }},
+      {"preview_every_steps", [](infill_edit_params& p, double v) { p.preview_every_steps = static_cast<uint32_t>(v); }},
+      {"supersedes", [](infill_edit_params& p, double v) { p.supersedes = static_cast<uint64_t>(v); }},
+      {"halo_tokens", [](infill_edit_params& p, double v) { p.halo_tokens = static_cast<int32_t>(v); }},
+      {"feather_px", [](infill_edit_params& p, double v) { p.feather_px = v; }},
+  };
+  auto submit = [&](const std::string& name, double v) {
+    infill_edit_params p;
+    infill_edit_params_init(&p);
+    p.template_id = "0123";
+    p.mask_rect[2] = p.mask_rect[3] = 8;
+    setters.at(name)(p, v);
+    infill_job* job = nullptr;
+    return Err(infill_client_submit_edit(c, &p, &job));
+  };
+  int checked = 0;
+  for (const proto::EditParameter& row : proto::kEditParameters) {
+    if (!(row.clients & proto::kSdk)) continue;
+    if (row.type != proto::ParamType::kInteger && row.type != proto::ParamType::kNumber) continue;
+    INFO(row.name);
+    REQUIRE(setters.count(std::string(row.name)) == 1);
+    const double step = row.type == proto::ParamType::kInteger ? 1.0 : 0.5;
+    // Both edges pass the SDK's checks (the request then fails to connect) ...
+    if (row.min > 0) CHECK(submit(std::string(row.name), row.min_exclusive ? row.min + step : row.min).code == INFILL_ERROR_CONNECTION);
+    CHECK(submit(std::string(row.name), row.max).code == INFILL_ERROR_CONNECTION);
+    // ... and one step beyond the top is refused, naming the table's range. (Below the
+    // bottom is the struct's "unset" value for most fields, which the engine fills in.)
+    if (row.max < proto::kMaxSafeInteger) {
+      Err beyond = submit(std::string(row.name), row.max + step);
+      CHECK(beyond.code == INFILL_ERROR_INVALID_ARGUMENT);
+      CHECK(beyond.contains(std::string(row.name) + " is "));
+      CHECK(beyond.contains("expected " + proto::range_text(row)));
+    }
+    ++checked;
+  }
+  CHECK(checked == static_cast<int>(setters.size()));
+  infill_client_destroy(c);
 }

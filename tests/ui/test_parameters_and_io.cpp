@@ -5,12 +5,16 @@
 #include <QAbstractItemView>
 #include <QCompleter>
 #include <QDragEnterEvent>
+#include <QDoubleSpinBox>
 #include <QDropEvent>
 #include <QLineEdit>
 #include <QMimeData>
 #include <QUrl>
 #include <QSettings>
+#include <QSpinBox>
 #include <QTemporaryDir>
+
+#include <infill_protocol/edit_parameters.h>
 
 #include "tests/ui/ui_test_support.h"
 #include "ui/image_io.h"
@@ -202,4 +206,30 @@ TEST_CASE("Dropping an image file on the window opens it", "[ui][io]") {
   refuse.setAccepted(false);
   QCoreApplication::sendEvent(&window, &refuse);
   CHECK_FALSE(refuse.isAccepted());
+}
+
+TEST_CASE("The parameter panel's widgets offer the parameter table's editor ranges", "[ui][params]") {
+  namespace proto = infill::protocol;
+  infill::ui::ParametersPanel panel;
+  int widgets = 0;
+  for (const proto::EditParameter& p : proto::kEditParameters) {
+    if (!(p.clients & proto::kEditor) || p.type == proto::ParamType::kString) continue;
+    INFO(std::string(p.name));
+    const QString name = QString::fromUtf8(p.name.data(), static_cast<int>(p.name.size()));
+    if (auto* box = panel.findChild<QSpinBox*>(name)) {
+      CHECK(box->minimum() == static_cast<int>(proto::editor_min(p)));
+      CHECK(box->maximum() == static_cast<int>(proto::editor_max(p)));
+      ++widgets;
+    } else if (auto* dbox = panel.findChild<QDoubleSpinBox*>(name)) {
+      CHECK(dbox->minimum() == proto::editor_min(p));
+      CHECK(dbox->maximum() == proto::editor_max(p));
+      ++widgets;
+    } else {
+      FAIL("no widget named " << p.name.data() << " in the parameter panel");
+    }
+    // The editor never offers a value the engine refuses.
+    CHECK(proto::in_range(p, proto::editor_min(p)));
+    CHECK(proto::in_range(p, proto::editor_max(p)));
+  }
+  CHECK(widgets == 5);  // seed, steps, strength, guidance, feather
 }

@@ -1,3 +1,5 @@
+#include <infill_protocol/edit_parameters.h>
+
 #include "job_file.h"
 
 #include <OpenImageIO/imageio.h>
@@ -93,6 +95,28 @@ void get_int(Checker& c, const Lookup& l, int lo, int hi, int fallback, Field<in
   out.value = static_cast<int>(n);
 }
 
+// A parameter of the table (protocol/infill_protocol/edit_parameters.h) by its job-file name.
+const protocol::EditParameter& job_parameter(std::string_view job_name) {
+  const protocol::EditParameter* p = protocol::find_job_parameter(job_name);
+  if (!p) throw std::logic_error("job parameter " + std::string(job_name) + " is not in the parameter table");
+  return *p;
+}
+
+// An integer parameter, its range from the table.
+void get_table_int(Checker& c, const Lookup& l, std::string_view job_name, int fallback, Field<int>& out) {
+  const protocol::EditParameter& p = job_parameter(job_name);
+  get_int(c, l, static_cast<int>(p.min), static_cast<int>(p.max), fallback, out);
+}
+
+// A number parameter, its range from the table; `unit` prefixes the expectation ("pixels, ").
+void get_number(Checker& c, const Lookup& l, double lo, double hi, bool lo_open, double fallback,
+                const std::string& expected, Field<double>& out);
+void get_table_number(Checker& c, const Lookup& l, std::string_view job_name, double fallback, const std::string& unit,
+                      Field<double>& out) {
+  const protocol::EditParameter& p = job_parameter(job_name);
+  get_number(c, l, p.min, p.max, p.min_exclusive, fallback, unit + "a number in " + protocol::range_text(p), out);
+}
+
 void get_number(Checker& c, const Lookup& l, double lo, double hi, bool lo_open, double fallback,
                 const std::string& expected, Field<double>& out) {
   out = {fallback, l.pointer};
@@ -119,14 +143,15 @@ void get_seeds(Checker& c, const json& edit, const std::string& edit_ptr, const 
   const std::string base = own ? edit_ptr : "/defaults";
   if (src.contains("seed") && src.contains("seeds"))
     return c.fail(base + "/seeds", "both \"seed\" and \"seeds\" are given", "one of them");
-  const std::string expected_one = "an integer in 0..2^63-1";
+  const std::string expected_one = "an integer in " + protocol::range_text(job_parameter("seed"));
+  const auto max_seed = static_cast<uint64_t>(job_parameter("seed").max);
   auto one = [&](const json& v, const std::string& ptr, uint64_t& seed) {
     if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0)) {
       c.fail(ptr, "is " + shown(v), expected_one);
       return false;
     }
     seed = v.get<uint64_t>();
-    if (seed > (uint64_t{1} << 63) - 1) {
+    if (seed > max_seed) {
       c.fail(ptr, "is " + shown(v), expected_one);
       return false;
     }
@@ -169,7 +194,11 @@ void get_seeds(Checker& c, const json& edit, const std::string& edit_ptr, const 
     if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > static_cast<int64_t>(kMaxSeedsPerEdit))
       return c.fail(out.pointer + "/count", "is " + shown(n),
                     "an integer in 1.." + std::to_string(kMaxSeedsPerEdit));
-    for (int64_t i = 0; i < n.get<int64_t>(); ++i) out.value.push_back(first + static_cast<uint64_t>(i));
+    const auto count = static_cast<uint64_t>(n.get<int64_t>());
+    if (first > max_seed - (count - 1))
+      return c.fail(out.pointer + "/first", "is " + shown(v["first"]) + " with count " + std::to_string(count),
+                    "a first seed whose last seed stays in " + protocol::range_text(job_parameter("seed")));
+    for (uint64_t i = 0; i < count; ++i) out.value.push_back(first + i);
     return;
   }
   c.fail(out.pointer, "is " + shown(v) + " (" + type_name(v) + ")", expected);
@@ -305,17 +334,22 @@ Result<Job> parse_job(const std::string& text, const std::string& path) {
       f->value = absolute_from(job.dir, f->value);
     }
     get_string(c, find(e, ptr, defaults, "prompt"), "", "free text, or words of the model's vocabulary (string)", edit.prompt);
-    if (!c.failed() && edit.prompt.value.size() > 1000)
-      c.fail(edit.prompt.pointer, "has " + std::to_string(edit.prompt.value.size()) + " characters", "at most 1000");
+    if (!c.failed() && edit.prompt.value.size() > job_parameter("prompt").max_length)
+      c.fail(edit.prompt.pointer, "has " + std::to_string(edit.prompt.value.size()) + " bytes",
+             "at most " + std::to_string(job_parameter("prompt").max_length));
     get_seeds(c, e, ptr, defaults, edit.seeds);
-    get_int(c, find(e, ptr, defaults, "steps"), 1, kMaxSteps, 0, edit.steps);
-    get_number(c, find(e, ptr, defaults, "strength"), 0, 1, true, 1.0, "a number in (0, 1]", edit.strength);
-    get_number(c, find(e, ptr, defaults, "guidance"), 1, 20, false, 0.0, "a number in [1, 20]", edit.guidance);
-    get_string(c, find(e, ptr, defaults, "sampler"), "", "\"euler_rf\" or \"ddim\"", edit.sampler);
-    if (!c.failed() && !edit.sampler.value.empty() && edit.sampler.value != "euler_rf" && edit.sampler.value != "ddim")
-      c.fail(edit.sampler.pointer, "is " + json(edit.sampler.value).dump(), "\"euler_rf\" or \"ddim\"");
-    get_int(c, find(e, ptr, defaults, "halo"), 0, 16, 1, edit.halo);
-    get_number(c, find(e, ptr, defaults, "feather"), 0, 256, false, 4.0, "pixels, a number in [0, 256]", edit.feather);
+    get_table_int(c, find(e, ptr, defaults, "steps"), "steps", 0, edit.steps);
+    get_table_number(c, find(e, ptr, defaults, "strength"), "strength", 1.0, "", edit.strength);
+    get_table_number(c, find(e, ptr, defaults, "guidance"), "guidance", 0.0, "", edit.guidance);
+    {
+      const std::string choices(job_parameter("sampler").choices);
+      const std::string expected = "one of " + choices;
+      get_string(c, find(e, ptr, defaults, "sampler"), "", expected, edit.sampler);
+      if (!c.failed() && !edit.sampler.value.empty() && ("|" + choices + "|").find("|" + edit.sampler.value + "|") == std::string::npos)
+        c.fail(edit.sampler.pointer, "is " + json(edit.sampler.value).dump(), expected);
+    }
+    get_table_int(c, find(e, ptr, defaults, "halo"), "halo", 1, edit.halo);
+    get_table_number(c, find(e, ptr, defaults, "feather"), "feather", 4.0, "pixels, ", edit.feather);
     get_string(c, find(e, ptr, defaults, "output"), "", "an output path pattern ending in .png", edit.output);
     if (c.failed()) break;
     if (edit.output.value.empty()) {

@@ -5,6 +5,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include <infill_protocol/edit_parameters.h>
+#include <nlohmann/json.hpp>
+
 #include "item_range.h"
 #include "job_file.h"
 #include "job_items.h"
@@ -98,8 +101,8 @@ TEST_CASE("job file: schema errors name the file, the JSON pointer and what was 
   require_job_error(d.parse(job_with(R"("steps": 8.5)")), f, "/edits/0/steps", "an integer in 1..1000");
   require_job_error(d.parse(job_with(R"("steps": 0)")), f, "/edits/0/steps", "an integer in 1..1000");
   require_job_error(d.parse(job_with(R"("strength": 0)")), f, "/edits/0/strength", "(0, 1]");
-  require_job_error(d.parse(job_with(R"("guidance": 50)")), f, "/edits/0/guidance", "[1, 20]");
-  require_job_error(d.parse(job_with(R"("sampler": "heun")")), f, "/edits/0/sampler", "\"euler_rf\" or \"ddim\"");
+  require_job_error(d.parse(job_with(R"("guidance": 50)")), f, "/edits/0/guidance", "1..20");
+  require_job_error(d.parse(job_with(R"("sampler": "heun")")), f, "/edits/0/sampler", "one of euler_rf|ddim");
   require_job_error(d.parse(job_with(R"("seeds": [])")), f, "/edits/0/seeds", "a non-empty array");
   require_job_error(d.parse(job_with(R"("seeds": [1, -2])")), f, "/edits/0/seeds/1", "an integer");
   require_job_error(d.parse(job_with(R"("seeds": [3, 3])")), f, "/edits/0/seeds/1", "distinct seeds");
@@ -244,4 +247,72 @@ TEST_CASE("PNG text: a stamped PNG reads back, anything else reads as unstamped"
   CHECK_FALSE(add_png_text({}, {{"k", "v"}}).ok());
   CHECK_FALSE(add_png_text(png, {{"", "v"}}).ok());
   // The stamped file still decodes (CRCs right): checked by the CLI tests through OIIO.
+}
+
+TEST_CASE("job file: docs/job.schema.json and the reader take every job parameter's range from the table",
+          "[render][job][params]") {
+  namespace proto = infill::protocol;
+  std::ifstream in(std::string(INFILL_SOURCE_DIR) + "/docs/job.schema.json");
+  REQUIRE(in);
+  const nlohmann::json schema = nlohmann::json::parse(in);
+  const nlohmann::json& defs = schema["$defs"];
+  const nlohmann::json& edit_props = schema["properties"]["edits"]["items"]["properties"];
+  const nlohmann::json& default_props = schema["properties"]["defaults"]["properties"];
+  JobDir d;
+  int rows = 0;
+  for (const proto::EditParameter& p : proto::kEditParameters) {
+    if (!(p.clients & proto::kJobFile)) continue;
+    const std::string name(p.job_name);
+    INFO(name);
+    ++rows;
+    REQUIRE(defs.contains(name));
+    CHECK(edit_props.contains(name));
+    CHECK(default_props.contains(name));
+    const nlohmann::json& def = defs[name];
+    switch (p.type) {
+      case proto::ParamType::kInteger:
+      case proto::ParamType::kNumber: {
+        CHECK(def["type"] == (p.type == proto::ParamType::kInteger ? "integer" : "number"));
+        CHECK(def[p.min_exclusive ? "exclusiveMinimum" : "minimum"].get<double>() == p.min);
+        CHECK_FALSE(def.contains(p.min_exclusive ? "minimum" : "exclusiveMinimum"));
+        CHECK(def["maximum"].get<double>() == p.max);
+        // The reader refuses a value beyond the top, naming the table's range.
+        const std::string beyond = p.type == proto::ParamType::kInteger ? nlohmann::json(int64_t(p.max) + 1).dump()
+                                                                        : nlohmann::json(p.max + 0.5).dump();
+        if (name != "seed") {  // seeds are checked with "seeds" below
+          auto r = d.parse(job_with("\"" + name + "\": " + beyond));
+          require_job_error(r, d.dir.file("job.json"), "/edits/0/" + name, proto::range_text(p));
+        }
+        break;
+      }
+      case proto::ParamType::kEnum: {
+        std::string choices;
+        for (const auto& c : def["enum"]) {
+          if (!choices.empty()) choices += '|';
+          choices += c.get<std::string>();
+        }
+        CHECK(choices == p.choices);
+        break;
+      }
+      case proto::ParamType::kString:
+        CHECK(def["type"] == "string");
+        if (p.max_length > 0) CHECK(def["maxLength"].get<size_t>() == p.max_length);
+        break;
+      case proto::ParamType::kRectangle:
+        FAIL("no rectangle parameters in job files");
+    }
+  }
+  CHECK(rows == 9);  // template prompt seed steps strength guidance sampler halo feather
+  // Seeds: single, listed and counted, all bounded by the table's seed range.
+  const proto::EditParameter& seed = proto::edit_parameter("seed");
+  CHECK(defs["seeds"]["oneOf"][0]["items"]["maximum"].get<double>() == seed.max);
+  CHECK(defs["seeds"]["oneOf"][1]["properties"]["first"]["maximum"].get<double>() == seed.max);
+  require_job_error(d.parse(job_with(R"("seeds": [9007199254740992])")), d.dir.file("job.json"), "/edits/0/seeds/0",
+                    proto::range_text(seed));
+  require_job_error(d.parse(job_with(R"("seeds": {"first": 9007199254740991, "count": 2})")), d.dir.file("job.json"),
+                    "/edits/0/seeds/first", proto::range_text(seed));
+  auto top = d.parse(job_with(R"("seeds": {"first": 9007199254740990, "count": 2}, "halo": 64)"));
+  REQUIRE(top.ok());
+  CHECK(top->edits[0].seeds.value.back() == 9007199254740991ull);
+  CHECK(top->edits[0].halo.value == 64);
 }
