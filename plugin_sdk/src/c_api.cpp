@@ -182,7 +182,9 @@ Result<json> edit_json(const infill_edit_params& p) {
     if (uint64_t(p.mask_width) * p.mask_height > (uint64_t(1) << 28)) return bad("mask_pixels: the mask is larger than 2^28 pixels");
     const size_t stride = p.mask_stride == 0 ? p.mask_width : p.mask_stride;
     if (stride < p.mask_width) return bad("mask_stride is " + std::to_string(stride) + ", less than mask_width " + std::to_string(p.mask_width));
-    j["mask_png_base64"] = infill::sdk::base64_encode(infill::sdk::encode_grey_png(p.mask_pixels, p.mask_width, p.mask_height, stride));
+    const std::string encoded = infill::sdk::encode_grey_png(p.mask_pixels, p.mask_width, p.mask_height, stride);
+    if (encoded.empty()) return bad("mask_pixels: out of memory compressing the mask");
+    j["mask_png_base64"] = infill::sdk::base64_encode(encoded);
   } else {
     if (p.mask_rect[0] < 0 || p.mask_rect[1] < 0 || p.mask_rect[2] <= 0 || p.mask_rect[3] <= 0)
       return bad("mask_rect is {" + std::to_string(p.mask_rect[0]) + ", " + std::to_string(p.mask_rect[1]) + ", " +
