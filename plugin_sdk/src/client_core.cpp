@@ -310,8 +310,28 @@ DoneInfo ClientCore::done_info(const json& data) {
 
 void ClientCore::fetch_result_and_finish(const std::shared_ptr<Job>& job, const DoneInfo& info) {
   const std::string target = "/v1/edits/" + std::to_string(job->id) + "/result";
+  if (job->done_called || stopping_) return;
   auto r = http_call(*http_, "GET", target);
-  if (!r.ok() && r.error().code == INFILL_ERROR_CONNECTION) r = http_call(*http_, "GET", target);  // once more
+  if (!r.ok() && (r.error().code == INFILL_ERROR_CONNECTION || r.error().code == INFILL_ERROR_TIMEOUT)) {
+    // The engine said done: the result is there (journaled or kept until result_ttl_ms), and
+    // only the way to it failed. Try again after reconnect_interval_ms, as the stream does,
+    // and give up only when the engine counts as lost.
+    const auto now = Clock::now();
+    if (!job->result_unreachable_since) job->result_unreachable_since = now;
+    if (now - *job->result_unreachable_since < std::chrono::milliseconds(options_.engine_lost_timeout_ms)) {
+      auto timer = std::make_shared<asio::steady_timer>(ioc_, std::chrono::milliseconds(options_.reconnect_interval_ms));
+      timer->async_wait([this, timer, job, info](const boost::system::error_code& ec) {
+        if (!ec && !stopping_) fetch_result_and_finish(job, info);
+      });
+      return;
+    }
+    Error e = r.error();
+    e.code = INFILL_ERROR_ENGINE_LOST;
+    e.message = "edit " + std::to_string(job->id) + " is done but its result could not be fetched for " +
+                std::to_string(options_.engine_lost_timeout_ms) + " ms: " + e.message;
+    finish(job, INFILL_JOB_FAILED, std::move(e));
+    return;
+  }
   if (!r.ok()) {
     Error e = r.error();
     e.message = "edit " + std::to_string(job->id) + " is done but its result could not be fetched: " + e.message;

@@ -61,6 +61,10 @@ struct Job {
 
   // io thread only
   bool done_called = false;
+  /// Since when fetching the result of this done edit has failed on the transport (retried
+  /// every reconnect_interval_ms until engine_lost_timeout_ms: a done edit is not failed by a
+  /// passing transport error).
+  std::optional<std::chrono::steady_clock::time_point> result_unreachable_since;
 };
 
 struct CoreOptions {

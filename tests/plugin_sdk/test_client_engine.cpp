@@ -5,13 +5,18 @@
 // back, clients destroyed with edits in flight, and concurrent edits from several threads.
 #include "support/catch.h"
 
+#include <poll.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -563,6 +568,60 @@ TEST_CASE("sdk: after the event stream drops, the client reconnects and reconcil
   REQUIRE(after.wait_done(60000));
   CHECK(after.state == INFILL_JOB_DONE);
   CHECK(after.progress.size() == 3);
+  infill_client_destroy(c);
+}
+
+TEST_CASE("sdk: an edit the engine reported done is not failed when fetching its result fails on the transport",
+          "[sdk][engine][failure]") {
+  // The worker holds the edit's last step while the server stops accepting connections: the
+  // open event stream still delivers "done", but the GET of the result cannot connect.
+  const int steps = 4;
+  StepGate gate(steps - 1);
+  ServerFixture f(true, infill::test::test_limits(), false, gate.hook());
+  const auto opener = gate.open_on_exit();
+  infill_client* c = make_client({unix_endpoint(f), "", /*engine_lost_timeout_ms=*/60000, /*reconnect=*/100});
+  const infill_template_info t = upload(c, f);
+  infill_edit_params p = rect_params(t.id, steps);
+  Recorder rec;
+  rec.attach(p);
+  infill_job* job = nullptr;
+  REQUIRE_OK(infill_client_submit_edit(c, &p, &job));
+  REQUIRE(gate.wait_held(60000));
+  f.server->stop_accepting();  // the socket file goes; the stream's connection stays
+  // In its place a listener that hangs up on whoever connects: the only connection made now is
+  // the client's GET of the result, after the stream delivered "done".
+  const int hangup = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(hangup >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, f.unix_ep.unix_path.c_str(), sizeof addr.sun_path - 1);
+  REQUIRE(::bind(hangup, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(hangup, 8) == 0);
+  gate.open();
+  pollfd pfd{hangup, POLLIN, 0};
+  REQUIRE(::poll(&pfd, 1, 60000) == 1);  // the client is fetching the result
+  const int fetch = ::accept(hangup, nullptr, nullptr);
+  REQUIRE(fetch >= 0);
+  ::close(fetch);
+  ::close(hangup);
+  ::unlink(f.unix_ep.unix_path.c_str());
+  // The fetch failed on the transport; the edit is not failed for it.
+  CHECK(rec.done_calls == 0);
+  CHECK(infill_job_get_state(job) != INFILL_JOB_FAILED);
+  // A new listener on the same socket: the next retry fetches the result.
+  f.server->stop();
+  f.server.reset();
+  HttpServerOptions h;
+  h.socket_path = f.unix_ep.unix_path;
+  h.limits = infill::test::test_limits();
+  auto restarted = HttpServer::start(*f.service, h);
+  REQUIRE(restarted.ok());
+  f.server = std::move(*restarted);
+  REQUIRE(rec.wait_done(30000));
+  CHECK(rec.done_calls == 1);
+  CHECK(rec.state == INFILL_JOB_DONE);
+  check_only_mask_changed(f, rec.png, infill::test::rect_mask_image(64, 48, 16, 16, 24, 16));
+  infill_job_release(job);
   infill_client_destroy(c);
 }
 
