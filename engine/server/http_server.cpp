@@ -169,6 +169,7 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   std::shared_ptr<Gate> gate = std::make_shared<Gate>();
   std::atomic<int> pending_calls{0};
   std::atomic<int> open_connections{0};
+  std::atomic<uint64_t> accepted_connections{0};
   std::atomic<bool> stopped{false};
 
   // Owned by the io thread.
@@ -525,6 +526,7 @@ awaitable<void> HttpServer::Impl::serve_events_websocket(Stream& stream, const R
 template <class Stream>
 awaitable<void> HttpServer::Impl::session(Stream stream, bool is_tcp) {
   open_connections.fetch_add(1);
+  accepted_connections.fetch_add(1);
   auto self = shared_from_this();
   closers.push_front([&stream] {
     beast::error_code ec;
@@ -767,6 +769,7 @@ HttpServer::~HttpServer() { stop(); }
 uint16_t HttpServer::tcp_port() const { return impl_->bound_port; }
 const std::string& HttpServer::socket_path() const { return impl_->options.socket_path; }
 int HttpServer::connections() const { return impl_->open_connections.load(); }
+uint64_t HttpServer::accepted_connections() const { return impl_->accepted_connections.load(); }
 
 void HttpServer::stop_accepting() {
   auto s = impl_;

@@ -56,6 +56,8 @@ class HttpServer {
   void stop();
   /// Connections open now (for tests and metrics).
   int connections() const;
+  /// Connections accepted since start (a client that reuses connections adds few).
+  uint64_t accepted_connections() const;
 
  private:
   HttpServer() = default;

@@ -32,7 +32,11 @@ double number(const json& j, const char* key) {
 
 ClientCore::ClientCore(CoreOptions options)
     : options_(std::move(options)),
-      http_(std::make_shared<const HttpConfig>(options_.http)),
+      http_(std::make_shared<const HttpConfig>([this] {
+        HttpConfig h = options_.http;
+        if (!h.pool) h.pool = make_connection_pool();  // calls of this client reuse connections
+        return h;
+      }())),
       wake_(ioc_),
       work_(asio::make_work_guard(ioc_)) {
   thread_ = std::thread([this] {

@@ -10,9 +10,14 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <chrono>
 #include <exception>
+#include <mutex>
 #include <optional>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -84,11 +89,24 @@ http::request<http::string_body> make_request(const HttpConfig& c, http::verb ve
   return req;
 }
 
+// The answer of one exchange, and whether the engine keeps the connection open after it.
+struct Exchanged {
+  Result<HttpResponse> response = HttpResponse{};
+  bool keep_alive = false;
+  bool answered = false;  // a response (any status) was read
+};
+
 template <class Stream>
-awaitable<Result<HttpResponse>> exchange(Stream& s, const HttpConfig& c, http::request<http::string_body>& req,
-                                         const std::string& what) {
-  Status st = co_await connect(s, c);
-  if (!st.ok()) co_return st.error();
+awaitable<Exchanged> exchange(Stream& s, const HttpConfig& c, http::request<http::string_body>& req, const std::string& what,
+                              bool connected) {
+  Exchanged out;
+  if (!connected) {
+    Status st = co_await connect(s, c);
+    if (!st.ok()) {
+      out.response = st.error();
+      co_return out;
+    }
+  }
   beast::error_code ec;
   s.expires_after(ms(c.request_timeout_ms));
   co_await http::async_write(s, req, asio::redirect_error(use_awaitable, ec));
@@ -100,15 +118,19 @@ awaitable<Result<HttpResponse>> exchange(Stream& s, const HttpConfig& c, http::r
   parser.body_limit(kMaxResponseBytes);
   ec = {};
   co_await http::async_read(s, buffer, parser, asio::redirect_error(use_awaitable, ec));
-  if (ec) co_return transport_error(c, write_ec ? write_ec : ec, what, c.request_timeout_ms);
+  if (ec) {
+    out.response = transport_error(c, write_ec ? write_ec : ec, what, c.request_timeout_ms);
+    co_return out;
+  }
   auto& res = parser.get();
-  HttpResponse out;
-  out.status = static_cast<int>(res.result_int());
-  if (auto it = res.find(http::field::content_type); it != res.end()) out.content_type = std::string(it->value());
-  if (auto it = res.find(http::field::retry_after); it != res.end()) out.retry_after_s = std::atoi(std::string(it->value()).c_str());
-  out.body = std::move(res.body());
-  beast::error_code ignored;
-  s.socket().shutdown(asio::socket_base::shutdown_both, ignored);
+  HttpResponse r;
+  r.status = static_cast<int>(res.result_int());
+  if (auto it = res.find(http::field::content_type); it != res.end()) r.content_type = std::string(it->value());
+  if (auto it = res.find(http::field::retry_after); it != res.end()) r.retry_after_s = std::atoi(std::string(it->value()).c_str());
+  r.body = std::move(res.body());
+  out.keep_alive = res.keep_alive() && !write_ec;
+  out.answered = true;
+  out.response = std::move(r);
   co_return out;
 }
 
@@ -196,40 +218,118 @@ awaitable<Status> stream_events(Stream& s, const HttpConfig& c, uint32_t idle_ti
 
 }  // namespace
 
+namespace {
+
+// A connection kept open between calls, with the io_context its stream runs on.
+struct PooledConnection {
+  asio::io_context ioc;
+  std::optional<UnixStream> unix_stream;
+  std::optional<TcpStream> tcp_stream;
+  std::chrono::steady_clock::time_point idle_since;
+
+  int native_handle() {
+    return unix_stream ? unix_stream->socket().native_handle() : tcp_stream->socket().native_handle();
+  }
+  // Still open and quiet: the engine has not closed it (a read would see EOF) and sent nothing.
+  bool alive() {
+    char byte = 0;
+    const ssize_t n = ::recv(native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+};
+
+}  // namespace
+
+class ConnectionPool {
+ public:
+  // Younger than the engine's idle limit (limits.header_timeout_ms, 1.5 s in the tests and
+  // 10 s by default), so a connection taken from here is rarely one the engine is closing.
+  static constexpr auto kMaxIdle = std::chrono::milliseconds(1000);
+  static constexpr size_t kMaxConnections = 4;
+
+  std::unique_ptr<PooledConnection> take() {
+    std::lock_guard lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    while (!idle_.empty()) {
+      std::unique_ptr<PooledConnection> c = std::move(idle_.back());
+      idle_.pop_back();
+      if (now - c->idle_since < kMaxIdle && c->alive()) return c;
+    }
+    return nullptr;
+  }
+  void put(std::unique_ptr<PooledConnection> c) {
+    c->idle_since = std::chrono::steady_clock::now();
+    std::lock_guard lock(mu_);
+    if (idle_.size() < kMaxConnections) idle_.push_back(std::move(c));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<PooledConnection>> idle_;
+};
+
+std::shared_ptr<ConnectionPool> make_connection_pool() { return std::make_shared<ConnectionPool>(); }
+
+namespace {
+
+// One exchange on `conn` (connecting it first when `fresh`), run on its own io_context.
+Exchanged run_exchange(PooledConnection& conn, const HttpConfig& c, http::request<http::string_body>& req,
+                       const std::string& what, bool fresh) {
+  std::optional<Exchanged> out;
+  conn.ioc.restart();
+  asio::co_spawn(
+      conn.ioc,
+      [&]() -> awaitable<void> {
+        try {
+          if (conn.unix_stream) out = co_await exchange(*conn.unix_stream, c, req, what, !fresh);
+          else out = co_await exchange(*conn.tcp_stream, c, req, what, !fresh);
+        } catch (const std::exception& e) {
+          out.emplace();
+          out->response = make_error(INFILL_ERROR_INTERNAL, what + ": " + e.what());
+        }
+      },
+      asio::detached);
+  // A backstop for what the stream's own timeouts do not cover (name resolution).
+  conn.ioc.run_for(ms(c.connect_timeout_ms) + ms(c.request_timeout_ms) + std::chrono::seconds(1));
+  if (!out) {
+    out.emplace();
+    out->response = make_error(INFILL_ERROR_TIMEOUT, what + ": no answer from " + c.endpoint.text + " within " +
+                                                        std::to_string(c.connect_timeout_ms + c.request_timeout_ms) + " ms");
+  }
+  return std::move(*out);
+}
+
+std::unique_ptr<PooledConnection> new_connection(const HttpConfig& c) {
+  auto conn = std::make_unique<PooledConnection>();
+  if (c.endpoint.is_unix()) conn->unix_stream.emplace(conn->ioc);
+  else conn->tcp_stream.emplace(conn->ioc);
+  return conn;
+}
+
+}  // namespace
+
 Result<HttpResponse> http_call(const HttpConfig& c, const std::string& method, const std::string& target,
                                const std::string& body, const std::string& content_type) {
   const std::string what = method + " " + target.substr(0, target.find('?'));
   const http::verb verb = http::string_to_verb(method);
   auto req = make_request(c, verb, target);
-  req.keep_alive(false);
+  req.keep_alive(c.pool != nullptr);
   if (!content_type.empty()) req.set(http::field::content_type, content_type);
   if (!body.empty() || verb == http::verb::post) req.body() = body;
   req.prepare_payload();
 
-  asio::io_context ioc;
-  std::optional<Result<HttpResponse>> out;
-  asio::co_spawn(
-      ioc,
-      [&]() -> awaitable<void> {
-        try {
-          if (c.endpoint.is_unix()) {
-            UnixStream s(ioc);
-            out = co_await exchange(s, c, req, what);
-          } else {
-            TcpStream s(ioc);
-            out = co_await exchange(s, c, req, what);
-          }
-        } catch (const std::exception& e) {
-          out = make_error(INFILL_ERROR_INTERNAL, what + ": " + e.what());
-        }
-      },
-      asio::detached);
-  // A backstop for what the stream's own timeouts do not cover (name resolution).
-  ioc.run_for(ms(c.connect_timeout_ms) + ms(c.request_timeout_ms) + std::chrono::seconds(1));
-  if (!out)
-    return make_error(INFILL_ERROR_TIMEOUT, what + ": no answer from " + c.endpoint.text + " within " +
-                                                std::to_string(c.connect_timeout_ms + c.request_timeout_ms) + " ms");
-  return std::move(*out);
+  std::unique_ptr<PooledConnection> conn = c.pool ? c.pool->take() : nullptr;
+  const bool reused = conn != nullptr;
+  if (!conn) conn = new_connection(c);
+  Exchanged out = run_exchange(*conn, c, req, what, !reused);
+  if (reused && !out.answered) {
+    // The engine closed the kept connection as the request went out (its idle limit): it
+    // never read the request, so sending it again on a new connection is safe.
+    conn = new_connection(c);
+    out = run_exchange(*conn, c, req, what, true);
+  }
+  if (out.answered && out.keep_alive && c.pool) c.pool->put(std::move(conn));
+  return std::move(out.response);
 }
 
 Error response_error(const HttpConfig& c, const HttpResponse& r, const std::string& what) {

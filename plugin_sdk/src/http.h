@@ -1,7 +1,8 @@
 #pragma once
-// HTTP/1.1 to the engine over a Unix socket or TCP (Boost.Beast). Every call uses its own
-// connection and its own io_context, so calls from many threads never share state; timeouts
-// come from beast::basic_stream, which closes the socket when an operation overruns.
+// HTTP/1.1 to the engine over a Unix socket or TCP (Boost.Beast). A call takes a kept-alive
+// connection from the client's pool (each with its own io_context, so calls from many threads
+// never share one) or opens a new one, and gives it back when the engine keeps it open;
+// timeouts come from beast::basic_stream, which closes the socket when an operation overruns.
 //
 // The event stream (/v1/events, Server-Sent Events) runs as a coroutine on the client's own
 // io_context instead: see run_event_stream.
@@ -13,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "endpoint.h"
@@ -20,12 +22,19 @@
 
 namespace infill::sdk {
 
+class ConnectionPool;
+
+/// A new pool of kept-alive connections (one per client; copies of its HttpConfig share it).
+std::shared_ptr<ConnectionPool> make_connection_pool();
+
 struct HttpConfig {
   Endpoint endpoint;
   std::string token;        // sent as "Authorization: Bearer" on TCP only
   std::string client_name;  // X-Infill-Client
   uint32_t connect_timeout_ms = 5000;
   uint32_t request_timeout_ms = 60000;
+  /// Idle connections for reuse; null = a connection per call.
+  std::shared_ptr<ConnectionPool> pool;
 };
 
 struct HttpResponse {

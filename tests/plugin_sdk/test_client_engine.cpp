@@ -587,6 +587,10 @@ TEST_CASE("sdk: an edit the engine reported done is not failed when fetching its
   infill_job* job = nullptr;
   REQUIRE_OK(infill_client_submit_edit(c, &p, &job));
   REQUIRE(gate.wait_held(60000));
+  // The client's kept-alive connection from the submit is closed by the engine when idle
+  // (limits.header_timeout_ms): then the event stream is the only connection left, and the
+  // fetch has to connect anew.
+  REQUIRE(eventually([&] { return f.server->connections() == 1; }, 60000));
   f.server->stop_accepting();  // the socket file goes; the stream's connection stays
   // In its place a listener that hangs up on whoever connects: the only connection made now is
   // the client's GET of the result, after the stream delivered "done".
@@ -622,6 +626,42 @@ TEST_CASE("sdk: an edit the engine reported done is not failed when fetching its
   CHECK(rec.state == INFILL_JOB_DONE);
   check_only_mask_changed(f, rec.png, infill::test::rect_mask_image(64, 48, 16, 16, 24, 16));
   infill_job_release(job);
+  infill_client_destroy(c);
+}
+
+TEST_CASE("sdk: calls reuse a kept-alive connection, and one the engine closed is replaced without an error",
+          "[sdk][engine][keepalive]") {
+  ServerFixture f;
+  infill_client* c = make_client({unix_endpoint(f)});
+  const infill_template_info t = upload(c, f);
+  const uint64_t before = f.server->accepted_connections();
+  for (int i = 0; i < 20; ++i) {
+    infill_template_info info;
+    infill_template_info_init(&info);
+    REQUIRE_OK(infill_client_get_template(c, t.id, &info));
+    CHECK(info.width == 64);
+  }
+  // Twenty calls, one after the other: at most one new connection (the first may reuse the
+  // upload's, unless it outlived the pool's idle limit on a busy machine).
+  CHECK(f.server->accepted_connections() - before <= 1);
+
+  // The engine goes away and comes back: the pooled connection is closed; the next call
+  // notices and connects anew.
+  f.server->stop();
+  f.server.reset();
+  HttpServerOptions h;
+  h.socket_path = f.unix_ep.unix_path;
+  h.limits = infill::test::test_limits();
+  auto restarted = HttpServer::start(*f.service, h);
+  REQUIRE(restarted.ok());
+  f.server = std::move(*restarted);
+  infill_template_info info;
+  infill_template_info_init(&info);
+  REQUIRE_OK(infill_client_get_template(c, t.id, &info));
+  infill_health health;
+  infill_health_init(&health);
+  REQUIRE_OK(infill_client_health(c, &health));
+  CHECK(f.server->accepted_connections() == 1);
   infill_client_destroy(c);
 }
 
