@@ -16,6 +16,7 @@ packages=(
   zlib1g-dev            # CRCs of the PNG text chunks infill-render stamps the job hash in
   libsystemd-dev        # socket activation of infill-engine (sd_listen_fds)
   prometheus            # promtool: the tests check GET /metrics with Prometheus's own parser
+  stress-ng             # scripts/soak.sh: the suite under full CPU load
   # Packaging (installer/, scripts/package_check.sh): icons rendered from SVG, metadata checks.
   librsvg2-bin desktop-file-utils appstream systemd
   # Training data of the bundled model (infill-train, bench_model_quality): wallpapers and
