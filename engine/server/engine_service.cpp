@@ -27,6 +27,7 @@
 #include "serving/serving_runtime.h"
 #include "serving/task_pool.h"
 #include "server/job_journal.h"
+#include "server/journal_writer.h"
 #include "server/multipart.h"
 #include "server/prometheus_metrics.h"
 #include "server/service_metrics.h"
@@ -136,6 +137,9 @@ struct EngineService::Impl {
   std::shared_ptr<const EditModel> model;  // the default model, slots[0].model
   std::shared_ptr<ActivationStore> store;
   std::unique_ptr<JobJournal> journal;  // null without options.journal_path
+  // Every journal write after load() goes through it: off the io thread and off `mu`.
+  std::unique_ptr<JournalWriter> journal_writer;
+  std::mutex reserve_mu;  // one id reservation at a time (held without `mu`)
   uint64_t edits_resumed = 0;
   uint64_t ids_reserved = 0;  // with a journal: ids up to here are recorded as handed out
   static constexpr uint64_t kIdBlock = 1000;
@@ -188,7 +192,8 @@ struct EngineService::Impl {
 
   // A dropped result leaves the journal too (best effort: a leftover row expires again at start).
   void forget_locked(const EditRecord& e) {
-    if (e.journaled && journal) (void)journal->forget_edit(e.id);
+    if (e.journaled && journal_writer)
+      journal_writer->post([id = e.id](JobJournal& j) { return j.forget_edit(id); });
   }
 
   // Drops finished edits past their TTL, then the oldest finished ones beyond max_results.
@@ -287,6 +292,7 @@ EngineService::~EngineService() {
   impl_->shutting_down.store(true);
   for (ModelSlot& m : impl_->slots) m.runtime.reset();
   impl_->pool.reset();
+  impl_->journal_writer.reset();  // runs the writes still queued (their events go out first)
   set_event_sink({});
 }
 
@@ -363,6 +369,7 @@ Status EngineService::load() {
     auto journal = JobJournal::open(s.options.journal_path);
     if (!journal.ok()) return fail(journal.status());
     s.journal = std::move(*journal);
+    s.journal_writer = std::make_unique<JournalWriter>(*s.journal);
     Status resumed = s.resume_journal();
     if (!resumed.ok()) return fail(resumed);
   }
@@ -462,6 +469,8 @@ Status EngineService::Impl::resume_journal() {
   return {};
 }
 
+JournalWriter& EngineService::journal_writer_for_test() { return *impl_->journal_writer; }
+
 bool EngineService::ready() const { return impl_->ready.load(std::memory_order_acquire); }
 
 void EngineService::set_event_sink(std::function<void(const ServiceEvent&)> sink) {
@@ -513,6 +522,7 @@ ServiceMetrics EngineService::Impl::snapshot() const {
   m.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
   m.edits_resumed = edits_resumed;
   m.journal_path = journal ? journal->path() : std::string();
+  m.journal_pending = journal_writer ? journal_writer->pending() : 0;
   std::lock_guard lock(mu);
   m.live_edits = live_total;
   m.templates = templates.size();
@@ -779,6 +789,23 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   // requests, so the service cancels that one itself once this one is queued.
   uint64_t cancel_other = 0;
   size_t cancel_other_slot = 0;
+  if (replay_id == 0 && journal_writer) {
+    // Ids are reserved in blocks so that a restart never hands out one a client still holds.
+    // The write runs here, on the pool thread, not under `mu` (which the io thread takes).
+    std::lock_guard reserving(reserve_mu);
+    uint64_t next = 0, reserved = 0;
+    {
+      std::lock_guard lock(mu);
+      next = next_id;
+      reserved = ids_reserved;
+    }
+    if (next > reserved) {
+      Status st = journal_writer->run([want = next + kIdBlock](JobJournal& j) { return j.reserve_ids(want); });
+      if (!st.ok()) return error_reply(503, "journal_unavailable", "the edit was not accepted: " + st.message());
+      std::lock_guard lock(mu);
+      ids_reserved = std::max(ids_reserved, next + kIdBlock);
+    }
+  }
   {
     std::lock_guard lock(mu);
     expire_results_locked(now_ms());
@@ -810,10 +837,11 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
       return r;
     }
     if (replay_id == 0 && journal && next_id > ids_reserved) {
-      // Ids are reserved in blocks so that a restart never hands out one a client still holds.
-      Status st = journal->reserve_ids(next_id + kIdBlock);
-      if (!st.ok()) return error_reply(503, "journal_unavailable", "the edit was not accepted: " + st.message());
-      ids_reserved = next_id + kIdBlock;
+      // More submissions at once than one reserved block holds: refuse rather than hand out
+      // an id a restart could reuse.
+      ApiReply r = error_reply(503, "journal_unavailable", "the edit was not accepted: its id is not reserved yet");
+      r.retry_after_s = 1;
+      return r;
     }
     id = replay_id != 0 ? replay_id : next_id++;
     auto [cit, fresh] = client_ids.try_emplace(sub.client, client_ids.size() + 1);
@@ -843,7 +871,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     // Accepted means journaled: the 202 goes out only after the commit.
     Status st;
     if (journal_template) {
-      st = journal->add_template(*journal_template);
+      st = journal_writer->run([&](JobJournal& j) { return j.add_template(*journal_template); });
       if (st.ok()) {
         std::lock_guard lock(mu);
         if (auto t = templates.find(template_id); t != templates.end()) t->second.journaled = true;
@@ -860,7 +888,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
       je.template_id = template_id;
       je.params_json = stored.dump();
       je.mask_bytes = sub.mask_bytes;
-      st = journal->add_edit(je);
+      st = journal_writer->run([&](JobJournal& j) { return j.add_edit(je); });
     }
     if (!st.ok()) {
       unaccept(id, sub.client, template_id);
@@ -878,7 +906,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   Status st = slots[slot].runtime->submit(std::move(req));
   if (!st.ok()) {
     unaccept(id, client, template_id);
-    if (journal_edit) (void)journal->forget_edit(id);
+    if (journal_edit) journal_writer->post([id](JobJournal& j) { return j.forget_edit(id); });
     emit(client, "failed", {{"id", id}, {"state", "failed"}, {"error", {{"code", error_code_name(st.code())}, {"message", st.message()}}}});
     return status_reply(st);
   }
@@ -975,15 +1003,24 @@ void EngineService::Impl::on_complete(const RequestResult& r) {
   if (journaled && r.state == RequestState::kCancelled && shutting_down.load()) {
     journaled = false;  // cancelled by the shutdown, not by the client: resume it next time
   }
+  const std::string type = r.state == RequestState::kDone ? "done" : "failed";
   if (journaled) {
-    // Before the event: a client told "done" can count on the result surviving a restart.
+    // The event after the commit: a client told "done" can count on the result surviving a
+    // restart. The write runs on the journal's thread; this (worker) thread goes on.
     const bool done = r.state == RequestState::kDone;
-    Status st = journal->finish_edit(r.id, request_state_name(r.state), done ? bytes_to_string(r.png) : std::string(),
-                                     done ? "" : error_code_name(r.status.code()), done ? "" : r.status.message(),
-                                     unix_now_ms());
-    if (!st.ok()) std::fprintf(stderr, "infill-engine: %s\n", st.message().c_str());
+    journal_writer->post(
+        [id = r.id, state = std::string(request_state_name(r.state)), png = done ? bytes_to_string(r.png) : std::string(),
+         code = done ? std::string() : std::string(error_code_name(r.status.code())),
+         message = done ? std::string() : r.status.message(), when = unix_now_ms()](JobJournal& j) {
+          return j.finish_edit(id, state, png, code, message, when);
+        },
+        [this, client, type, data = std::move(data)](Status st) mutable {
+          if (!st.ok()) std::fprintf(stderr, "infill-engine: journal: %s\n", st.message().c_str());
+          emit(client, type, std::move(data));
+        });
+    return;
   }
-  emit(client, r.state == RequestState::kDone ? "done" : "failed", std::move(data));
+  emit(client, type, std::move(data));
 }
 
 ApiReply EngineService::edit_status(std::string_view id_text, bool want_png) {

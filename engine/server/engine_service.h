@@ -69,6 +69,8 @@ struct EditSubmission {
   std::string mask_bytes;
 };
 
+class JournalWriter;
+
 class EngineService {
  public:
   explicit EngineService(ServiceOptions options);
@@ -109,6 +111,10 @@ class EngineService {
   /// cancelled here (or by the destructor) stay unfinished in the journal: the next load()
   /// resumes them.
   bool drain(double timeout_ms, double cancel_timeout_ms);
+
+  /// The journal's writer (tests hold it to stand for a slow disk); load() with a journal
+  /// must have succeeded.
+  JournalWriter& journal_writer_for_test();
 
  private:
   struct Impl;

@@ -170,6 +170,8 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
     w.family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
     w.sample("process_resident_memory_bytes", {}, double(m.resident_bytes));
   }
+  w.family("infill_journal_pending_writes", "gauge", "Journal writes queued on the journal thread, not yet committed.");
+  w.sample("infill_journal_pending_writes", {}, double(m.journal_pending));
   w.family("infill_uptime_seconds", "gauge", "Seconds since the engine service was created.");
   w.sample("infill_uptime_seconds", {}, m.uptime_s);
   return w.take();

@@ -83,6 +83,7 @@ json service_metrics_json(const ServiceMetrics& m) {
             {"edits_resumed", m.edits_resumed},
             {"edits_finished", m.edits_finished},
             {"journal", m.journal_path},
+            {"journal_pending", m.journal_pending},
             {"results_kept", m.results_kept},
             {"resident_bytes", m.resident_bytes}}}};
 }

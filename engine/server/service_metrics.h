@@ -46,6 +46,7 @@ struct ServiceMetrics {
   /// Edits in the ledger now (live ones and kept results), by state name.
   std::map<std::string, uint64_t> edits_by_state;
   std::string journal_path;  ///< "" without a journal
+  size_t journal_pending = 0;  ///< journal writes queued and not yet committed
   size_t results_kept = 0;
   /// The process's resident memory (/proc/self/statm); the model, the RAM tier and
   /// activations all live there on a CPU worker. -1 where it cannot be read.

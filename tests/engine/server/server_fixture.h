@@ -66,10 +66,11 @@ struct ServerFixture {
   /// `second_model`: also serve dir/model-b, a random model one block deeper (another id).
   /// `before_step`: the workers' step hook (a StepGate's, tests/support/step_gate.h).
   /// `make_model`: writes the model to serve into the fixture's folder and returns its path
-  /// (default: a small random DiT model).
+  /// (default: a small random DiT model). `configure` changes the service's options last.
   explicit ServerFixture(bool load = true, ServerLimits limits = test_limits(), bool second_model = false,
                          std::function<void(std::span<const uint64_t>)> before_step = {},
-                         std::function<std::string(const TempDir&)> make_model = {}) {
+                         std::function<std::string(const TempDir&)> make_model = {},
+                         std::function<void(ServiceOptions&)> configure = {}) {
     ServiceOptions o;
     if (make_model) {
       o.model_path = make_model(dir);
@@ -87,6 +88,7 @@ struct ServerFixture {
     o.calibrate = false;
     o.ram_cache_bytes = 64 << 20;
     o.before_step = std::move(before_step);
+    if (configure) configure(o);
     service = std::make_unique<EngineService>(o);
     if (load) REQUIRE(service->load().ok());
     HttpServerOptions h;
