@@ -210,6 +210,7 @@ TEST_CASE("Dropping an image file on the window opens it", "[ui][io]") {
 
 TEST_CASE("The parameter panel's widgets offer the parameter table's editor ranges", "[ui][params]") {
   namespace proto = infill::protocol;
+  ui_app();
   infill::ui::ParametersPanel panel;
   int widgets = 0;
   for (const proto::EditParameter& p : proto::kEditParameters) {
