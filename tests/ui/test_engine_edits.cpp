@@ -3,6 +3,12 @@
 // progress and previews and returns a result that differs from the template only inside the
 // feathered mask; live mode supersedes earlier strokes' edits and shows one final result; an
 // unreachable engine gives a message without blocking; a remote engine needs its token.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
@@ -194,10 +200,20 @@ TEST_CASE("An engine that does not answer gives a clear message and does not blo
   infill::ui::EngineOptions o;
   o.endpoint = QStringLiteral("unix:") + dir.filePath(QStringLiteral("nobody.sock"));
   o.auto_start = false;
-  QElapsedTimer clock;
-  clock.start();
+  // A socket whose backlog takes the probe's connection but that never answers: a
+  // connectToEngine that waited for its probe could not return before the socket closes.
+  const QByteArray path = dir.filePath(QStringLiteral("nobody.sock")).toLocal8Bit();
+  const int silent = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(silent >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.constData(), sizeof addr.sun_path - 1);
+  REQUIRE(::bind(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(silent, 4) == 0);
   engine.connectToEngine(o);
-  CHECK(clock.elapsed() < 500);  // returns at once; the probe runs off the GUI thread
+  CHECK(engine.state() == EngineConnection::State::Connecting);  // returned; the probe runs off the GUI thread
+  ::close(silent);  // the waiting probe's connection is reset
+  ::unlink(path.constData());
   REQUIRE(wait_until([&] { return engine.state() == EngineConnection::State::Failed; }, 20000));
   CHECK(engine.stateMessage().contains(QStringLiteral("nobody.sock")));
 
