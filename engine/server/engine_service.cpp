@@ -1,7 +1,5 @@
 #include "server/engine_service.h"
 
-#include <infill_protocol/edit_parameters.h>
-
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -27,6 +25,7 @@
 #include "serving/serving_runtime.h"
 #include "serving/task_pool.h"
 #include "server/job_journal.h"
+#include "server/edit_request.h"
 #include "server/journal_writer.h"
 #include "server/multipart.h"
 #include "server/prometheus_metrics.h"
@@ -276,7 +275,7 @@ struct EngineService::Impl {
   /// `replay_id` != 0: an edit resumed from the journal, under its old id and past the limits.
   ApiReply submit_now(EditSubmission s, uint64_t replay_id = 0);
   Status resume_journal();
-  Result<at::Tensor> decode_mask(const EditSubmission& s, const json& rect, const TemplateImage& tmpl) const;
+  Result<at::Tensor> decode_mask(const std::string& bytes, const json& rect, const TemplateImage& tmpl) const;
   void on_progress(uint64_t id, const RequestProgress& p);
   void on_preview(uint64_t id, int steps_done, const at::Tensor& rgb);
   void on_complete(const RequestResult& r);
@@ -651,7 +650,7 @@ void EngineService::submit_edit(EditSubmission submission, std::function<void(Ap
   });
 }
 
-Result<at::Tensor> EngineService::Impl::decode_mask(const EditSubmission& s, const json& rect,
+Result<at::Tensor> EngineService::Impl::decode_mask(const std::string& bytes, const json& rect,
                                                     const TemplateImage& tmpl) const {
   if (!rect.is_null()) {
     if (!rect.is_array() || rect.size() != 4 || !std::all_of(rect.begin(), rect.end(), [](const json& v) { return v.is_number_integer(); }))
@@ -665,7 +664,7 @@ Result<at::Tensor> EngineService::Impl::decode_mask(const EditSubmission& s, con
     m.narrow(0, y, h).narrow(1, x, w).fill_(1.0);
     return m;
   }
-  auto image = decode_image(as_bytes(s.mask_bytes), "mask", options.limits.max_image_pixels);
+  auto image = decode_image(as_bytes(bytes), "mask", options.limits.max_image_pixels);
   if (!image.ok()) return image.status();
   if (image->width != tmpl.width || image->height != tmpl.height)
     return invalid_argument("mask is " + std::to_string(image->width) + "x" + std::to_string(image->height) +
@@ -677,83 +676,25 @@ Result<at::Tensor> EngineService::Impl::decode_mask(const EditSubmission& s, con
 ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id) {
   c10::InferenceMode guard;
   const json& p = sub.params;
-  if (!p.is_object()) return error_reply(400, "invalid_params", "edit parameters must be a JSON object");
-  for (const auto& [key, value] : p.items()) {
-    const protocol::EditParameter* known = protocol::find_edit_parameter(key);
-    if (!known || !(known->clients & protocol::kApi)) {
-      std::string names;
-      for (const protocol::EditParameter& k : protocol::kEditParameters)
-        if (k.clients & protocol::kApi) names += (names.empty() ? "" : ", ") + std::string(k.name);
-      return error_reply(400, "unknown_parameter", "edit parameter '" + key + "' is not known (known: " + names + ")");
-    }
-  }
-  // Types and ranges from the one parameter table (protocol/infill_protocol/edit_parameters.h).
-  auto str = [&](const char* key, std::string& out) -> std::optional<ApiReply> {
-    if (!p.contains(key)) return std::nullopt;
-    const protocol::EditParameter& spec = protocol::edit_parameter(key);
-    if (!p[key].is_string()) return error_reply(400, "invalid_parameter", std::string(key) + " must be a string");
-    out = p[key].get<std::string>();
-    if (spec.max_length > 0 && out.size() > spec.max_length)
-      return error_reply(400, "invalid_parameter", std::string(key) + " has " + std::to_string(out.size()) +
-                                                       " bytes, expected at most " + std::to_string(spec.max_length));
-    if (spec.type == protocol::ParamType::kEnum && !out.empty() &&
-        ("|" + std::string(spec.choices) + "|").find("|" + out + "|") == std::string::npos)
-      return error_reply(400, "invalid_parameter", std::string(key) + " is " + json(out).dump() + ", expected one of " +
-                                                       std::string(spec.choices));
-    return std::nullopt;
-  };
-  auto num = [&](const char* key, std::optional<double>& out) -> std::optional<ApiReply> {
-    if (!p.contains(key)) return std::nullopt;
-    const protocol::EditParameter& spec = protocol::edit_parameter(key);
-    const bool integer = spec.type == protocol::ParamType::kInteger;
-    const json& v = p[key];
-    if (!v.is_number() || (integer && !v.is_number_integer()))
-      return error_reply(400, "invalid_parameter", std::string(key) + " must be " + (integer ? "an integer" : "a number"));
-    const double x = v.get<double>();
-    if (!protocol::in_range(spec, x))
-      return error_reply(400, "invalid_parameter", std::string(key) + " is " + v.dump() + ", expected " + protocol::range_text(spec));
-    out = x;
-    return std::nullopt;
-  };
-  std::string template_id, prompt, cls_name, mask_b64, sampler, model_name;
-  std::optional<double> seed, steps, strength, guidance, deadline, preview, supersedes, halo, feather;
-  for (auto r : {str("template", template_id), str("prompt", prompt), str("class", cls_name),
-                 str("mask_png_base64", mask_b64), str("sampler", sampler), str("model", model_name),
-                 num("seed", seed), num("steps", steps), num("strength", strength), num("guidance", guidance),
-                 num("deadline_ms", deadline), num("preview_every_steps", preview), num("supersedes", supersedes),
-                 num("halo_tokens", halo), num("feather_px", feather)}) {
-    if (r) return *r;
-  }
-  if (template_id.empty()) return error_reply(400, "missing_parameter", "template is required (the id POST /v1/templates returned)");
+  auto parsed = parse_edit_request(p, std::move(sub.mask_bytes));
+  if (auto* refused = std::get_if<ApiReply>(&parsed)) return *refused;
+  EditRequestFields& f = std::get<EditRequestFields>(parsed);
+  const std::string& template_id = f.template_id;
   size_t slot = 0;  // "" = the default model
-  if (!model_name.empty()) {
-    const int found = find_slot(model_name);
+  if (!f.model.empty()) {
+    const int found = find_slot(f.model);
     if (found < 0)
-      return error_reply(400, "unknown_model", "model '" + model_name + "' is not loaded (loaded: " + model_ids() + "; see GET /v1/models)");
+      return error_reply(400, "unknown_model", "model '" + f.model + "' is not loaded (loaded: " + model_ids() + "; see GET /v1/models)");
     slot = static_cast<size_t>(found);
   }
   const EditModel& model_used = *slots[slot].model;
   const std::string& model_id = model_used.info().id;
-  RequestClass cls = RequestClass::kInteractive;
-  if (!cls_name.empty()) {
-    auto c = parse_request_class(cls_name);
-    if (!c.ok()) return error_reply(400, "invalid_parameter", "class: " + c.status().message());
-    cls = *c;
-  }
-  const int mask_sources = (sub.mask_bytes.empty() ? 0 : 1) + (mask_b64.empty() ? 0 : 1) + (p.contains("mask_rect") ? 1 : 0);
-  if (mask_sources != 1)
-    return error_reply(400, "invalid_mask", mask_sources == 0 ? "a mask is required: a 'mask' file part, mask_png_base64 or mask_rect"
-                                                              : "give exactly one of: a 'mask' file part, mask_png_base64, mask_rect");
-  if (!mask_b64.empty()) {
-    auto decoded = base64_decode(mask_b64);
-    if (!decoded.ok()) return error_reply(400, "invalid_mask", "mask_png_base64: " + decoded.status().message());
-    sub.mask_bytes = std::move(*decoded);
-  }
+  const RequestClass cls = f.cls;
 
   auto found_template = template_for(template_id, slot);
   if (auto* failed = std::get_if<ApiReply>(&found_template)) return *failed;
   const std::shared_ptr<const TemplateImage> tmpl = std::get<std::shared_ptr<const TemplateImage>>(found_template);
-  auto mask = decode_mask(sub, p.contains("mask_rect") ? p["mask_rect"] : json(), *tmpl);
+  auto mask = decode_mask(f.mask_bytes, f.mask_rect, *tmpl);
   if (!mask.ok()) {
     // A mask that decodes but does not fit (size, rectangle) is the documented invalid_mask;
     // undecodable bytes and pixel limits keep their own codes.
@@ -761,21 +702,25 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     return status_reply(mask.status(), true);
   }
   ServingRequest req;
-  if (Status prompted = model_used.set_prompt(req.params, prompt); !prompted.ok())
+  if (Status prompted = model_used.set_prompt(req.params, f.prompt); !prompted.ok())
     return error_reply(400, "invalid_prompt", "prompt: " + prompted.message());
   req.tmpl = tmpl;
   req.params.mask = *mask;
-  req.params.guidance_scale = guidance ? *guidance : model_used.info().default_guidance;
-  req.params.seed = seed ? static_cast<uint64_t>(*seed) : 0;
-  if (strength) req.params.strength = *strength;
-  if (steps) req.params.schedule.steps = static_cast<int>(*steps);
-  if (!sampler.empty()) req.params.schedule.sampler = sampler;
-  if (halo) req.params.halo_tokens = static_cast<int>(*halo);
-  if (feather) req.params.feather_px = static_cast<float>(*feather);
+  req.params.guidance_scale = f.guidance ? *f.guidance : model_used.info().default_guidance;
+  req.params.seed = f.seed ? static_cast<uint64_t>(*f.seed) : 0;
+  if (f.strength) req.params.strength = *f.strength;
+  if (f.steps) req.params.schedule.steps = static_cast<int>(*f.steps);
+  if (!f.sampler.empty()) req.params.schedule.sampler = f.sampler;
+  if (f.halo_tokens) req.params.halo_tokens = static_cast<int>(*f.halo_tokens);
+  if (f.feather_px) req.params.feather_px = static_cast<float>(*f.feather_px);
   req.cls = cls;
-  if (deadline) req.deadline_ms = *deadline;
-  req.preview_every_steps = preview ? static_cast<int>(*preview) : 0;
-  req.supersedes = supersedes ? static_cast<uint64_t>(*supersedes) : 0;
+  if (f.deadline_ms) req.deadline_ms = *f.deadline_ms;
+  req.preview_every_steps = f.preview_every_steps ? static_cast<int>(*f.preview_every_steps) : 0;
+  req.supersedes = f.supersedes ? static_cast<uint64_t>(*f.supersedes) : 0;
+  {
+    Status check = model_used.check_schedule(req.params);
+    if (!check.ok()) return error_reply(400, "invalid_parameter", check.message());
+  }
   req.encode_png = true;
   {
     Status check = model_used.check_schedule(req.params);
@@ -887,7 +832,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
       je.client = sub.client;
       je.template_id = template_id;
       je.params_json = stored.dump();
-      je.mask_bytes = sub.mask_bytes;
+      je.mask_bytes = f.mask_bytes;
       st = journal_writer->run([&](JobJournal& j) { return j.add_edit(je); });
     }
     if (!st.ok()) {

@@ -218,8 +218,7 @@ Result<json> edit_json(const infill_edit_params& p) {
     return out_of_range("guidance", std::to_string(p.guidance), "0 = the model's default");
   if (p.guidance != 0) j["guidance"] = p.guidance;
   if (p.sampler && *p.sampler) {
-    const std::string choices = "|" + std::string(edit_parameter("sampler").choices) + "|";
-    if (choices.find("|" + std::string(p.sampler) + "|") == std::string::npos)
+    if (!infill::protocol::is_choice(edit_parameter("sampler"), p.sampler))
       return bad("sampler is \"" + std::string(p.sampler) + "\", expected one of " + std::string(edit_parameter("sampler").choices) +
                  " (NULL or \"\" = the model's default)");
     j["sampler"] = p.sampler;

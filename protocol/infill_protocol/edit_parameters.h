@@ -119,6 +119,18 @@ constexpr const EditParameter* find_job_parameter(std::string_view job_name) {
 constexpr double editor_min(const EditParameter& p) { return p.editor_min == p.editor_min ? p.editor_min : p.min; }
 constexpr double editor_max(const EditParameter& p) { return p.editor_max == p.editor_max ? p.editor_max : p.max; }
 
+/// True when `v` is one of an enum parameter's choices.
+constexpr bool is_choice(const EditParameter& p, std::string_view v) {
+  std::string_view rest = p.choices;
+  while (!rest.empty()) {
+    const size_t bar = rest.find('|');
+    if (rest.substr(0, bar) == v) return true;
+    if (bar == std::string_view::npos) break;
+    rest.remove_prefix(bar + 1);
+  }
+  return false;
+}
+
 /// True when `v` lies in the parameter's range.
 constexpr bool in_range(const EditParameter& p, double v) {
   return (p.min_exclusive ? v > p.min : v >= p.min) && v <= p.max;

@@ -345,7 +345,7 @@ Result<Job> parse_job(const std::string& text, const std::string& path) {
       const std::string choices(job_parameter("sampler").choices);
       const std::string expected = "one of " + choices;
       get_string(c, find(e, ptr, defaults, "sampler"), "", expected, edit.sampler);
-      if (!c.failed() && !edit.sampler.value.empty() && ("|" + choices + "|").find("|" + edit.sampler.value + "|") == std::string::npos)
+      if (!c.failed() && !edit.sampler.value.empty() && !protocol::is_choice(job_parameter("sampler"), edit.sampler.value))
         c.fail(edit.sampler.pointer, "is " + json(edit.sampler.value).dump(), expected);
     }
     get_table_int(c, find(e, ptr, defaults, "halo"), "halo", 1, edit.halo);
