@@ -215,6 +215,24 @@ bool eventually(Pred pred, int timeout_ms) {
   return pred();
 }
 
+// A new HTTP server for the fixture's service on its Unix socket (the old one gone).
+void start_server(ServerFixture& f) {
+  HttpServerOptions h;
+  h.socket_path = f.unix_ep.unix_path;
+  h.limits = infill::test::test_limits();
+  auto started = HttpServer::start(*f.service, h);
+  REQUIRE(started.ok());
+  f.server = std::move(*started);
+}
+
+// The transport goes away (every connection closed) and comes back; the engine behind it
+// carries on.
+void restart_server(ServerFixture& f) {
+  f.server->stop();
+  f.server.reset();
+  start_server(f);
+}
+
 }  // namespace
 
 TEST_CASE("sdk over the Unix socket: health, models, upload, edit with previews, result", "[sdk][engine]") {
@@ -548,12 +566,7 @@ TEST_CASE("sdk: after the event stream drops, the client reconnects and reconcil
   gate.open();
   REQUIRE(eventually([&] { return f.service->live_edits() == 0; }, 60000));
   CHECK(finished_while_down.done_calls == 0);
-  HttpServerOptions h;
-  h.socket_path = f.unix_ep.unix_path;
-  h.limits = infill::test::test_limits();
-  auto restarted = HttpServer::start(*f.service, h);
-  REQUIRE(restarted.ok());
-  f.server = std::move(*restarted);
+  start_server(f);
   REQUIRE(finished_while_down.wait_done(20000));
   CHECK(finished_while_down.done_calls == 1);
   CHECK(finished_while_down.state == INFILL_JOB_DONE);
@@ -613,14 +626,7 @@ TEST_CASE("sdk: an edit the engine reported done is not failed when fetching its
   CHECK(rec.done_calls == 0);
   CHECK(infill_job_get_state(job) != INFILL_JOB_FAILED);
   // A new listener on the same socket: the next retry fetches the result.
-  f.server->stop();
-  f.server.reset();
-  HttpServerOptions h;
-  h.socket_path = f.unix_ep.unix_path;
-  h.limits = infill::test::test_limits();
-  auto restarted = HttpServer::start(*f.service, h);
-  REQUIRE(restarted.ok());
-  f.server = std::move(*restarted);
+  restart_server(f);
   REQUIRE(rec.wait_done(30000));
   CHECK(rec.done_calls == 1);
   CHECK(rec.state == INFILL_JOB_DONE);
@@ -647,14 +653,7 @@ TEST_CASE("sdk: calls reuse a kept-alive connection, and one the engine closed i
 
   // The engine goes away and comes back: the pooled connection is closed; the next call
   // notices and connects anew.
-  f.server->stop();
-  f.server.reset();
-  HttpServerOptions h;
-  h.socket_path = f.unix_ep.unix_path;
-  h.limits = infill::test::test_limits();
-  auto restarted = HttpServer::start(*f.service, h);
-  REQUIRE(restarted.ok());
-  f.server = std::move(*restarted);
+  restart_server(f);
   infill_template_info info;
   infill_template_info_init(&info);
   REQUIRE_OK(infill_client_get_template(c, t.id, &info));
