@@ -323,31 +323,22 @@ awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& 
   if (!listed)
     co_return error_reply(405, "method_not_allowed",
                           method_name + " is not allowed on " + path + " (allowed: " + api_methods_of(route) + ")");
-  auto method_not_allowed = [&](const char* allowed) {
-    return error_reply(405, "method_not_allowed", method_name + " is not allowed on " + path + " (allowed: " + allowed + ")");
-  };
   if (path == "/health") {
-    if (method != http::verb::get && method != http::verb::head) co_return method_not_allowed("GET");
     co_return service->health();
   }
   if (path == "/v1/models") {
-    if (method != http::verb::get) co_return method_not_allowed("GET");
     co_return service->models();
   }
   if (path == "/v1/metrics") {
-    if (method != http::verb::get) co_return method_not_allowed("GET");
     co_return service->metrics();
   }
   if (path == "/metrics") {  // where Prometheus scrapes by default
-    if (method != http::verb::get) co_return method_not_allowed("GET");
     co_return service->prometheus_metrics();
   }
   if (path == "/v1/openapi.json") {
-    if (method != http::verb::get) co_return method_not_allowed("GET");
     co_return json_reply(200, openapi_document());
   }
   if (path == "/v1/templates") {
-    if (method != http::verb::post) co_return method_not_allowed("POST");
     std::string name = query.count("name") ? query.at("name") : "upload";
     std::string bytes;
     auto ct = req.find(http::field::content_type);
@@ -372,11 +363,9 @@ awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& 
     co_return reply;
   }
   if (path.rfind("/v1/templates/", 0) == 0) {
-    if (method != http::verb::get) co_return method_not_allowed("GET");
     co_return service->template_status(path.substr(std::strlen("/v1/templates/")));
   }
   if (path == "/v1/edits") {
-    if (method != http::verb::post) co_return method_not_allowed("POST");
     EditSubmission sub;
     auto ct = req.find(http::field::content_type);
     if (ct != req.end() && sv(ct->value()).rfind("multipart/", 0) == 0) {
@@ -418,8 +407,7 @@ awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& 
       const bool want_png = result || (accept != req.end() && sv(accept->value()).find("image/png") != std::string::npos);
       co_return service->edit_status(rest, want_png);
     }
-    if (method == http::verb::delete_ && !result) co_return service->cancel_edit(rest);
-    co_return method_not_allowed(result ? "GET" : "GET, DELETE");
+    co_return service->cancel_edit(rest);  // DELETE: the route table allows nothing else here
   }
   co_return error_reply(500, "route_not_dispatched", "route " + std::string(route) + " is in the route table but not dispatched");
 }
