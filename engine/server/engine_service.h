@@ -7,6 +7,11 @@
 /// id ("model"). Each model has its own serving runtime (workers, scheduler); the activation
 /// store is shared (its keys include the model id).
 ///
+/// It is made of parts with one job each: ModelRegistry (models, runtimes, store),
+/// TemplateRegistry, EditLedger (ids, limits, states, results, TTL), EventPublisher,
+/// parse_edit_request and decode_edit_mask, and the JournalWriter; the service orders an
+/// edit's life across them.
+///
 /// This header is torch-free on purpose (the transport must not compile libtorch headers).
 ///
 /// Threading: every public method is safe from any thread and returns quickly; decoding
@@ -26,6 +31,7 @@
 
 #include "common/status.h"
 #include "server/api_reply.h"
+#include "server/event_publisher.h"
 #include "server/server_config.h"
 
 namespace infill {
@@ -52,13 +58,6 @@ struct ServiceOptions {
   /// Test seam: runs on every worker's step loop before each batched step (WorkerOptions::
   /// before_step), so a test can hold an edit "while it runs" without guessing step times.
   std::function<void(std::span<const uint64_t> ids)> before_step;
-};
-
-/// One event of one edit, for the clients of `client`.
-struct ServiceEvent {
-  std::string client;
-  std::string type;  ///< queued, started, progress, preview, done, failed
-  std::string json;  ///< the event's data: {"id":..,"type":..,...}
 };
 
 /// An edit as submitted: JSON parameters (see docs/api.md) and, optionally, the mask as an

@@ -465,13 +465,16 @@ void Worker::loop() {
     std::vector<Message> messages;
     {
       std::unique_lock lock(inbox_mu_);
-      inbox_cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !active_.empty() || !prepares_.empty(); });
+      inbox_cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || (!active_.empty() && !steps_held_) || !prepares_.empty(); });
       if (stop_) break;
       messages.swap(inbox_);
     }
     for (Message& m : messages) handle(m);
     retire_inactive();
-    const bool have_steps = std::any_of(active_.begin(), active_.end(), [](const auto& r) { return !r->finishing; });
+    const size_t ready = static_cast<size_t>(
+        std::count_if(active_.begin(), active_.end(), [](const auto& r) { return !r->finishing; }));
+    steps_held_ = ready > 0 && options_.may_step && !options_.may_step(ready);
+    const bool have_steps = ready > 0 && !steps_held_;
     if (!prepares_.empty() && (prepare_turn_ || !have_steps)) {
       run_prepare_slice();
       prepare_turn_ = false;

@@ -64,6 +64,10 @@ struct WorkerOptions {
   /// Fault injection for tests: called on the loop with the ids of a step's batch just before
   /// its forward; an exception thrown here fails those requests like a failed forward would.
   std::function<void(std::span<const uint64_t> ids)> before_step;
+  /// Test seam: while it returns false for the number of requests ready to step, the loop
+  /// runs no batched step (prepares still run) and waits for its next message, then asks
+  /// again; so a test can have several requests ready before the first step, with no sleep.
+  std::function<bool(size_t ready)> may_step;
   /// Fault injection for tests: called on the pool before a request's post-processing; an
   /// error fails that request.
   std::function<Status(uint64_t id)> before_finish;
@@ -153,6 +157,7 @@ class Worker {
   std::set<std::string> background_pending_;  // prompt-keyed prepares being set up on the pool
   uint64_t ready_seq_ = 0;
   bool prepare_turn_ = false;
+  bool steps_held_ = false;  // may_step said no: wait for a message, not for steps
 
   // Load reported to the router.
   std::atomic<int> requests_{0};

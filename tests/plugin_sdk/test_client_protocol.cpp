@@ -156,6 +156,7 @@ struct Seen {
     auto* s = static_cast<Seen*>(u);
     std::lock_guard lock(s->mu);
     s->progress.push_back(p->steps_done);
+    s->cv.notify_all();
   }
   static void on_done(void* u, const infill_done* d) {
     auto* s = static_cast<Seen*>(u);
@@ -173,6 +174,10 @@ struct Seen {
   bool wait_done() {
     std::unique_lock lock(mu);
     return cv.wait_for(lock, std::chrono::seconds(10), [&] { return done_calls > 0; });
+  }
+  bool wait_progress(size_t calls) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(10), [&] { return progress.size() >= calls; });
   }
 };
 
@@ -337,7 +342,7 @@ TEST_CASE("sdk protocol: after the stream drops, polling settles edits finished,
   std::vector<infill_job*> jobs = {submit(c, s60), submit(c, s61), submit(c, s62), submit(c, s63)};
   REQUIRE(engine.wait_for_stream());
   engine.push("progress", R"({"id":63,"type":"progress","steps_done":1,"steps_total":4})");
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(s63.wait_progress(1));  // the client saw step 1 on the stream before it drops
   engine.drop_streams();
   REQUIRE(s60.wait_done());
   REQUIRE(s61.wait_done());

@@ -77,11 +77,12 @@ TEST_CASE("batched steps give each request the output it gets alone", "[serving]
   RuntimeOptions o;
   o.worker.policy = BatchingPolicy::kContinuous;
   o.worker.token_budget = 4096;
-  // Hold the first step back so that the other sessions are ready and join the batch: this
-  // test is about packing, not about when requests arrive.
-  std::atomic<bool> first{true};
-  o.worker.before_step = [&](std::span<const uint64_t>) {
-    if (first.exchange(false)) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // No step until all four sessions are ready, so the first step packs them all: this test
+  // is about packing, not about when requests arrive.
+  std::atomic<bool> opened{false};
+  o.worker.may_step = [&](size_t ready) {
+    if (ready == 4) opened = true;
+    return opened.load();
   };
   auto rt = start(f, o);
   std::vector<ServingRequest> reqs;
@@ -103,6 +104,7 @@ TEST_CASE("batched steps give each request the output it gets alone", "[serving]
   // The live cost samples: every batched step, each with the batch's packed tokens (the
   // guided request twice) and attention work, as the cost model is fitted on.
   REQUIRE(m.recent_steps.size() == m.steps);
+  CHECK(m.recent_steps.front().batch_size == 4);
   double tokens = 0, attention = 0;
   for (uint64_t id = 1; id <= 4; ++id) {
     const RequestMetrics& rm = c.only(id).metrics;

@@ -1,0 +1,147 @@
+#include "server/model_registry.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "cache/activation_store.h"
+#include "model/model.h"
+#include "pipeline/edit_model.h"
+#include "pipeline/load_edit_model.h"
+#include "serving/cost_calibration.h"
+#include "serving/serving_runtime.h"
+#include "server/service_metrics.h"
+
+namespace infill {
+
+struct ModelRegistry::Slot {
+  std::shared_ptr<const EditModel> model;  // any family
+  std::unique_ptr<ServingRuntime> runtime;
+};
+
+std::string calibration_path_for(const std::string& path, size_t index) {
+  if (path.empty() || index == 0) return path;
+  const size_t slash = path.find_last_of('/');
+  const size_t dot = path.find_last_of('.');
+  const size_t cut = dot != std::string::npos && (slash == std::string::npos || dot > slash) ? dot : path.size();
+  return path.substr(0, cut) + "." + std::to_string(index) + path.substr(cut);
+}
+
+Result<std::unique_ptr<ModelRegistry>> ModelRegistry::load(const ModelRegistryOptions& options) {
+  const std::vector<std::string>& paths = options.paths;
+  if (paths.empty()) return invalid_argument("no model folder given");
+  std::vector<LoadedEditModel> models;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    auto model = load_edit_model(paths[i]);
+    if (!model.ok())
+      return paths.size() == 1 ? model.status() : Status(model.status().code(), paths[i] + ": " + model.status().message());
+    const std::string& id = model->model->info().id;
+    for (size_t j = 0; j < models.size(); ++j) {
+      if (models[j].model->info().id == id)
+        return invalid_argument("models " + paths[j] + " and " + paths[i] + " are the same model (" + id +
+                                "); give each model once");
+    }
+    models.push_back(std::move(*model));
+  }
+  ActivationStoreOptions store_options;
+  store_options.ram_budget_bytes = options.ram_cache_bytes;
+  store_options.disk_dir = options.cache_dir;
+  auto store = ActivationStore::open(store_options);
+  if (!store.ok()) return store.status();
+  std::unique_ptr<ModelRegistry> registry(new ModelRegistry());
+  registry->store_ = std::shared_ptr<ActivationStore>(std::move(*store));
+  for (size_t i = 0; i < models.size(); ++i) {
+    std::shared_ptr<const StepCostModel> cost;
+    // The calibration runs the DiT family's forward; other families start from the plausible
+    // coefficients (their scheduler deadlines are then estimates).
+    if (options.calibrate && models[i].dit) {
+      CalibrationOptions co;
+      co.threads = options.threads_per_worker;
+      co.cache_path = calibration_path_for(options.calibration_path, i);
+      auto cal = load_or_calibrate(*models[i].dit, co);
+      if (!cal.ok()) return cal.status();
+      cost = std::make_shared<const StepCostModel>(cal->model);
+    } else {
+      cost = std::make_shared<const StepCostModel>(StepCostModel::plausible());
+    }
+    RuntimeOptions ro;
+    ro.workers = options.workers;
+    ro.threads_per_worker = options.threads_per_worker;
+    ro.pool_threads = std::max(1, options.pool_threads);
+    ro.worker.before_step = options.before_step;
+    auto runtime = ServingRuntime::create(models[i].model, registry->store_, cost, ro);
+    if (!runtime.ok()) return runtime.status();
+    registry->slots_.push_back({models[i].model, std::move(*runtime)});
+  }
+  return registry;
+}
+
+ModelRegistry::~ModelRegistry() = default;
+
+size_t ModelRegistry::size() const { return slots_.size(); }
+const EditModel& ModelRegistry::model(size_t slot) const { return *slots_.at(slot).model; }
+const std::string& ModelRegistry::id(size_t slot) const { return slots_.at(slot).model->info().id; }
+ServingRuntime& ModelRegistry::runtime(size_t slot) const { return *slots_.at(slot).runtime; }
+ActivationStore& ModelRegistry::store() const { return *store_; }
+
+int ModelRegistry::find(const std::string& id) const {
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].model->info().id == id) return static_cast<int>(i);
+  return -1;
+}
+
+std::string ModelRegistry::ids_text() const {
+  std::string ids;
+  for (const Slot& s : slots_) ids += (ids.empty() ? "" : ", ") + s.model->info().id;
+  return ids;
+}
+
+nlohmann::json ModelRegistry::models_json(int64_t max_image_pixels) const {
+  nlohmann::json list = nlohmann::json::array();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const EditModel& model = *slots_[i].model;
+    const EditModelInfo& m = model.info();
+    list.push_back({{"id", m.id},
+                    {"name", m.name},
+                    {"description", m.description},
+                    {"family", m.family},
+                    {"default", i == 0},
+                    {"max_image_pixels", std::min<int64_t>(m.max_image_pixels, max_image_pixels)},
+                    {"default_steps", m.default_steps},
+                    {"default_sampler", m.default_sampler},
+                    {"default_guidance", m.default_guidance},
+                    {"prompt", m.free_text ? "free_text" : "vocabulary"},
+                    {"vocabulary", m.vocabulary},
+                    {"grid_pixels", model.token_pixels()}});
+  }
+  return list;
+}
+
+void ModelRegistry::collect(ServiceMetrics& m) const {
+  for (const Slot& slot : slots_) {
+    if (!slot.runtime) continue;
+    const std::string& id = slot.model->info().id;
+    for (WorkerMetrics& w : slot.runtime->worker_metrics()) m.workers.push_back({id, std::move(w)});
+    int index = 0;
+    for (const WorkerLoad& l : slot.runtime->loads()) m.loads.push_back({id, index++, l});
+    const auto more = slot.runtime->request_metrics();
+    m.recent_requests.insert(m.recent_requests.end(), more.begin(), more.end());
+  }
+  m.cache = store_->stats();
+}
+
+bool ModelRegistry::drain(double budget_ms) const {
+  const auto start = std::chrono::steady_clock::now();
+  bool idle = true;
+  for (const Slot& s : slots_) {
+    if (!s.runtime) continue;
+    const double spent = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    idle = s.runtime->drain(std::max(0.0, budget_ms - spent)) && idle;
+  }
+  return idle;
+}
+
+void ModelRegistry::stop() {
+  for (Slot& s : slots_) s.runtime.reset();
+}
+
+}  // namespace infill
