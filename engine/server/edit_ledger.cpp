@@ -39,15 +39,15 @@ std::vector<uint64_t> EditLedger::expire_locked(double now) {
   // Past their TTL first, then the oldest finished beyond the result cap.
   size_t finished = 0;
   for (auto it = edits_.begin(); it != edits_.end();) {
-    if (it->second.finished_ms >= 0 && now - it->second.finished_ms > limits_.result_ttl_ms) {
+    if (it->second.finished && now - it->second.finished_ms > limits_.result_ttl_ms) {
       it = drop(it);
     } else {
-      finished += it->second.finished_ms >= 0 ? 1 : 0;
+      finished += it->second.finished ? 1 : 0;
       ++it;
     }
   }
   for (auto it = edits_.begin(); it != edits_.end() && finished > static_cast<size_t>(limits_.max_results);) {
-    if (it->second.finished_ms >= 0) {
+    if (it->second.finished) {
       it = drop(it);
       --finished;
     } else {
@@ -79,7 +79,7 @@ std::variant<AdmittedEdit, ApiReply> EditLedger::admit_locked(const EditAdmissio
   admitted.supersedes = a.supersedes;
   if (a.supersedes != 0) {
     auto old = edits_.find(a.supersedes);
-    if (old != edits_.end() && old->second.finished_ms < 0 && old->second.slot != a.slot) {
+    if (old != edits_.end() && !old->second.finished && old->second.slot != a.slot) {
       if (old->second.client != a.client)
         return error_reply(400, "invalid_parameter",
                            "supersedes names edit " + std::to_string(a.supersedes) + " of client " + old->second.client +
@@ -131,7 +131,7 @@ std::variant<AdmittedEdit, ApiReply> EditLedger::admit_locked(const EditAdmissio
 void EditLedger::withdraw(uint64_t id) {
   std::lock_guard lock(mu_);
   auto it = edits_.find(id);
-  if (it == edits_.end() || it->second.finished_ms >= 0) return;
+  if (it == edits_.end() || it->second.finished) return;
   if (--live_per_client_[it->second.client] <= 0) live_per_client_.erase(it->second.client);
   --live_total_;
   --submitted_;
@@ -140,6 +140,7 @@ void EditLedger::withdraw(uint64_t id) {
 
 void EditLedger::restore(EditRecord record, double age_ms) {
   std::lock_guard lock(mu_);
+  record.finished = true;
   record.finished_ms = now_ms() - age_ms;
   const uint64_t id = record.id;
   edits_[id] = std::move(record);
@@ -150,7 +151,7 @@ std::optional<EditNote> EditLedger::progress(uint64_t id, int steps_done, int st
   auto it = edits_.find(id);
   if (it == edits_.end()) return std::nullopt;
   EditRecord& e = it->second;
-  if (e.finished_ms >= 0) return std::nullopt;  // the worker orders callbacks; this guards the record anyway
+  if (e.finished) return std::nullopt;  // the worker orders callbacks; this guards the record anyway
   e.steps_done = steps_done;
   e.steps_total = steps_total;
   EditNote note{e.client, e.model_id, e.template_id};
@@ -172,10 +173,11 @@ std::optional<EditNote> EditLedger::complete(EditOutcome outcome) {
   EditNote note{e.client, e.model_id, e.template_id};
   note.started = e.started;
   note.journaled = e.journaled;
-  if (e.finished_ms >= 0) return note;  // reported twice: the first end stands
+  if (e.finished) return note;  // reported twice: the first end stands
   e.state = outcome.state;
   e.status = outcome.state == RequestState::kDone ? Status() : std::move(outcome.status);
   e.png = std::move(outcome.png);
+  e.finished = true;
   e.finished_ms = now_ms();
   e.metrics = std::move(outcome.metrics);
   if (e.metrics.is_object() && e.metrics.contains("steps_run")) e.steps_done = e.metrics["steps_run"].get<int>();
@@ -233,7 +235,7 @@ std::variant<size_t, ApiReply> EditLedger::cancel_target(uint64_t id) const {
   std::lock_guard lock(mu_);
   auto it = edits_.find(id);
   if (it == edits_.end()) return error_reply(404, "edit_not_found", "edit " + std::to_string(id) + " is not known");
-  if (it->second.finished_ms >= 0)
+  if (it->second.finished)
     return error_reply(409, "edit_finished",
                        "edit " + std::to_string(id) + " already ended as " + request_state_name(it->second.state));
   return it->second.slot;
@@ -243,7 +245,7 @@ std::vector<std::pair<uint64_t, size_t>> EditLedger::live() const {
   std::lock_guard lock(mu_);
   std::vector<std::pair<uint64_t, size_t>> out;
   for (const auto& [id, e] : edits_)
-    if (e.finished_ms < 0) out.emplace_back(id, e.slot);
+    if (!e.finished) out.emplace_back(id, e.slot);
   return out;
 }
 

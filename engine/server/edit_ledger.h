@@ -43,7 +43,9 @@ struct EditRecord {
   std::string png;
   Status status;
   double submitted_ms = 0;
-  double finished_ms = -1;  ///< ledger time; < 0 while live
+  bool finished = false;
+  /// Ledger time of the end; negative for a result restored from before this engine started.
+  double finished_ms = 0;
   nlohmann::json metrics;
   bool journaled = false;  ///< a batch edit in the job journal
 };

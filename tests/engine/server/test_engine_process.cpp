@@ -10,7 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sqlite3.h>
+
 #include <filesystem>
+#include <future>
 #include <fstream>
 #include <thread>
 
@@ -122,6 +125,107 @@ TEST_CASE("infill-engine killed with SIGKILL resumes its queued batch edits on r
   const int resumed = m.json()["service"]["edits_resumed"].get<int>();
   WARN("edits resumed after SIGKILL: " << resumed << " (the last edit was " << last_state << ")");
   if (last_state != "done") CHECK(resumed >= 1);
+  ::kill(pid, SIGTERM);
+  CHECK(wait_exit(pid, 20000) == 0);
+}
+
+namespace {
+
+// `infill_journal_pending_writes` from GET /metrics, or -1.
+int journal_pending_writes(const Endpoint& ep) {
+  const std::string text = request(ep, "GET", "/metrics").body;
+  const std::string name = "\ninfill_journal_pending_writes ";
+  const size_t at = text.find(name);
+  return at == std::string::npos ? -1 : std::stoi(text.substr(at + name.size()));
+}
+
+}  // namespace
+
+TEST_CASE("infill-engine killed while journal writes are queued loses no accepted edit and keeps no unanswered one",
+          "[server][process][journal]") {
+  const std::string bin = engine_binary();
+  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
+  REQUIRE(std::filesystem::exists(bin));
+  c10::InferenceMode guard;
+  TempDir dir("infill-kill-queued");
+  REQUIRE(write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok());
+  const std::string sock = dir.file("run/engine.sock");
+  const std::string journal = dir.file("state/journal.sqlite");
+  const std::vector<std::string> args = {bin, "--model", dir.file("model"), "--socket", sock, "--no-calibrate",
+                                         "--threads", "1", "--journal", journal};
+  const Endpoint ep{sock, 0};
+  pid_t pid = spawn(args, dir.file("engine1.log"));
+  ReapOnExit reap{pid};
+  REQUIRE(wait_healthy(sock, 30000));
+  Response t = request(ep, "POST", "/v1/templates?name=picture.png", png_string(serving_picture(0)), {"Content-Type: image/png"});
+  REQUIRE(t.status == 201);
+  const std::string tmpl = t.json()["id"];
+  auto batch_edit = [&](int seed) {
+    nlohmann::json p = {{"template", tmpl}, {"mask_rect", {8, 8, 16, 16}}, {"seed", seed}, {"steps", 1000}, {"class", "batch"}};
+    return request(ep, "POST", "/v1/edits", p.dump(), {"Content-Type: application/json", "X-Infill-Client: farm"});
+  };
+  Response accepted = batch_edit(1);
+  REQUIRE(accepted.status == 202);
+  const uint64_t accepted_id = accepted.json()["id"].get<uint64_t>();
+
+  // Another connection holds the journal's write lock, as a stalled disk would: the engine's
+  // journal thread blocks on its next write and the writes after it queue.
+  sqlite3* holder = nullptr;
+  REQUIRE(sqlite3_open(journal.c_str(), &holder) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(holder, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK);
+  // Still running now: its end cannot commit either, so it must resume after the kill.
+  const std::string state_at_lock = request(ep, "GET", "/v1/edits/" + std::to_string(accepted_id)).json()["state"];
+  // Two batch edits whose records cannot commit: their POSTs wait (on the engine's pool, not
+  // its io thread).
+  auto answer_of = [&](int seed) {
+    return std::async(std::launch::async, [&, seed]() -> int {
+      try {
+        return batch_edit(seed).status;
+      } catch (const std::exception&) {
+        return 0;  // the connection died with the engine: no answer
+      }
+    });
+  };
+  std::future<int> second = answer_of(2), third = answer_of(3);
+  int pending = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline && (pending = journal_pending_writes(ep)) < 2)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  INFO("journal writes queued when the engine was killed: " << pending);
+  CHECK(pending >= 2);
+  ::kill(pid, SIGKILL);
+  CHECK(wait_exit(pid, 20000) == 128 + SIGKILL);
+  const int second_status = second.get(), third_status = third.get();
+  CHECK(sqlite3_exec(holder, "ROLLBACK", nullptr, nullptr, nullptr) == SQLITE_OK);
+  sqlite3_close(holder);
+  // Neither was told 202: their records never committed.
+  CHECK(second_status != 202);
+  CHECK(third_status != 202);
+
+  pid = spawn(args, dir.file("engine2.log"));
+  REQUIRE(wait_healthy(sock, 30000));
+  // The accepted edit resumes and ends done ...
+  std::string state;
+  const auto done_by = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < done_by) {
+    Response s = request(ep, "GET", "/v1/edits/" + std::to_string(accepted_id));
+    REQUIRE(s.status == 200);
+    state = s.json()["state"];
+    if (state == "done" || state == "failed" || state == "cancelled") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK(state == "done");
+  // ... and the engine holds nothing else: no edit was half-accepted.
+  nlohmann::json metrics = request(ep, "GET", "/v1/metrics").json();
+  INFO("the accepted edit was " << state_at_lock << " when the journal was locked");
+  if (state_at_lock != "done") CHECK(metrics["service"]["edits_resumed"] == 1);
+  CHECK(metrics["service"]["edits_resumed"].get<int>() <= 1);
+  CHECK(request(ep, "GET", "/v1/edits/" + std::to_string(accepted_id + 1)).status == 404);
+  CHECK(request(ep, "GET", "/v1/edits/" + std::to_string(accepted_id + 2)).status == 404);
+  // New edits never take an id handed out before the kill.
+  Response next = batch_edit(4);
+  REQUIRE(next.status == 202);
+  CHECK(next.json()["id"].get<uint64_t>() > accepted_id + 2);
   ::kill(pid, SIGTERM);
   CHECK(wait_exit(pid, 20000) == 0);
 }
