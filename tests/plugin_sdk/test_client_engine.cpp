@@ -385,18 +385,22 @@ TEST_CASE("sdk over TCP needs the token; a wrong or missing one is a clear error
   else ::unsetenv("XDG_CONFIG_HOME");
 }
 
-TEST_CASE("sdk: cancel and supersede end an edit as cancelled, with done exactly once", "[sdk][engine]") {
-  ServerFixture f;
+TEST_CASE("sdk: cancel ends an edit as cancelled, with done exactly once", "[sdk][engine]") {
+  StepGate gate(1);  // held before its second step: running when the cancel arrives
+  ServerFixture f(true, infill::test::test_limits(), false, gate.hook());
+  const auto opener = gate.open_on_exit();
   infill_client* c = make_client({unix_endpoint(f)});
   const infill_template_info t = upload(c, f);
 
-  infill_edit_params p = rect_params(t.id, 1000);
+  infill_edit_params p = rect_params(t.id, 8);
   Recorder long_edit;
   long_edit.attach(p);
   infill_job* job = nullptr;
   REQUIRE_OK(infill_client_submit_edit(c, &p, &job));
+  REQUIRE(gate.wait_held(60000));
   REQUIRE(long_edit.wait_progress());
   REQUIRE_OK(infill_job_cancel(job));
+  gate.open();
   REQUIRE_OK(infill_job_wait(job, 30000));
   CHECK(infill_job_get_state(job) == INFILL_JOB_CANCELLED);
   CHECK(long_edit.done_calls == 1);
@@ -411,21 +415,29 @@ TEST_CASE("sdk: cancel and supersede end an edit as cancelled, with done exactly
   CHECK(no_result.contains("cancelled"));
   CHECK_FALSE(Err(infill_job_cancel(job)).failed);  // again: a no-op
   infill_job_release(job);
+  infill_client_destroy(c);
+}
 
-  // Live editing: each stroke supersedes the previous one.
-  infill_edit_params first = rect_params(t.id, 1000, 1);
+TEST_CASE("sdk: a stroke that supersedes a running one ends it as cancelled, with done exactly once", "[sdk][engine]") {
+  StepGate gate(1);  // the first stroke is held before its second step until the next is queued
+  ServerFixture f(true, infill::test::test_limits(), false, gate.hook());
+  const auto opener = gate.open_on_exit();
+  infill_client* c = make_client({unix_endpoint(f)});
+  const infill_template_info t = upload(c, f);
+  infill_edit_params first = rect_params(t.id, 8, 1);
   Recorder a;
   a.attach(first);
   infill_job* job_a = nullptr;
   REQUIRE_OK(infill_client_submit_edit(c, &first, &job_a));
-  REQUIRE(a.wait_progress());
+  REQUIRE(gate.wait_held(60000));
   infill_edit_params second = rect_params(t.id, 3, 2);
   second.supersedes = infill_job_id(job_a);
   second.edit_class = INFILL_CLASS_LIVE;
   Recorder b;
   b.attach(second);
   infill_job* job_b = nullptr;
-  REQUIRE_OK(infill_client_submit_edit(c, &second, &job_b));
+  REQUIRE_OK(infill_client_submit_edit(c, &second, &job_b));  // answered once queued
+  gate.open();
   REQUIRE_OK(infill_job_wait(job_a, 30000));
   REQUIRE_OK(infill_job_wait(job_b, 60000));
   CHECK(a.done_calls == 1);
@@ -517,14 +529,17 @@ TEST_CASE("sdk: edits the engine refuses are submit errors with its message, and
 }
 
 TEST_CASE("sdk: when the engine goes away, edits in flight end as engine_lost, once", "[sdk][engine][failure]") {
-  ServerFixture f;
+  StepGate gate(1);  // the edit is held before its second step: in flight when the engine goes
+  ServerFixture f(true, infill::test::test_limits(), false, gate.hook());
+  const auto opener = gate.open_on_exit();
   infill_client* c = make_client({unix_endpoint(f), "", /*engine_lost_timeout_ms=*/1500, /*reconnect=*/200});
   const infill_template_info t = upload(c, f);
-  infill_edit_params p = rect_params(t.id, 1000);
+  infill_edit_params p = rect_params(t.id, 8);
   Recorder rec;
   rec.attach(p);
   infill_job* job = nullptr;
   REQUIRE_OK(infill_client_submit_edit(c, &p, &job));
+  REQUIRE(gate.wait_held(60000));
   REQUIRE(rec.wait_progress());
   const auto t0 = Clock::now();
   f.server->stop();  // the socket closes: no events, no reconnect
@@ -542,6 +557,7 @@ TEST_CASE("sdk: when the engine goes away, edits in flight end as engine_lost, o
   infill_job_release(job);
   infill_client_destroy(c);
   CHECK(rec.done_calls == 1);
+  gate.open();
   f.service->drain(0, 5000);
 }
 
@@ -665,19 +681,23 @@ TEST_CASE("sdk: calls reuse a kept-alive connection, and one the engine closed i
 }
 
 TEST_CASE("sdk: destroying a client with edits in flight ends each once and cancels them on the engine", "[sdk][engine]") {
-  ServerFixture f;
+  StepGate gate(1);  // held before the second step: both edits are in flight at the destroy
+  ServerFixture f(true, infill::test::test_limits(), false, gate.hook());
+  const auto opener = gate.open_on_exit();
   infill_client* c = make_client({unix_endpoint(f)});
   const infill_template_info t = upload(c, f);
   Recorder r1, r2;
-  infill_edit_params p1 = rect_params(t.id, 1000, 1), p2 = rect_params(t.id, 1000, 2);
+  infill_edit_params p1 = rect_params(t.id, 8, 1), p2 = rect_params(t.id, 8, 2);
   r1.attach(p1);
   r2.attach(p2);
   infill_job* j1 = nullptr;
   REQUIRE_OK(infill_client_submit_edit(c, &p1, &j1));
   REQUIRE_OK(infill_client_submit_edit(c, &p2, nullptr));
-  REQUIRE(r1.wait_progress());
+  REQUIRE(gate.wait_held(60000));
+  REQUIRE(r1.wait_progress());  // submitted first, so in the first step (the pool decodes in order)
   const uint64_t id1 = infill_job_id(j1);
-  infill_client_destroy(c);
+  infill_client_destroy(c);  // its DELETEs were answered before it returns
+  gate.open();
   // Before destroy returned, on the destroying thread.
   CHECK(r1.done_calls == 1);
   CHECK(r2.done_calls == 1);

@@ -10,6 +10,7 @@
 
 #include "server/multipart.h"
 #include "server_fixture.h"
+#include "support/step_gate.h"
 
 using namespace infill;
 using namespace infill::test;
@@ -294,14 +295,19 @@ TEST_CASE("malformed requests get a 4xx with a JSON error naming the input", "[s
 }
 
 TEST_CASE("an edit can be cancelled and ends as cancelled", "[server]") {
-  ServerFixture f;
+  StepGate gate(1);  // held before its second step: running when the DELETE arrives
+  ServerFixture f(true, test_limits(), false, gate.hook());
+  auto opener = gate.open_on_exit();
   const std::string tmpl = f.upload();
   EventStream events(f.unix_ep, "canceller");
-  // Many steps so that it is still running when the DELETE arrives.
-  const uint64_t id = submit_rect(f, f.unix_ep, tmpl, "canceller", 1, 1000);
+  const uint64_t id = submit_rect(f, f.unix_ep, tmpl, "canceller", 1, 8);
+  REQUIRE(gate.wait_held(60000));
+  CHECK(request(f.unix_ep, "GET", "/v1/edits/" + std::to_string(id)).json()["state"] == "running");
   Response del = request(f.unix_ep, "DELETE", "/v1/edits/" + std::to_string(id));
   INFO(del.body);
   REQUIRE(del.status == 202);
+  CHECK(del.json()["cancelling"] == true);
+  gate.open();
   events.wait_for([&](const SseEvent& e) { return (e.type == "failed" || e.type == "done") && e.data["id"] == id; });
   REQUIRE(!events.events().empty());
   const SseEvent& last = events.events().back();
@@ -314,10 +320,12 @@ TEST_CASE("an edit can be cancelled and ends as cancelled", "[server]") {
 }
 
 TEST_CASE("a client may not queue more than its limit of edits", "[server][limits]") {
-  ServerFixture f;  // max_queued_per_client = 3
+  StepGate gate(0);  // no step runs until the limits are checked: all three stay live
+  ServerFixture f(true, test_limits(), false, gate.hook());  // max_queued_per_client = 3
+  auto opener = gate.open_on_exit();
   const std::string tmpl = f.upload();
   std::vector<uint64_t> ids;
-  for (int i = 0; i < 3; ++i) ids.push_back(submit_rect(f, f.unix_ep, tmpl, "greedy", uint64_t(i), 1000));
+  for (int i = 0; i < 3; ++i) ids.push_back(submit_rect(f, f.unix_ep, tmpl, "greedy", uint64_t(i), 4));
   Response fourth = request(f.unix_ep, "POST", "/v1/edits",
                             json({{"template", tmpl}, {"mask_rect", {0, 0, 8, 8}}}).dump(),
                             {"Content-Type: application/json", "X-Infill-Client: greedy"});
@@ -326,6 +334,7 @@ TEST_CASE("a client may not queue more than its limit of edits", "[server][limit
   // Another client is not affected.
   const uint64_t other = submit_rect(f, f.unix_ep, tmpl, "polite", 9, 2);
   for (uint64_t id : ids) request(f.unix_ep, "DELETE", "/v1/edits/" + std::to_string(id));
+  gate.open();
   REQUIRE(f.service->drain(20000, 5000));
   CHECK(request(f.unix_ep, "GET", "/v1/edits/" + std::to_string(other)).json()["state"] == "done");
 }
