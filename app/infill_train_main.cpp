@@ -36,6 +36,7 @@ void usage() {
                "                    [--small-steps N] [--hidden N] [--heads N] [--lr X] [--recolour-share X]\n"
                "  flux2 (default, infill-tiny 2): [--decoder-steps N] [--double-blocks N] [--single-blocks N]\n"
                "                    [--vocab-size N] [--max-length N] [--stop-after codec|text|transformer]\n"
+               "                    [--distractor-steps N] (the second transformer stage; 0 = none)\n"
                "  dit (infill-tiny): [--batch N] [--depth N] [--channels N]\n"
                "Trains a bundled model into DIR. flux2 writes a diffusers-layout FLUX.2 folder (model_index.json,\n"
                "transformer/, vae/, text_encoder/, tokenizer/, training.json, loss.png); dit writes manifest.json,\n"
@@ -77,6 +78,16 @@ int main(int argc, char** argv) {
       }
       return n;
     };
+    auto count = [&]() -> int {  // a non-negative integer: 0 turns a stage off
+      const std::string v = value();
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 0 || n > 1000000) {
+        std::fprintf(stderr, "Error: %s needs an integer from 0 to 1000000, got \"%s\"\n", a.c_str(), v.c_str());
+        std::exit(2);
+      }
+      return static_cast<int>(n);
+    };
     if (a == "--out") out = value();
     else if (a == "--arch") arch = value();
     else if (a == "--work") work = value();
@@ -94,6 +105,7 @@ int main(int argc, char** argv) {
     else if (a == "--vocab-size") tiny2.vocab_size = static_cast<int>(number());
     else if (a == "--max-length") tiny2.max_sequence_length = static_cast<int>(number());
     else if (a == "--stop-after") tiny2.stop_after = value();
+    else if (a == "--distractor-steps") tiny2.distractor_steps = count();
     else if (a == "--channels") channels = static_cast<int>(number());
     else if (a == "--lr") options.lr = std::atof(value().c_str()), lr_given = true;
     else if (a == "--recolour-share") options.recolour_share = std::atof(value().c_str()), recolour_given = true;

@@ -164,6 +164,80 @@ std::string make_caption(const std::vector<int>& label, CaptionSplit split, uint
   return compose(label, split, c);
 }
 
+namespace {
+
+// The words of the training frames, once each, in order of first appearance.
+const std::vector<std::string>& training_frame_words() {
+  static const std::vector<std::string> words = [] {
+    std::vector<std::string> out;
+    std::set<std::string> seen;
+    for (const std::string& frame : caption_frames(CaptionSplit::kTraining)) {
+      std::string word;
+      for (const char ch : frame + " ") {
+        if (std::isalpha(static_cast<unsigned char>(ch))) {
+          word += ch;
+        } else {
+          if (!word.empty() && seen.insert(word).second) out.push_back(word);
+          word.clear();
+        }
+      }
+    }
+    return out;
+  }();
+  return words;
+}
+
+// True when `word` contains a colour or tone word or one of their synonyms.
+bool names_a_colour(const std::string& word) {
+  std::string lower;
+  for (const char ch : word) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const std::string& w : vocabulary())
+    if (lower.find(w) != std::string::npos) return true;
+  for (const char* synonym : {"grey", "light"})
+    if (lower.find(synonym) != std::string::npos) return true;
+  return false;
+}
+
+std::string distractor_word(Draws& draws) {
+  for (;;) {
+    std::string word;
+    if (draws.below(2) == 0) {
+      word = training_frame_words()[draws.below(training_frame_words().size())];
+    } else {
+      const size_t letters = 2 + draws.below(7);
+      for (size_t i = 0; i < letters; ++i) word += static_cast<char>('a' + draws.below(26));
+    }
+    if (names_a_colour(word)) continue;
+    static constexpr std::string_view kPunctuation = "?!.'-";
+    if (draws.below(4) == 0) word += kPunctuation[draws.below(kPunctuation.size())];
+    return word;
+  }
+}
+
+}  // namespace
+
+std::string add_distractors(const std::string& caption, uint64_t random) {
+  Draws draws{random};
+  std::vector<std::string> words;
+  std::string word;
+  for (const char ch : caption + " ") {
+    if (ch == ' ') {
+      if (!word.empty()) words.push_back(word);
+      word.clear();
+    } else {
+      word += ch;
+    }
+  }
+  const size_t extra = 1 + draws.below(4);
+  for (size_t i = 0; i < extra; ++i) {
+    const size_t at = draws.below(words.size() + 1);
+    words.insert(words.begin() + static_cast<std::ptrdiff_t>(at), distractor_word(draws));
+  }
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : " ") + w;
+  return out;
+}
+
 std::vector<std::string> every_caption(const std::vector<int>& label, CaptionSplit split) {
   check_label(label);
   std::set<std::string> out;

@@ -39,6 +39,16 @@ const std::vector<std::string>& caption_word_orders(CaptionSplit split);
 /// programming error).
 std::string make_caption(const std::vector<int>& label, CaptionSplit split, uint64_t random);
 
+/// `caption` with one to four distractor words inserted at word boundaries, chosen by
+/// `random`: words of the training frames ("make", "patch", ...), made-up lower-case words of
+/// two to eight letters, and punctuation (? ! . ' -) glued to a word. The transformer trained
+/// on captions built only from a couple of dozen frames leaned on their exact words: unseen
+/// words pulled its edits towards grey. Distractors teach it that only the colour and tone
+/// words carry the colour. A distractor never contains a colour or tone word or a synonym
+/// ("tan" could be drawn; "reddish" could not), and the held-out frames' words are never
+/// drawn as such (they may still arise by chance as made-up words, like any other string).
+std::string add_distractors(const std::string& caption, uint64_t random);
+
 /// Every distinct caption make_caption can give for `label` and `split`, sorted (the
 /// tokenizer corpus uses the training ones of every label).
 std::vector<std::string> every_caption(const std::vector<int>& label, CaptionSplit split);

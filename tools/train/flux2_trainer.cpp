@@ -38,7 +38,7 @@ torch::Tensor flow_loss(TrainFlux2& model, const Flux2Batch& b, at::Generator& g
 
 Result<Flux2Batch> make_flux2_batch(const std::vector<SourceImage>& images, const LatentCodec& codec, const Flux2Config& config,
                                     const Flux2TrainText& text, int batch, int crop, bool augment, at::Generator& gen,
-                                    double recolour_share, double prompt_dropout) {
+                                    double recolour_share, double prompt_dropout, double distractor_share) {
   torch::NoGradGuard no_grad;
   Flux2Batch b;
   const int f = codec.factor();
@@ -61,7 +61,15 @@ Result<Flux2Batch> make_flux2_batch(const std::vector<SourceImage>& images, cons
                                : b.templates[i]);
     b.words.push_back(describe_colour(masked_mean_colour(targets.back(), b.masks[i])));
     const bool dropped = drop_draw[i].item<double>() < prompt_dropout;
-    b.captions.push_back(dropped ? std::string() : text.caption(b.words.back(), static_cast<uint64_t>(caption_draw[i].item<int64_t>())));
+    const uint64_t draw = static_cast<uint64_t>(caption_draw[i].item<int64_t>());
+    std::string caption = dropped ? std::string() : text.caption(b.words.back(), draw);
+    if (!dropped && distractor_share > 0 && text.distract) {
+      // Decided from the caption's own draw, not from `gen`: a batch without distractors
+      // consumes the generator exactly as before they existed.
+      const uint64_t mixed = (draw ^ 0xd15d15d15ull) * 0x9E3779B97F4A7C15ull;
+      if (double(mixed >> 11) * 0x1.0p-53 < distractor_share) caption = text.distract(caption, mixed);
+    }
+    b.captions.push_back(std::move(caption));
     INFILL_ASSIGN_OR_RETURN(at::Tensor encoded, text.encode(b.captions.back()));
     rows.push_back(encoded);
     cells.push_back(flux2_mask_rows(b.masks[i], f, config.mask_cells()));
@@ -89,12 +97,13 @@ Result<TrainResult> train_flux2(const Flux2Config& config, const Dataset& data, 
   at::Generator held_gen = step_generator(options.seed ^ 0x5eedull, -1);
   INFILL_ASSIGN_OR_RETURN(const Flux2Batch held, make_flux2_batch(data.held_out, codec, config, text, 24, options.crop,
                                                                   false, held_gen, options.recolour_share, 0.0));
-  const LoopOptions loop = loop_options_of(options, "transformer");
+  LoopOptions loop = loop_options_of(options, "transformer");
+  loop.init_from = options.init_from;
   auto step_loss = [&](torch::nn::Module&, int step, at::Generator& gen) {
     const bool small = step < options.small_steps;
     auto b = make_flux2_batch(data.train, codec, config, text, small ? options.small_batch : options.batch,
                               small ? options.small_crop : options.crop, true, gen, options.recolour_share,
-                              options.prompt_dropout);
+                              options.prompt_dropout, options.distractor_share);
     // The text encoder failing is not a training problem: stop with its error.
     TORCH_CHECK(b.ok(), "training batch: ", b.status().message());
     return flow_loss(model, *b, gen);

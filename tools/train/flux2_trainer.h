@@ -39,6 +39,9 @@ struct Flux2TrainOptions {
   double recolour_share = 0.5;  ///< share of samples whose masked region is recoloured
   int checkpoint_every = 200;
   std::string work_dir;         ///< the checkpoint lives in work_dir/checkpoint
+  std::string init_from;        ///< LoopOptions::init_from: an earlier stage's checkpoint folder
+  /// Share of captions given distractor words (Flux2TrainText::distract); 0 = none.
+  double distractor_share = 0.0;
 };
 
 /// The frozen text side the transformer learns to read.
@@ -47,6 +50,8 @@ struct Flux2TrainText {
   std::function<Result<at::Tensor>(const std::string& prompt)> encode;
   /// A caption naming `words` (colour_words.h indices), phrasing picked by `draw`.
   std::function<std::string(const std::vector<int>& words, uint64_t draw)> caption;
+  /// The caption with distractor words added, picked by `draw` (used with distractor_share).
+  std::function<std::string(const std::string& caption, uint64_t draw)> distract;
 };
 
 /// One batch in the engine's token layout.
@@ -66,7 +71,7 @@ struct Flux2Batch {
 
 Result<Flux2Batch> make_flux2_batch(const std::vector<SourceImage>& images, const LatentCodec& codec, const Flux2Config& config,
                                     const Flux2TrainText& text, int batch, int crop, bool augment, at::Generator& gen,
-                                    double recolour_share, double prompt_dropout);
+                                    double recolour_share, double prompt_dropout, double distractor_share = 0.0);
 
 /// Trains (or resumes) the transformer described by `config` and writes the EMA weights to
 /// `path` (F16 safetensors under upstream names). `progress` receives one line per log interval.

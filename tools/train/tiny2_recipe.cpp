@@ -205,9 +205,8 @@ Status make_infill_tiny2(const Tiny2Options& o, const std::function<void(const s
   t.lr = o.lr;
   t.recolour_share = o.recolour_share;
   t.work_dir = (work / "transformer").string();
-  INFILL_ASSIGN_OR_RETURN(TrainResult result,
-                          train_flux2(config, data, codec, train_text, t,
-                                      (out / "transformer" / "diffusion_pytorch_model.safetensors").string(), progress));
+  const std::string transformer_path = (out / "transformer" / "diffusion_pytorch_model.safetensors").string();
+  INFILL_ASSIGN_OR_RETURN(TrainResult result, train_flux2(config, data, codec, train_text, t, transformer_path, progress));
   record["transformer"] = {{"hidden", config.hidden_size},  {"heads", config.num_heads},
                            {"double_blocks", config.double_blocks}, {"single_blocks", config.single_blocks},
                            {"mask_channels", config.mask_channels}, {"steps", t.steps},
@@ -216,6 +215,47 @@ Status make_infill_tiny2(const Tiny2Options& o, const std::function<void(const s
                            {"recolour_share", t.recolour_share}, {"prompt_dropout", t.prompt_dropout},
                            {"seconds", result.seconds}, {"loss", curve_json(result.curve)},
                            {"held_out_loss", curve_json(result.held_out_curve)}};
+  if (o.distractor_steps > 0) {
+    // Stage 2: the same network, from stage 1's final weights, on captions with distractor
+    // words. A distracted caption that would not fit the text rows untruncated (the colour
+    // word could be cut) is drawn again, and after a few tries left plain.
+    Flux2TrainText distracted = train_text;
+    distracted.distract = [&](const std::string& caption, uint64_t draw) {
+      for (uint64_t attempt = 0; attempt < 8; ++attempt) {
+        std::string noisy = add_distractors(caption, draw + attempt);
+        if (tokenizer.encode(noisy, o.max_sequence_length).full_length <= o.max_sequence_length) return noisy;
+      }
+      return caption;
+    };
+    Flux2TrainOptions d = t;
+    d.steps = o.distractor_steps;
+    d.small_steps = 0;
+    d.lr = o.distractor_lr;
+    d.warmup_steps = 50;
+    // A short stage: an EMA with a half-life of ~140 steps, so its weights follow it.
+    d.ema_decay = 0.995;
+    d.distractor_share = o.distractor_share;
+    d.init_from = (work / "transformer" / "checkpoint").string();
+    d.work_dir = (work / "transformer-distractors").string();
+    INFILL_ASSIGN_OR_RETURN(TrainResult second, train_flux2(config, data, codec, distracted, d, transformer_path, progress));
+    record["transformer"]["distractor_stage"] = {
+        {"steps", d.steps},          {"batch", d.batch},
+        {"crop", d.crop},            {"lr", d.lr},
+        {"warmup_steps", d.warmup_steps}, {"ema_decay", d.ema_decay},
+        {"distractor_share", d.distractor_share}, {"seconds", second.seconds},
+        {"loss", curve_json(second.curve)}, {"held_out_loss", curve_json(second.held_out_curve)}};
+    // One plot of both stages: stage 2's points after stage 1's, in steps and in time.
+    auto append = [&](std::vector<LossPoint>& to, const std::vector<LossPoint>& from) {
+      for (LossPoint p : from) {
+        p.step += t.steps;
+        p.seconds += result.seconds;
+        to.push_back(p);
+      }
+    };
+    append(result.curve, second.curve);
+    append(result.held_out_curve, second.held_out_curve);
+    result.seconds += second.seconds;
+  }
 
   // 5. The folder's index, the training record and the loss curve.
   nlohmann::ordered_json index = {

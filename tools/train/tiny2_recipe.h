@@ -17,7 +17,7 @@ namespace infill::train {
 
 struct Tiny2Options {
   std::string out;       ///< the model folder to write
-  std::string work_dir;  ///< checkpoints: work_dir/decoder, work_dir/transformer
+  std::string work_dir;  ///< checkpoints: work_dir/decoder, work_dir/transformer, work_dir/transformer-distractors
   uint64_t seed = 1;
   int threads = 2;
   // Codec.
@@ -38,6 +38,12 @@ struct Tiny2Options {
   double lr = 4e-4;
   /// Share of crops whose masked region is recoloured: only the prompt tells their colour.
   double recolour_share = 0.7;
+  /// A second transformer stage from the first one's final weights: large crops, captions
+  /// with distractor words (add_distractors) in `distractor_share` of them, its own warm-up
+  /// and decay; 0 steps = none.
+  int distractor_steps = 600;
+  double distractor_share = 0.6;
+  double distractor_lr = 2e-4;
   /// Stop after this stage ("codec", "text", "transformer"); empty runs every stage.
   std::string stop_after;
 };

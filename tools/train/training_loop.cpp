@@ -102,6 +102,17 @@ Result<TrainResult> run_training(const std::shared_ptr<torch::nn::Module>& model
     state.curve = from_json(j["curve"]);
     state.held_out_curve = from_json(j["held_out_curve"]);
     progress(options.name + ": resuming from step " + std::to_string(state.step) + " (" + ckpt + ")");
+  } else if (!options.init_from.empty()) {
+    if (!fs::exists(options.init_from + "/model.pt") || !fs::exists(options.init_from + "/ema.pt"))
+      return not_found(options.name + " starts from the stage before, but " + options.init_from +
+                       " holds no model.pt and ema.pt (run that stage first)");
+    try {
+      torch::load(model, options.init_from + "/model.pt");
+      torch::load(ema, options.init_from + "/ema.pt");
+    } catch (const c10::Error& e) {
+      return corrupt_data(options.init_from + " does not fit this " + options.name + " (" + e.what_without_backtrace() + ")");
+    }
+    progress(options.name + ": starting from the weights in " + options.init_from);
   }
 
   const auto start = std::chrono::steady_clock::now();

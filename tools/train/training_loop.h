@@ -31,6 +31,10 @@ struct LoopOptions {
   int log_every = 10;
   std::string work_dir;  ///< the checkpoint lives in work_dir/checkpoint
   std::string name;      ///< what is trained, in progress lines ("transformer", "decoder")
+  /// A later stage of the same network: the checkpoint folder of the stage before, whose
+  /// weights and EMA weights this run starts from (with a fresh optimizer and schedule) when
+  /// work_dir holds no checkpoint of its own. "" = start from the module's initialisation.
+  std::string init_from;
 };
 
 /// The loop options of a recipe's own options (any struct with the fields seed, steps, lr,

@@ -119,3 +119,50 @@ TEST_CASE("a malformed label is a programming error", "[train][captions]") {
   CHECK_THROWS_AS(every_caption({2, kDarkWord, kDarkWord}, CaptionSplit::kHeldOut),
                   std::invalid_argument);
 }
+
+TEST_CASE("distractors add one to four words that name no colour, keep the caption's words in order, and depend on the draw alone",
+          "[train][captions]") {
+  auto words_of = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::string w;
+    for (const char c : text + " ") {
+      if (c == ' ') {
+        if (!w.empty()) out.push_back(w);
+        w.clear();
+      } else {
+        w += c;
+      }
+    }
+    return out;
+  };
+  std::set<std::string> made;
+  int with_punctuation = 0;
+  for (uint64_t draw = 0; draw < 2000; ++draw) {
+    const std::vector<int> label = every_label()[draw % every_label().size()];
+    const std::string caption = make_caption(label, CaptionSplit::kTraining, draw * 7919);
+    const std::string noisy = add_distractors(caption, draw);
+    INFO(caption << " -> " << noisy);
+    CHECK(add_distractors(caption, draw) == noisy);
+    CHECK(named_words(noisy) == label);  // still exactly the label's colour and tone words
+    const std::vector<std::string> before = words_of(caption), after = words_of(noisy);
+    REQUIRE(after.size() >= before.size() + 1);
+    CHECK(after.size() <= before.size() + 4);
+    // The caption's own words are a subsequence of the noisy one's.
+    size_t next = 0;
+    for (const std::string& w : after)
+      if (next < before.size() && w == before[next]) ++next;
+    CHECK(next == before.size());
+    for (const std::string& w : after) {
+      if (std::find(before.begin(), before.end(), w) != before.end()) continue;
+      std::string lower;
+      for (const char c : w) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      for (const std::string& colour : vocabulary()) CHECK(lower.find(colour) == std::string::npos);
+      CHECK(lower.find("grey") == std::string::npos);
+      CHECK(lower.find("light") == std::string::npos);
+      with_punctuation += std::ispunct(static_cast<unsigned char>(w.back())) ? 1 : 0;
+      made.insert(w);
+    }
+  }
+  CHECK(made.size() > 500);       // varied: not a handful of fixed words
+  CHECK(with_punctuation > 100);  // and punctuation is among them
+}
