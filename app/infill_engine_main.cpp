@@ -23,10 +23,12 @@
 #include "model/model.h"
 #include "pipeline/bundled_models.h"
 #include "pipeline/load_edit_model.h"
+#include "server/daemon_log.h"
 #include "server/engine_service.h"
 #include "server/http_server.h"
 #include "server/socket_activation.h"
 #include "server/server_config.h"
+#include "server/service_notify.h"
 
 namespace {
 
@@ -60,7 +62,7 @@ or systemd-socket-activate, it serves on those (one Unix, at most one TCP) inste
 )";
 
 int fail(const std::string& message, int code) {
-  std::cerr << "infill-engine: error: " << message << "\n";
+  infill::log_line(infill::LogLevel::kError, "error: " + message);
   return code;
 }
 
@@ -247,13 +249,17 @@ int main(int argc, char** argv) {
   }
   auto server = infill::HttpServer::start(service, ho);
   if (!server.ok()) return fail(server.status().message(), 5);
-  std::cerr << "infill-engine: listening on";
-  if (!ho.socket_path.empty()) std::cerr << " unix:" << ho.socket_path;
-  if (!config.listen.empty()) std::cerr << " tcp:" << (activated->tcp_fd >= 0 ? std::string("*") : tcp.first) << ":" << (*server)->tcp_port();
-  if (activated->any()) std::cerr << " (socket-activated)";
-  std::cerr << "; loading";
-  for (const std::string& m : config.models) std::cerr << " " << m;
-  std::cerr << std::endl;
+  {
+    std::string line = "listening on";
+    if (!ho.socket_path.empty()) line += " unix:" + ho.socket_path;
+    if (!config.listen.empty())
+      line += " tcp:" + (activated->tcp_fd >= 0 ? std::string("*") : tcp.first) + ":" + std::to_string((*server)->tcp_port());
+    if (activated->any()) line += " (socket-activated)";
+    line += "; loading";
+    for (const std::string& m : config.models) line += " " + m;
+    infill::log_line(infill::LogLevel::kInfo, line);
+    infill::notify_status("loading the model");
+  }
 
   // /health answers 503 while the model loads.
   std::atomic<int> load_failed{0};
@@ -261,29 +267,31 @@ int main(int argc, char** argv) {
     c10::InferenceMode loader_guard;
     infill::Status st = service.load();
     if (!st.ok()) {
-      std::cerr << "infill-engine: error: " << st.message() << std::endl;
+      infill::log_line(infill::LogLevel::kError, "error: " + st.message());
       load_failed = 1;
       ::kill(::getpid(), SIGTERM);
       return;
     }
-    std::cerr << "infill-engine: ready" << std::endl;
+    infill::log_line(infill::LogLevel::kInfo, "ready");
+    infill::notify_ready("serving");
   });
 
   int sig = 0;
   sigwait(&signals, &sig);
-  std::cerr << "infill-engine: " << (load_failed ? "model failed to load" : (sig == SIGINT ? "SIGINT" : "SIGTERM"))
-            << ", stopping" << std::endl;
+  infill::log_line(load_failed ? infill::LogLevel::kError : infill::LogLevel::kNotice,
+                   std::string(load_failed ? "model failed to load" : (sig == SIGINT ? "SIGINT" : "SIGTERM")) + ", stopping");
+  infill::notify_stopping("draining live edits");
   if (!service.ready() && !load_failed) {
     // Still loading (calibration can take a minute): nothing is in flight, so do not wait
     // for the loader; close the listeners (removing the socket file) and leave at once.
     (*server)->stop();
-    std::cerr << "infill-engine: stopped while loading" << std::endl;
+    infill::log_line(infill::LogLevel::kNotice, "stopped while loading");
     std::_Exit(0);
   }
   loader.join();
   (*server)->stop_accepting();
   const bool drained = service.drain(config.drain_timeout_ms, 2000);
-  if (!drained) std::cerr << "infill-engine: some edits did not stop in time" << std::endl;
+  if (!drained) infill::log_line(infill::LogLevel::kWarning, "some edits did not stop in time");
   (*server)->stop();
   return load_failed ? 5 : 0;
 }

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -17,6 +16,7 @@
 #include "pipeline/template_image.h"
 #include "serving/serving_runtime.h"
 #include "serving/task_pool.h"
+#include "server/daemon_log.h"
 #include "server/edit_ledger.h"
 #include "server/edit_mask.h"
 #include "server/edit_request.h"
@@ -543,7 +543,7 @@ void EngineService::Impl::on_complete(const RequestResult& r) {
         return j.finish_edit(id, state, png, code, message, when);
       },
       [this, client = note->client, type, data = std::move(data)](Status st) mutable {
-        if (!st.ok()) std::fprintf(stderr, "infill-engine: journal: %s\n", st.message().c_str());
+        if (!st.ok()) log_line(LogLevel::kError, "journal: " + st.message());
         events.emit(client, type, std::move(data));
       });
 }

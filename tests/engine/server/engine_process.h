@@ -31,18 +31,23 @@ inline std::string build_random_model() {
 }
 
 // Starts `args` (args[0] the binary, a path or a name looked up in PATH) with stderr to `log`
-// and stdout to `log`.out.
-inline pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
+// and stdout to `log`.out, and `env` ("NAME=value") added to this process's environment.
+inline pid_t spawn(const std::vector<std::string>& args, const std::string& log, const std::vector<std::string>& env = {}) {
+  // Everything the child needs is built before fork: after it, only exec-safe calls.
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
     FILE* err = std::freopen(log.c_str(), "w", stderr);
     FILE* out = std::freopen((log + ".out").c_str(), "w", stdout);
     (void)err;
     (void)out;
-    ::execvp(argv[0], argv.data());
+    ::execvpe(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
   return pid;

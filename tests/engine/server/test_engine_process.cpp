@@ -5,13 +5,16 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <future>
 #include <fstream>
@@ -70,6 +73,66 @@ TEST_CASE("infill-engine: --check, bad config, start, serve, SIGTERM exits 0", "
   ::kill(pid, SIGTERM);
   CHECK(wait_exit(pid, 20000) == 0);
   CHECK_FALSE(std::filesystem::exists(sock));
+}
+
+TEST_CASE("infill-engine tells systemd when it is ready and when it stops, and marks journald priorities",
+          "[server][process]") {
+  const std::string bin = engine_binary();
+  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
+  REQUIRE(std::filesystem::exists(bin));
+  c10::InferenceMode guard;
+  TempDir dir("infill-notify");
+  REQUIRE(write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok());
+  // The service manager's side: a datagram socket as NOTIFY_SOCKET, read here.
+  const std::string notify_path = dir.file("notify.sock");
+  const int notify_fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  REQUIRE(notify_fd >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", notify_path.c_str());
+  REQUIRE(::bind(notify_fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  auto next_message = [&](int timeout_ms) {
+    pollfd p{notify_fd, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) != 1) return std::string();
+    char buf[4096];
+    const ssize_t n = ::recv(notify_fd, buf, sizeof buf, 0);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  };
+  // journald's side: stderr is the log file, named by JOURNAL_STREAM as systemd names it.
+  const std::string log = dir.file("engine.log");
+  { std::ofstream create(log); }
+  struct stat st {};
+  REQUIRE(::stat(log.c_str(), &st) == 0);
+  const std::string journal_stream =
+      "JOURNAL_STREAM=" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+  const std::string sock = dir.file("run/engine.sock");
+  pid_t pid = spawn({bin, "--model", dir.file("model"), "--socket", sock, "--no-calibrate", "--threads", "1",
+                     "--journal", "off"},
+                    log, {"NOTIFY_SOCKET=" + notify_path, journal_stream});
+  ReapOnExit reap{pid};
+  // READY=1 comes once the model is loaded: /health answers 200 from then on.
+  std::string ready;
+  for (int i = 0; i < 10 && ready.find("READY=1") == std::string::npos; ++i) ready = next_message(60000);
+  INFO("notifications: " << ready);
+  REQUIRE(ready.find("READY=1") != std::string::npos);
+  CHECK(ready.find("STATUS=serving") != std::string::npos);
+  CHECK(request(Endpoint{sock, 0}, "GET", "/health").status == 200);
+  ::kill(pid, SIGTERM);
+  const std::string stopping = next_message(30000);
+  CHECK(stopping.find("STOPPING=1") != std::string::npos);
+  CHECK(wait_exit(pid, 20000) == 0);
+  ::close(notify_fd);
+  // Every line carries its priority: info for "ready", notice for the stop.
+  std::ifstream in(log);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::string all;
+  for (const std::string& line : lines) all += line + "\n";
+  INFO("log: " << all);
+  REQUIRE_FALSE(lines.empty());
+  for (const std::string& line : lines) CHECK((line.rfind("<", 0) == 0 && line.find(">infill-engine: ") == 2));
+  CHECK(std::find(lines.begin(), lines.end(), "<6>infill-engine: ready") != lines.end());
+  CHECK(std::find(lines.begin(), lines.end(), "<5>infill-engine: SIGTERM, stopping") != lines.end());
 }
 
 TEST_CASE("infill-engine killed with SIGKILL resumes its queued batch edits on restart", "[server][process][journal]") {
