@@ -332,7 +332,7 @@ TEST_CASE("sdk over the Unix socket: health, models, upload, edit with previews,
   CHECK(rec.done_calls == 1);
 }
 
-TEST_CASE("sdk over TCP needs the token; a wrong or missing one is a clear error", "[sdk][engine][auth]") {
+TEST_CASE("sdk over TCP needs the token, a wrong or missing one is a clear error", "[sdk][engine][auth]") {
   ServerFixture f;
   // No token anywhere: not in the options, not in $INFILL_TOKEN, not in the config folder.
   infill::test::TempDir config("infill-sdk-config");

@@ -217,7 +217,7 @@ Reply accepted(uint64_t id) { return Reply{202, R"({"id":)" + std::to_string(id)
 
 }  // namespace
 
-TEST_CASE("sdk protocol: an edit that fails in the engine ends once; duplicates, junk and late events are ignored",
+TEST_CASE("sdk protocol: an edit that fails in the engine ends once, duplicates, junk and late events are ignored",
           "[sdk][protocol]") {
   infill::test::TempDir dir("infill-sdk-fake");
   FakeEngine engine(dir.file("engine.sock"), [](const std::string& m, const std::string& t, const std::string&) {

@@ -192,7 +192,7 @@ TEST_CASE("FLUX.2 edit: pixels outside the mask keep their bytes in every mode, 
   CHECK((untouched->image.data == image.data));
 }
 
-TEST_CASE("FLUX.2 edit: a mask-conditioned model reads the mask cells of the edited tokens; the prepare run sees none",
+TEST_CASE("FLUX.2 edit: a mask-conditioned model reads the mask cells of the edited tokens, the prepare run sees none",
           "[flux2-edit]") {
   c10::InferenceMode guard;
   Flux2Config cfg = small_config();
@@ -241,7 +241,7 @@ TEST_CASE("FLUX.2 edit: a mask-conditioned model reads the mask cells of the edi
   }
 }
 
-TEST_CASE("FLUX.2 edit: classifier-free guidance runs a cached null-prompt segment; guidance_embed models embed it",
+TEST_CASE("FLUX.2 edit: classifier-free guidance runs a cached null-prompt segment, guidance_embed models embed it",
           "[flux2-edit]") {
   c10::InferenceMode guard;
   const auto codec = patch_codec();

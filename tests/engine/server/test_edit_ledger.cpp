@@ -87,7 +87,7 @@ TEST_CASE("edit ledger: with reserved ids, none is handed out past the reservati
   CHECK(admitted_id(ledger.admit(admission("a"))) == 42);
 }
 
-TEST_CASE("edit ledger: progress, end, status and result; an edit ends once", "[server][ledger]") {
+TEST_CASE("edit ledger: progress, end, status and result, an edit ends once", "[server][ledger]") {
   EditLedger ledger(ServerLimits{}, false, {});
   const uint64_t id = admitted_id(ledger.admit(admission("a")));
   auto first = ledger.progress(id, 1, 3);

@@ -302,6 +302,8 @@ TEST_CASE("an edit can be cancelled and ends as cancelled", "[server]") {
   EventStream events(f.unix_ep, "canceller");
   const uint64_t id = submit_rect(f, f.unix_ep, tmpl, "canceller", 1, 8);
   REQUIRE(gate.wait_held(60000));
+  // Its first step's progress reached the ledger (callbacks run on the pool, after the step).
+  events.wait_for([&](const SseEvent& e) { return e.type == "progress" && e.data["id"] == id; });
   CHECK(request(f.unix_ep, "GET", "/v1/edits/" + std::to_string(id)).json()["state"] == "running");
   Response del = request(f.unix_ep, "DELETE", "/v1/edits/" + std::to_string(id));
   INFO(del.body);

@@ -46,7 +46,7 @@ TEST_CASE("journal writer: writes run in order, callbacks after their write, the
   CHECK(writer.run([](JobJournal&) { return io_error("disk full"); }).message() == "disk full");
 }
 
-TEST_CASE("a journal write blocked on the disk holds no HTTP request; the batch edit's 202 waits for its commit",
+TEST_CASE("a journal write blocked on the disk holds no HTTP request, the batch edit's 202 waits for its commit",
           "[server][journal]") {
   ServerFixture f(true, test_limits(), false, {}, {},
                   [](ServiceOptions& o) { o.journal_path = o.model_path + "/../journal.sqlite"; });

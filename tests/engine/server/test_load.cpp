@@ -43,7 +43,7 @@ bool is_edit_of(const PixelImage& result, const PixelImage& tmpl, Rect r) {
 
 }  // namespace
 
-TEST_CASE("32 clients x 20 edits: no lost, duplicated or misdelivered result; a vanishing client disturbs no one",
+TEST_CASE("32 clients x 20 edits: no lost, duplicated or misdelivered result, a vanishing client disturbs no one",
           "[server][concurrency][load]") {
   ServerLimits limits = test_limits();
   limits.max_queued_per_client = 20;

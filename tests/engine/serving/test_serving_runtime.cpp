@@ -136,7 +136,7 @@ TEST_CASE("batched steps give each request the output it gets alone", "[serving]
   }
 }
 
-TEST_CASE("every transition is timestamped; progress and previews arrive", "[serving][runtime]") {
+TEST_CASE("every transition is timestamped, progress and previews arrive", "[serving][runtime]") {
   ServingFixture f;
   Collector c;
   auto rt = start(f, RuntimeOptions{});

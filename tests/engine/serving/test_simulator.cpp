@@ -65,7 +65,7 @@ TEST_CASE("a lone request takes pre + steps x predicted step + post", "[serving]
   CHECK(rep.steps == 5);
 }
 
-TEST_CASE("continuous batching lets a late arrival join; static makes it wait", "[serving][simulator]") {
+TEST_CASE("continuous batching lets a late arrival join, static makes it wait", "[serving][simulator]") {
   const StepCostModel m = cost(10.0, 0.0, 0.0, 0.0);  // every step 10 ms, whatever the batch
   std::vector<SimRequest> trace = {{1, 0.0, 10, 100, 4, 1e6, RequestClass::kInteractive},
                                    {2, 5.0, 10, 100, 4, 1e6, RequestClass::kInteractive}};
