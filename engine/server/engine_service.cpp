@@ -177,6 +177,7 @@ Status EngineService::load() {
   mo.calibrate = s.options.calibrate;
   mo.calibration_path = s.options.calibration_path;
   mo.before_step = s.options.before_step;
+  mo.may_step = s.options.may_step;
   auto models = ModelRegistry::load(mo);
   if (!models.ok()) return fail(models.status());
   s.models = std::move(*models);

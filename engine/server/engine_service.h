@@ -58,6 +58,8 @@ struct ServiceOptions {
   /// Test seam: runs on every worker's step loop before each batched step (WorkerOptions::
   /// before_step), so a test can hold an edit "while it runs" without guessing step times.
   std::function<void(std::span<const uint64_t> ids)> before_step;
+  /// Test seam: WorkerOptions::may_step of every worker (no batched step while it says no).
+  std::function<bool(size_t ready)> may_step;
 };
 
 /// An edit as submitted: JSON parameters (see docs/api.md) and, optionally, the mask as an

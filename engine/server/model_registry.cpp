@@ -68,6 +68,7 @@ Result<std::unique_ptr<ModelRegistry>> ModelRegistry::load(const ModelRegistryOp
     ro.threads_per_worker = options.threads_per_worker;
     ro.pool_threads = std::max(1, options.pool_threads);
     ro.worker.before_step = options.before_step;
+    ro.worker.may_step = options.may_step;
     auto runtime = ServingRuntime::create(models[i].model, registry->store_, cost, ro);
     if (!runtime.ok()) return runtime.status();
     registry->slots_.push_back({models[i].model, std::move(*runtime)});

@@ -38,6 +38,8 @@ struct ModelRegistryOptions {
   std::string calibration_path;
   /// Test seam handed to every worker (WorkerOptions::before_step).
   std::function<void(std::span<const uint64_t> ids)> before_step;
+  /// Test seam handed to every worker (WorkerOptions::may_step).
+  std::function<bool(size_t ready)> may_step;
 };
 
 /// The calibration cache of the model at `index`: `path` for the default model,

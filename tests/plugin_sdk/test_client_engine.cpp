@@ -718,7 +718,17 @@ TEST_CASE("sdk: destroying a client with edits in flight ends each once and canc
 }
 
 TEST_CASE("sdk: a client may be destroyed from inside a callback", "[sdk][engine]") {
-  ServerFixture f;
+  // Both edits step together from the first step (no step until both are ready), and the
+  // second step waits at the gate: the slow edit is still in flight at the destroy.
+  StepGate gate(1);
+  auto both_ready = std::make_shared<std::atomic<bool>>(false);  // once seen, steps stay allowed
+  ServerFixture f(true, infill::test::test_limits(), false, gate.hook(), {}, [both_ready](ServiceOptions& o) {
+    o.may_step = [both_ready](size_t ready) {
+      if (ready >= 2) *both_ready = true;
+      return both_ready->load();
+    };
+  });
+  const auto opener = gate.open_on_exit();
   infill_client* c = make_client({unix_endpoint(f)});
   const infill_template_info t = upload(c, f);
   struct Ctx {
@@ -727,10 +737,10 @@ TEST_CASE("sdk: a client may be destroyed from inside a callback", "[sdk][engine
     std::atomic<bool> destroyed{false};
   } ctx{c};
   Recorder other;
-  infill_edit_params slow = rect_params(t.id, 1000, 3);
+  infill_edit_params slow = rect_params(t.id, 8, 3);
   other.attach(slow);
   REQUIRE_OK(infill_client_submit_edit(c, &slow, nullptr));
-  infill_edit_params p = rect_params(t.id, 1000, 4);
+  infill_edit_params p = rect_params(t.id, 8, 4);
   p.user_data = &ctx;
   p.on_progress = [](void* user, const infill_progress*) {
     auto* x = static_cast<Ctx*>(user);
@@ -748,6 +758,7 @@ TEST_CASE("sdk: a client may be destroyed from inside a callback", "[sdk][engine
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   CHECK(ctx.progress_calls.load() == 1);  // none after destroy
   CHECK(other.done_calls == 1);
+  gate.open();
   REQUIRE(eventually([&] { return f.service->live_edits() == 0; }, 30000));
 }
 
