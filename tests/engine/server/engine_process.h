@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "http_test_client.h"
+#include "support/catch.h"
 
 namespace infill::test {
 
@@ -21,6 +22,15 @@ inline std::string engine_binary() {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   return (exe.parent_path().parent_path() / "app" / "infill-engine").string();
+}
+
+// engine_binary(), which the suite builds with it (tests/CMakeLists.txt): a missing one is a
+// broken build, so the calling test fails here.
+inline std::string required_engine_binary() {
+  const std::string bin = engine_binary();
+  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
+  REQUIRE(std::filesystem::exists(bin));
+  return bin;
 }
 
 // build/<preset>/models/infill-random: the random-weight model the build generates.

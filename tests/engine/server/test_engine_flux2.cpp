@@ -15,8 +15,7 @@ using namespace infill::test;
 
 
 TEST_CASE("infill-engine serves a FLUX.2 folder with free-text prompts beside infill-tiny", "[server][process][flux2]") {
-  const std::string bin = engine_binary();
-  REQUIRE(std::filesystem::exists(bin));
+  const std::string bin = required_engine_binary();
   c10::InferenceMode guard;
   TempDir dir("infill-engine-flux2");
   write_tiny_flux2_folder(dir.file("flux2"));

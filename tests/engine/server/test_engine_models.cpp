@@ -16,18 +16,18 @@ using namespace infill::test;
 namespace {
 
 // Both are built with the suite (tests/CMakeLists.txt): missing means a broken build, a failure.
-void require_binaries(const std::string& bin) {
-  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
-  REQUIRE(std::filesystem::exists(bin));
+// The engine and the build's random model, both built with the suite.
+std::string require_binaries() {
+  const std::string bin = required_engine_binary();
   INFO("the build's random model is not at " << build_random_model() << "; build the infill_random_model target");
   REQUIRE(std::filesystem::exists(build_random_model() + "/manifest.json"));
+  return bin;
 }
 
 }  // namespace
 
 TEST_CASE("infill-engine with two models: lists both, an edit picks one, an unknown model is 400", "[server][process][models]") {
-  const std::string bin = engine_binary();
-  require_binaries(bin);
+  const std::string bin = require_binaries();
   TempDir dir("infill-models");
   const std::string tiny = std::string(INFILL_SOURCE_DIR) + "/resources/models/infill-tiny";
   const std::string sock = dir.file("run/engine.sock");
@@ -99,8 +99,7 @@ TEST_CASE("infill-engine with two models: lists both, an edit picks one, an unkn
 
 TEST_CASE("a journaled batch edit resumes on its own model, and fails clearly when that model is gone",
           "[server][process][journal][models]") {
-  const std::string bin = engine_binary();
-  require_binaries(bin);
+  const std::string bin = require_binaries();
   c10::InferenceMode guard;
   TempDir dir("infill-models-journal");
   // A: a small random model, the default; B: the build's random model (another architecture,

@@ -28,9 +28,7 @@ using namespace infill;
 using namespace infill::test;
 
 TEST_CASE("infill-engine: --check, bad config, start, serve, SIGTERM exits 0", "[server][process]") {
-  const std::string bin = engine_binary();
-  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
-  REQUIRE(std::filesystem::exists(bin));  // built with the suite: missing is a broken build
+  const std::string bin = required_engine_binary();
   c10::InferenceMode guard;
   TempDir dir("infill-proc");
   REQUIRE(write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok());
@@ -77,9 +75,7 @@ TEST_CASE("infill-engine: --check, bad config, start, serve, SIGTERM exits 0", "
 
 TEST_CASE("infill-engine tells systemd when it is ready and when it stops, and marks journald priorities",
           "[server][process]") {
-  const std::string bin = engine_binary();
-  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
-  REQUIRE(std::filesystem::exists(bin));
+  const std::string bin = required_engine_binary();
   c10::InferenceMode guard;
   TempDir dir("infill-notify");
   REQUIRE(write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok());
@@ -136,9 +132,7 @@ TEST_CASE("infill-engine tells systemd when it is ready and when it stops, and m
 }
 
 TEST_CASE("infill-engine killed with SIGKILL resumes its queued batch edits on restart", "[server][process][journal]") {
-  const std::string bin = engine_binary();
-  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
-  REQUIRE(std::filesystem::exists(bin));  // built with the suite: missing is a broken build
+  const std::string bin = required_engine_binary();
   c10::InferenceMode guard;
   TempDir dir("infill-kill");
   REQUIRE(write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok());
@@ -206,9 +200,7 @@ int journal_pending_writes(const Endpoint& ep) {
 
 TEST_CASE("infill-engine killed while journal writes are queued loses no accepted edit and keeps no unanswered one",
           "[server][process][journal]") {
-  const std::string bin = engine_binary();
-  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
-  REQUIRE(std::filesystem::exists(bin));
+  const std::string bin = required_engine_binary();
   c10::InferenceMode guard;
   TempDir dir("infill-kill-queued");
   REQUIRE(write_random_model(dir.file("model"), tiny_serving_dit(), 16, 42).ok());
@@ -319,9 +311,7 @@ std::string read_file(const std::string& path) {
 
 TEST_CASE("infill-engine socket-activated by systemd-socket-activate serves on the passed Unix and TCP sockets",
           "[server][process][activation]") {
-  const std::string bin = engine_binary();
-  INFO("infill-engine is not built at " << bin << "; build the infill-engine target");
-  REQUIRE(std::filesystem::exists(bin));
+  const std::string bin = required_engine_binary();
   require_tool_or_skip("systemd-socket-activate", "systemd");
   c10::InferenceMode guard;
   TempDir dir("infill-activate");
