@@ -13,7 +13,10 @@
 //                            blocks, on the decoded region (mask's box) of the edits; and of
 //                            the templates' same boxes for reference
 //   cached_vs_full_ssim      SSIM over the mask's box between a cached edit and the full
-//                            recompute, same seed (old: cached; new: template_keyed, prompt_keyed)
+//                            recompute, same seed (old: cached; new: template_keyed, prompt_keyed
+//                            with the entry of a first stroke, the left half of the mask, as live
+//                            painting makes it; prompt_keyed_template_trajectory with the entry
+//                            of the template's own trajectory, the baseline)
 //   unmasked_identical       share of edits whose pixels outside the mask equal the template's
 // and writes a contact sheet (template | mask | old | new template-keyed | new prompt-keyed).
 #include <array>
@@ -86,6 +89,15 @@ std::array<int64_t, 4> aligned_box(const at::Tensor& mask) {
   int64_t y0 = rows.min().item<int64_t>() / 16 * 16, y1 = std::min(h, (rows.max().item<int64_t>() + 16) / 16 * 16);
   int64_t x0 = cols.min().item<int64_t>() / 16 * 16, x1 = std::min(w, (cols.max().item<int64_t>() + 16) / 16 * 16);
   return {y0, y1, x0, x1};
+}
+
+// The mask's pixels left of its box's middle column: a first stroke that the whole mask grows.
+at::Tensor left_half(const at::Tensor& mask) {
+  const at::Tensor cols = mask.sum(0).nonzero();
+  const int64_t middle = (cols.min().item<int64_t>() + cols.max().item<int64_t>() + 1) / 2;
+  at::Tensor half = mask.clone();
+  half.narrow(1, middle, mask.size(1) - middle).zero_();
+  return half;
 }
 
 at::Tensor box_of(const at::Tensor& rgb, const std::array<int64_t, 4>& b) {
@@ -309,13 +321,24 @@ int main(int argc, char** argv) {
       std::vector<std::pair<std::string, std::pair<std::shared_ptr<const ActivationEntry>, std::shared_ptr<const ActivationEntry>>>>
           modes = {{"full", {nullptr, nullptr}}};
       if (m.free_text) {
-        auto prompt_prepare = model.create_prompt_prepare(*tmpl, params);
-        if (!prompt_prepare.ok()) {
-          std::cerr << "Error: " << prompt_prepare.status().message() << "\n";
-          return 5;
+        // Live painting: the prompt-keyed entry is recorded from the first stroke (here the
+        // left half of the mask's box), which this edit (the whole mask) grows; and, as the
+        // baseline, from the template's trajectory, as before strokes were recorded.
+        EditParams first_stroke = params;
+        first_stroke.mask = left_half(c.mask);
+        auto stroke_prepare = model.create_prompt_prepare(*tmpl, first_stroke, entry);
+        EditParams no_stroke = params;
+        no_stroke.mask = at::Tensor();
+        auto template_prepare = model.create_prompt_prepare(*tmpl, no_stroke, nullptr);
+        for (const auto* made : {&stroke_prepare, &template_prepare}) {
+          if (!made->ok()) {
+            std::cerr << "Error: " << made->status().message() << "\n";
+            return 5;
+          }
         }
         modes.push_back({"template_keyed", {entry, nullptr}});
-        modes.push_back({"prompt_keyed", {entry, run_prepare(std::move(*prompt_prepare))}});
+        modes.push_back({"prompt_keyed", {entry, run_prepare(std::move(*stroke_prepare))}});
+        modes.push_back({"prompt_keyed_template_trajectory", {entry, run_prepare(std::move(*template_prepare))}});
       } else {
         modes.push_back({"cached", {entry, nullptr}});
       }
@@ -347,7 +370,7 @@ int main(int argc, char** argv) {
           t.ssim += train::ssim(box_of(rgb, box), box_of(full_rgb, box));
           ++t.ssim_edits;
         }
-        if (i < sheet_rows.size() && mode != "full") sheet_rows[i].push_back(rgb);
+        if (i < sheet_rows.size() && mode != "full" && mode != "prompt_keyed_template_trajectory") sheet_rows[i].push_back(rgb);
       }
       if ((i + 1) % 16 == 0) std::cerr << "bench_model_quality: " << m.label << " " << i + 1 << "/" << cases.size() << " edits\n";
     }

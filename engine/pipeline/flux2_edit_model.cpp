@@ -63,6 +63,29 @@ class Flux2StepPrepare final : public StepPrepare {
   std::string template_id_;
 };
 
+// An edit's session parameters, its prompt encoded; `truncated` tells whether it was cut.
+Result<Flux2EditParams> session_params(const Flux2EditModelParts& parts, const PromptEmbedding& empty_prompt,
+                                       const EditParams& params, int steps, bool& truncated) {
+  if (params.prompt.defined()) {
+    return invalid_argument("FLUX.2 model " + parts.name + " takes prompts as text (prompt_text), not as a vector");
+  }
+  INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const PromptEmbedding> prompt, parts.text->encode(params.prompt_text));
+  truncated = prompt->truncated;
+  Flux2EditParams p;
+  p.mask = params.mask;
+  p.prompt = prompt->rows;
+  p.guidance = params.guidance_scale;
+  if (!parts.transformer->config().guidance_embed && params.guidance_scale > 1.0) p.null_prompt = empty_prompt.rows;
+  p.seed = params.seed;
+  p.strength = params.strength;
+  p.steps = steps;
+  p.template_seed = params.schedule.template_seed;
+  p.halo_tokens = params.halo_tokens;
+  p.feather_px = params.feather_px;
+  p.decode_margin = params.decode_margin;
+  return p;
+}
+
 }  // namespace
 
 Flux2EditModel::Flux2EditModel(Flux2EditModelParts parts) : parts_(std::move(parts)) {
@@ -154,22 +177,8 @@ Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session(std::shared_
                                                                     const EditParams& params,
                                                                     std::shared_ptr<const ActivationEntry> entry,
                                                                     std::shared_ptr<const ActivationEntry> prompt_entry) const {
-  if (params.prompt.defined()) {
-    return invalid_argument("FLUX.2 model " + parts_.name + " takes prompts as text (prompt_text), not as a vector");
-  }
-  INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const PromptEmbedding> prompt, parts_.text->encode(params.prompt_text));
-  Flux2EditParams p;
-  p.mask = params.mask;
-  p.prompt = prompt->rows;
-  p.guidance = params.guidance_scale;
-  if (!parts_.transformer->config().guidance_embed && params.guidance_scale > 1.0) p.null_prompt = empty_prompt_->rows;
-  p.seed = params.seed;
-  p.strength = params.strength;
-  p.steps = resolved_steps(params);
-  p.template_seed = params.schedule.template_seed;
-  p.halo_tokens = params.halo_tokens;
-  p.feather_px = params.feather_px;
-  p.decode_margin = params.decode_margin;
+  bool truncated = false;
+  INFILL_ASSIGN_OR_RETURN(Flux2EditParams p, session_params(parts_, *empty_prompt_, params, resolved_steps(params), truncated));
   Flux2Cache cache;
   if (params.cache == CacheMode::kUse) {
     cache.template_keyed = std::move(entry);
@@ -177,7 +186,7 @@ Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session(std::shared_
   }
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2EditSession> session,
                           Flux2EditSession::create(parts_.transformer, parts_.codec, std::move(tmpl), p, std::move(cache)));
-  return std::unique_ptr<StepSession>(std::make_unique<Flux2StepSession>(std::move(session), prompt->truncated));
+  return std::unique_ptr<StepSession>(std::make_unique<Flux2StepSession>(std::move(session), truncated));
 }
 
 Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prepare(std::shared_ptr<const TemplateImage> tmpl,
@@ -191,13 +200,20 @@ Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prepare(std::shared_
 }
 
 Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prompt_prepare(std::shared_ptr<const TemplateImage> tmpl,
-                                                                           const EditParams& params) const {
-  INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const PromptEmbedding> prompt, parts_.text->encode(params.prompt_text));
+                                                                           const EditParams& params,
+                                                                           std::shared_ptr<const ActivationEntry> entry) const {
   ActivationKey key = *prompt_cache_key(*tmpl, params);
   std::string id = tmpl->id;
-  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2PrepareRun> run,
-                          Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), prompt->rows, resolved_steps(params),
-                                                  params.schedule.template_seed, params.guidance_scale));
+  bool truncated = false;
+  INFILL_ASSIGN_OR_RETURN(Flux2EditParams p, session_params(parts_, *empty_prompt_, params, resolved_steps(params), truncated));
+  std::unique_ptr<Flux2PrepareRun> run;
+  if (params.mask.defined() && (params.mask > 0).any().item<bool>()) {
+    Flux2Stroke stroke{std::move(p), parts_.codec, std::move(entry)};
+    INFILL_ASSIGN_OR_RETURN(run, Flux2PrepareRun::from_stroke(parts_.transformer, std::move(tmpl), std::move(stroke)));
+  } else {
+    INFILL_ASSIGN_OR_RETURN(run, Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), p.prompt, p.steps,
+                                                         p.template_seed, p.guidance));
+  }
   return std::unique_ptr<StepPrepare>(std::make_unique<Flux2StepPrepare>(std::move(run), std::move(key), std::move(id)));
 }
 

@@ -49,7 +49,8 @@ Status check_text(const at::Tensor& text, const char* which, const Flux2Config& 
 Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_ptr<const Flux2Transformer> model,
                                                                    std::shared_ptr<const LatentCodec> codec,
                                                                    std::shared_ptr<const TemplateImage> tmpl,
-                                                                   const Flux2EditParams& params, Flux2Cache cache) {
+                                                                   const Flux2EditParams& params, Flux2Cache cache,
+                                                                   EntryKvSink* record) {
   c10::InferenceMode guard;
   const Flux2Config& cfg = model->config();
   INFILL_ASSIGN_OR_RETURN(at::Tensor mask, checked_edit_mask(params.mask, *tmpl));
@@ -115,7 +116,10 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   INFILL_RETURN_IF_ERROR(check_entry(cache.prompt_keyed.get(), "prompt-keyed", s->sampler_->steps(), cfg, sequence));
   INFILL_RETURN_IF_ERROR(check_entry(cache.template_keyed.get(), "template-keyed", s->sampler_->steps(), cfg, sequence));
   s->cache_ = std::move(cache);
-  s->mode_ = s->cache_.prompt_keyed     ? Flux2CacheMode::kPromptKeyed
+  s->record_ = record;
+  if (record != nullptr) s->cache_.prompt_keyed.reset();  // recording one: the prompted segment is computed whole
+  s->mode_ = record != nullptr              ? Flux2CacheMode::kOff
+             : s->cache_.prompt_keyed     ? Flux2CacheMode::kPromptKeyed
              : s->cache_.template_keyed ? Flux2CacheMode::kTemplateKeyed
                                         : Flux2CacheMode::kOff;
   if (s->mode_ == Flux2CacheMode::kPromptKeyed) s->kv_ = std::make_unique<EntryKvSource>(s->cache_.prompt_keyed, s->step_);
@@ -162,6 +166,10 @@ std::span<Flux2Segment> Flux2EditSession::segments() {
                                  : mode_ == Flux2CacheMode::kTemplateKeyed ? cache_.template_keyed.get()
                                                                            : nullptr;
   build_segment(segments_[0], params_.prompt, entry, mode_ == Flux2CacheMode::kTemplateKeyed, kv_.get());
+  if (record_ != nullptr) {
+    record_->set_step(step_);
+    segments_[0].sink = record_;
+  }
   if (!guided_) return {segments_, 1};
   build_segment(segments_[1], params_.null_prompt, null_cached_ ? cache_.template_keyed.get() : nullptr, false,
                 null_kv_.get());

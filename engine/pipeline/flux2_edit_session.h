@@ -18,6 +18,9 @@
 /// Base (undistilled) models with guidance > 1 run classifier-free guidance: a second segment
 /// per step under the empty prompt, which reads the template-keyed entry as its own
 /// prompt-keyed one. Models with guidance_embed (FLUX.2 [dev]) embed the guidance instead.
+/// A session may also *record* (prepare runs from a live stroke, Flux2PrepareRun): its prompted
+/// segment is then computed whole at every step and its K/V written to a sink, making a
+/// prompt-keyed entry whose text tokens attended to the stroke's generated content.
 /// Threading: a session is used by one thread at a time.
 
 #include <cstdint>
@@ -73,10 +76,14 @@ class Flux2EditSession {
  public:
   /// Validates `params` against the model and template (mask size, prompt width, strength,
   /// steps, entry layouts) and sets up the initial noisy latent.
+  /// `record` (not owned, may be null): the prompted segment is computed whole, whatever the
+  /// entries, and its K/V go to `record` at each step (set_step is called); only the null-prompt
+  /// segment of guidance reads the template-keyed entry.
   static Result<std::unique_ptr<Flux2EditSession>> create(std::shared_ptr<const Flux2Transformer> model,
                                                           std::shared_ptr<const LatentCodec> codec,
                                                           std::shared_ptr<const TemplateImage> tmpl,
-                                                          const Flux2EditParams& params, Flux2Cache cache);
+                                                          const Flux2EditParams& params, Flux2Cache cache,
+                                                          EntryKvSink* record = nullptr);
 
   bool done() const { return step_ >= sampler_->steps() || tokens_.count() == 0; }
   int step() const { return step_; }
@@ -130,6 +137,7 @@ class Flux2EditSession {
   bool null_cached_ = false;
   Flux2Segment segments_[2];
   std::unique_ptr<EntryKvSource> kv_, null_kv_;
+  EntryKvSink* record_ = nullptr;  // not owned
 };
 
 }  // namespace infill

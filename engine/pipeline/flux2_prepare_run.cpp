@@ -13,7 +13,7 @@ Result<Sampler> flux2_sampler(const TemplateImage& tmpl, int steps) {
   return Sampler::make(SamplerKind::kEulerRF, steps, Prediction::kFlow, flux2_schedule_shift(image_tokens, steps));
 }
 
-int64_t Flux2PrepareRun::tokens() const { return text_.size(0) + 2 * clean_.size(0); }
+int64_t Flux2PrepareRun::tokens() const { return text_.size(0) + 2 * clean_.size(0) + stroke_extra_tokens_; }
 
 Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr<const Flux2Transformer> model,
                                                                  std::shared_ptr<const TemplateImage> tmpl,
@@ -53,8 +53,36 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr
   return run;
 }
 
+Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::from_stroke(std::shared_ptr<const Flux2Transformer> model,
+                                                                      std::shared_ptr<const TemplateImage> tmpl,
+                                                                      Flux2Stroke stroke) {
+  const Flux2EditParams& p = stroke.params;
+  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2PrepareRun> run,
+                          create(model, tmpl, p.prompt, p.steps, p.template_seed, p.guidance));
+  Flux2Cache cache;
+  cache.template_keyed = std::move(stroke.template_keyed);
+  INFILL_ASSIGN_OR_RETURN(run->stroke_, Flux2EditSession::create(std::move(model), std::move(stroke.codec), std::move(tmpl),
+                                                                 p, std::move(cache), run->sink_.get()));
+  if (run->stroke_->guided()) {
+    c10::InferenceMode guard;
+    // The null half computes its masked rows when it reads the template-keyed entry, else all.
+    const Flux2Segment& null_half = run->stroke_->segments()[1];
+    run->stroke_extra_tokens_ = null_half.txt.size(0) + null_half.img.size(0);
+  }
+  return run;
+}
+
 void Flux2PrepareRun::run_step() {
   c10::InferenceMode guard;
+  if (stroke_ && !stroke_->done() && step_ >= stroke_->first_step()) {
+    // The stroke's own step: its prompted segment records into the sink.
+    std::span<Flux2Segment> segments = stroke_->segments();
+    const at::Tensor prediction = model_->forward(segments);
+    const Status applied = stroke_->apply(prediction);
+    TORCH_CHECK(applied.ok(), "flux2 prepare from a stroke: ", applied.to_string());
+    ++step_;
+    return;
+  }
   const int i = step_;
   sink_->set_step(i);
   Flux2Segment segment;

@@ -7,6 +7,13 @@
 /// Every image token is "unmasked" here: its input at step i is the template latent noised to
 /// level i with the template's fixed noise, exactly the input unmasked tokens get in a later
 /// edit, so no sampler update is needed. The counterpart of PrepareRun for the DiT family.
+///
+/// A prompt-keyed entry may instead be recorded from a live stroke (from_stroke): the stroke's
+/// edit is run in full recompute under its prompt and every token's K/V recorded. Its text
+/// tokens then attended to generated content in the stroke's region, not to the template there,
+/// which is what later strokes (the same prompt, a grown mask) see: measured on infill-tiny 2,
+/// a template-trajectory entry's text K/V cost prompt-keyed edits 0.04 SSIM against full
+/// recompute (bench_model_quality).
 /// Threading: used by one thread at a time; the entry is complete (and immutable) once done().
 
 #include <cstdint>
@@ -18,7 +25,9 @@
 #include "cache/activation_entry.h"
 #include "common/status.h"
 #include "model/flux2_transformer.h"
+#include "model/latent_codec.h"
 #include "pipeline/cached_kv.h"
+#include "pipeline/flux2_edit_session.h"
 #include "pipeline/sampler.h"
 #include "pipeline/template_image.h"
 
@@ -27,6 +36,13 @@ namespace infill {
 /// FLUX.2's schedule for a template: Euler RF, shifted for its image token count.
 Result<Sampler> flux2_sampler(const TemplateImage& tmpl, int steps);
 
+/// The live stroke a prompt-keyed entry is recorded from.
+struct Flux2Stroke {
+  Flux2EditParams params;                       ///< the stroke's edit (its mask, prompt rows, seed, ...)
+  std::shared_ptr<const LatentCodec> codec;     ///< the edit's codec (a session needs one; nothing is decoded)
+  std::shared_ptr<const ActivationEntry> template_keyed;  ///< read by guidance's null half; may be null
+};
+
 class Flux2PrepareRun {
  public:
   /// `text` [L, context_dim] float32: the rows of the prompt the entry is keyed by.
@@ -34,11 +50,17 @@ class Flux2PrepareRun {
   static Result<std::unique_ptr<Flux2PrepareRun>> create(std::shared_ptr<const Flux2Transformer> model,
                                                          std::shared_ptr<const TemplateImage> tmpl, at::Tensor text,
                                                          int steps, uint64_t template_seed, double guidance);
+  /// A prompt-keyed entry recorded from `stroke` (keyed by its prompt, steps and template seed).
+  /// Steps before the stroke's first (strength < 1) record the template's trajectory.
+  static Result<std::unique_ptr<Flux2PrepareRun>> from_stroke(std::shared_ptr<const Flux2Transformer> model,
+                                                              std::shared_ptr<const TemplateImage> tmpl,
+                                                              Flux2Stroke stroke);
 
   int steps() const { return sampler_->steps(); }
   int step() const { return step_; }
   bool done() const { return step_ >= sampler_->steps(); }
-  /// Tokens of the sequence (text + image + reference), each computed at every step.
+  /// Tokens computed at every step: the sequence (text + image + reference), and for a guided
+  /// stroke also its null-prompt half.
   int64_t tokens() const;
   /// Runs the next step's forward, recording its K/V. Precondition: !done(). A model error
   /// throws (c10::Error); the run is then unusable.
@@ -58,6 +80,8 @@ class Flux2PrepareRun {
   at::Tensor reference_;     // [N, in_channels + mask_channels] the clean latent as reference tokens
   double guidance_ = 0.0;
   int step_ = 0;
+  std::unique_ptr<Flux2EditSession> stroke_;  // null: the template's trajectory at every step
+  int64_t stroke_extra_tokens_ = 0;
 };
 
 }  // namespace infill

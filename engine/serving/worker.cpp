@@ -535,7 +535,9 @@ void Worker::handle(Message& m) {
       pool_.post([this, tmpl = m.tmpl, params = m.params, canonical = m.canonical] {
         std::shared_ptr<StepPrepare> run;
         try {
-          auto made = model_->create_prompt_prepare(tmpl, params);
+          // The template-keyed entry, where stored, spares guidance's null half its unmasked tokens.
+          auto entry = store_->get(model_->cache_key(*tmpl, params));
+          auto made = model_->create_prompt_prepare(tmpl, params, entry.ok() ? *entry : nullptr);
           if (made.ok()) run = std::move(*made);
         } catch (...) {
           // A background prepare that cannot be set up only costs later strokes their speed-up.

@@ -356,3 +356,80 @@ TEST_CASE("FLUX.2 edit with the upstream reference weights (klein transformer, V
   CHECK(max_pixel_diff(cached->image, image) > 0.01);
   CHECK(max_pixel_diff(cached->image, uncached->image) < 0.25);
 }
+
+TEST_CASE("FLUX.2 edit: a prompt-keyed entry recorded from a stroke gives that stroke's uncached result, the template's "
+          "trajectory does not",
+          "[flux2-edit]") {
+  c10::InferenceMode guard;
+  const auto model = std::make_shared<const Flux2Transformer>(Flux2Transformer::random(small_config(), 5, at::kFloat));
+  const auto codec = patch_codec();
+  const auto tmpl = make_flux2_template(*codec, test::random_image(80, 48, 3, PixelFormat::kF32, 6, 0.0f, 1.0f));
+  Flux2EditParams params;
+  params.mask = rect_mask(80, 48, 16, 16, 32, 16);
+  params.steps = 4;
+  params.seed = 5;  // the masked region's noise differs from the template's
+  params.template_seed = 77;
+  params.prompt = 30 * at::randn({6, 32}, at::make_generator<at::CPUGeneratorImpl>(11));
+  params.halo_tokens = 0;
+
+  for (const double strength : {1.0, 0.5}) {
+    INFO("strength " << strength);
+    params.strength = strength;
+    at::Tensor uncached, from_stroke, from_template;
+    REQUIRE(run_edit(model, codec, tmpl, params, {}, nullptr, &uncached).ok());
+
+    auto recording = Flux2PrepareRun::from_stroke(model, tmpl, Flux2Stroke{params, codec, nullptr});
+    REQUIRE(recording.ok());
+    CHECK((*recording)->tokens() == 6 + 2 * 15);
+    while (!(*recording)->done()) (*recording)->run_step();
+    Flux2Cache stroke_entry;
+    stroke_entry.prompt_keyed = (*recording)->entry();
+    Flux2CacheMode mode{};
+    auto out = run_edit(model, codec, tmpl, params, stroke_entry, &mode, &from_stroke);
+    REQUIRE(out.ok());
+    CHECK(mode == Flux2CacheMode::kPromptKeyed);
+
+    Flux2Cache template_entry;
+    template_entry.prompt_keyed = prepare(model, tmpl, params.prompt, 4, 77);
+    REQUIRE(run_edit(model, codec, tmpl, params, template_entry, nullptr, &from_template).ok());
+
+    // The stroke's entry holds the K/V the uncached edit computes: only fp16 rounding remains.
+    const double scale = uncached.abs().max().item<double>();
+    CHECK(max_diff(from_stroke, uncached) <= 1e-3 * scale);
+    // Against the template's trajectory, at the stroke's first step: the first block's K/V
+    // (computed before any attention) differ in the masked image rows only; in the last block
+    // the text rows differ too, having attended to the stroke's content instead of the template.
+    const ActivationEntry& a = *stroke_entry.prompt_keyed;
+    const ActivationEntry& b = *template_entry.prompt_keyed;
+    const int64_t hidden = a.layout().hidden;
+    const int step = strength == 1.0 ? 0 : 2;
+    const auto rows_equal = [&](int block, int64_t first, int64_t count) {
+      return std::memcmp(a.k(step, block) + first * hidden, b.k(step, block) + first * hidden,
+                         static_cast<size_t>(count * hidden) * sizeof(uint16_t)) == 0;
+    };
+    const int64_t masked_row = 6 + 1 * 5 + 1;  // image token (1, 1): the rectangle's first
+    CHECK(rows_equal(0, 0, 6));                   // text
+    CHECK(rows_equal(0, 6, 5));                   // the image row above the mask
+    CHECK_FALSE(rows_equal(0, masked_row, 2));    // the stroke's two tokens
+    CHECK(rows_equal(0, 6 + 15, 15));             // reference tokens
+    CHECK_FALSE(rows_equal(a.layout().blocks - 1, 0, 6));
+  }
+
+  // Guided: the recording's null half reads the template-keyed entry (its masked tokens only).
+  params.strength = 1.0;
+  params.guidance = 3.0;
+  params.null_prompt = at::zeros({6, 32});
+  auto guided = Flux2PrepareRun::from_stroke(model, tmpl, Flux2Stroke{params, codec, prepare(model, tmpl, params.null_prompt, 4, 77)});
+  REQUIRE(guided.ok());
+  CHECK((*guided)->tokens() == 6 + 2 * 15 + 2);
+  while (!(*guided)->done()) (*guided)->run_step();
+  Flux2Cache cache{(*guided)->entry(), nullptr};
+  REQUIRE(run_edit(model, codec, tmpl, params, cache).ok());
+
+  // A stroke whose mask does not fit the template is refused, naming the mask.
+  Flux2Stroke bad{params, codec, nullptr};
+  bad.params.mask = at::ones({10, 10});
+  auto refused = Flux2PrepareRun::from_stroke(model, tmpl, bad);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().to_string(), Catch::Contains("mask"));
+}

@@ -125,9 +125,9 @@ TEST_CASE("an infill-tiny 2 folder loads through the engine's loader and edits w
   c10::InferenceMode guard;
   auto entry = model.create_prepare(*tmpl, params);
   REQUIRE(entry.ok());
-  auto prompt_entry = model.create_prompt_prepare(*tmpl, params);
-  REQUIRE(prompt_entry.ok());
   const auto template_keyed = prepare(std::move(*entry));
+  auto prompt_entry = model.create_prompt_prepare(*tmpl, params, template_keyed);  // recorded from this stroke
+  REQUIRE(prompt_entry.ok());
   const auto prompt_keyed = prepare(std::move(*prompt_entry));
   const std::vector<std::pair<std::string, std::pair<std::shared_ptr<const ActivationEntry>, std::shared_ptr<const ActivationEntry>>>>
       modes = {{"off", {nullptr, nullptr}}, {"template_keyed", {template_keyed, nullptr}}, {"prompt_keyed", {template_keyed, prompt_keyed}}};
