@@ -62,20 +62,22 @@ int describe_folder(const std::string& path) {
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "usage: infill-model-check [--blocks] FILE...\n"
+               "usage: infill-model-check [--blocks] [--device cpu|cuda[:N]] [--bf16] FILE...\n"
                "       infill-model-check --folder PATH\n"
                "Runs the call recorded in each reference file (weights.*, input.*, output.*, trace.*)\n"
                "and prints one JSON line per file: {\"file\", \"model\", \"max_abs_err\", \"max_rel_err\", \"ok\"}.\n"
-               "ok: max |diff| / max |reference| <= %g. --blocks adds every compared tensor.\n"
+               "ok: max |diff| / max |reference| <= %g (%g with --bf16). --blocks adds every compared tensor.\n"
+               "--device runs the transformer there (default cpu); --bf16 computes in bf16 on a CUDA device.\n"
                "--folder loads a FLUX.2 model folder (diffusers or single-file layout) and describes it.\n"
                "Exit code 0 only when every file is ok (or the folder loads).\n",
-               infill::kReferenceTolerance);
+               infill::kReferenceTolerance, infill::kReferenceToleranceBf16);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   bool blocks = false;
+  infill::ReferenceCheckOptions options;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
@@ -91,6 +93,19 @@ int main(int argc, char** argv) {
     }
     if (std::strcmp(argv[i], "--blocks") == 0) {
       blocks = true;
+    } else if (std::strcmp(argv[i], "--bf16") == 0) {
+      options.bfloat16 = true;
+    } else if (std::strcmp(argv[i], "--device") == 0) {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "infill-model-check: --device needs a value (cpu, cuda or cuda:N)\n");
+        return 2;
+      }
+      auto device = infill::parse_compute_device(argv[++i]);
+      if (!device.ok()) {
+        std::fprintf(stderr, "infill-model-check: %s\n", device.status().message().c_str());
+        return 2;
+      }
+      options.device = *device;
     } else if (argv[i][0] == '-') {
       std::fprintf(stderr, "infill-model-check: unknown option '%s'\n", argv[i]);
       usage(stderr);
@@ -103,11 +118,15 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
+  if (options.bfloat16 && !options.device.cuda) {
+    std::fprintf(stderr, "infill-model-check: --bf16 needs a CUDA --device (the CPU computes in float32)\n");
+    return 2;
+  }
   bool all_ok = true;
   for (const std::string& file : files) {
     nlohmann::ordered_json line;
     line["file"] = file;
-    auto check = infill::run_reference_check(file);
+    auto check = infill::run_reference_check(file, options);
     if (!check.ok()) {
       line["model"] = nullptr;
       line["error"] = check.status().to_string();
@@ -117,6 +136,8 @@ int main(int argc, char** argv) {
       line["model"] = check->model;
       line["max_abs_err"] = check->max_abs_err;
       line["max_rel_err"] = check->max_rel_err;
+      line["device"] = options.device.name();
+      line["dtype"] = options.bfloat16 ? "bfloat16" : "float32";
       line["ok"] = check->ok;
       all_ok = all_ok && check->ok;
       if (blocks) {

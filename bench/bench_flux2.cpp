@@ -26,7 +26,10 @@
 #include "model/compute_threads.h"
 #include "model/flux2_transformer.h"
 #include "model/safetensors.h"
+#include "kernels/cuda_kernels.h"
+#include "model/compute_device.h"
 #include "pipeline/cached_kv.h"
+#include "pipeline/device_kv_entry.h"
 
 namespace fs = std::filesystem;
 using infill::Flux2Config;
@@ -122,7 +125,7 @@ double median_ms(int repeats, const std::function<void()>& fn, bool warm_up = tr
 int usage(const char* error) {
   if (error != nullptr) std::cerr << "bench_flux2: " << error << "\n";
   std::cerr << "usage: bench_flux2 [--size klein-4b|small] [--weights FILE] [--repeats N] [--full-repeats N]\n"
-               "                   [--text-tokens N] [--grid N] [--threads N]\n";
+               "                   [--text-tokens N] [--grid N] [--threads N] [--device cpu|cuda[:N]]\n";
   return 2;
 }
 
@@ -132,6 +135,7 @@ int main(int argc, char** argv) {
   std::string size = "klein-4b";
   std::string weights;
   int repeats = 3, full_repeats = 1, text_tokens = 512, grid = 32, threads = 0;
+  infill::ComputeDevice device;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) return usage(("option " + flag + " needs a value").c_str());
@@ -144,6 +148,11 @@ int main(int argc, char** argv) {
       else if (flag == "--text-tokens") text_tokens = std::stoi(value);
       else if (flag == "--grid") grid = std::stoi(value);
       else if (flag == "--threads") threads = std::stoi(value);
+      else if (flag == "--device") {
+        auto parsed = infill::parse_compute_device(value);
+        if (!parsed.ok()) return usage(parsed.status().message().c_str());
+        device = *parsed;
+      }
       else return usage(("unknown option " + flag).c_str());
     } catch (const std::exception&) {
       return usage((flag + " takes a number, not '" + value + "'").c_str());
@@ -157,8 +166,17 @@ int main(int argc, char** argv) {
 
   nlohmann::ordered_json out;
   out["benchmark"] = "bench_flux2";
-  out["machine"] = infill::bench::machine_info();
-  out["device"] = "cpu (float32 compute, bf16 weights converted per layer)";
+  out["machine"] = infill::bench::machine_info(device.cuda ? infill::kernels::cuda_status() : "none used");
+  if (device.cuda) {
+    const infill::Status usable = infill::check_compute_device(device);
+    if (!usable.ok()) {
+      std::cerr << "bench_flux2: " << usable.to_string() << "\n";
+      return 1;
+    }
+    out["device"] = device.name() + " (" + infill::kernels::cuda_status() + "; bf16 weights and compute)";
+  } else {
+    out["device"] = "cpu (float32 compute, bf16 weights converted per layer)";
+  }
   out["model"] = {{"size", size},
                   {"hidden", cfg.hidden_size},
                   {"heads", cfg.num_heads},
@@ -199,6 +217,13 @@ int main(int argc, char** argv) {
   if (!loaded.ok()) {
     std::cerr << "bench_flux2: " << loaded.status().to_string() << "\n";
     return 1;
+  }
+  if (device.cuda) {
+    const infill::Status moved = loaded->to_device(device);
+    if (!moved.ok()) {
+      std::cerr << "bench_flux2: " << moved.to_string() << "\n";
+      return 1;
+    }
   }
   const Flux2Transformer& model = *loaded;
   out["load"] = {{"ms", ms_since(load_start)},
@@ -246,6 +271,22 @@ int main(int argc, char** argv) {
                       {"gflop_per_s", full_flop / full_ms / 1e6}};
   out["cached_kv_bytes_per_step"] = entry->bytes();
 
+  // On a GPU the cache is read two ways: from host memory (every block's fp16 K/V copied to
+  // the device as the step reaches it, no overlap) and resident on the device (the hot tier).
+  std::shared_ptr<const infill::DeviceKvEntry> resident;
+  std::unique_ptr<infill::DeviceKvSource> resident_source;
+  if (device.cuda) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto uploaded = infill::DeviceKvEntry::upload(*entry, device);
+    if (!uploaded.ok()) {
+      std::cerr << "bench_flux2: " << uploaded.status().to_string() << "\n";
+      return 1;
+    }
+    resident = *uploaded;
+    resident_source = std::make_unique<infill::DeviceKvSource>(resident, 0);
+    out["cache_upload_ms"] = ms_since(t0);
+  }
+
   nlohmann::ordered_json masked = nlohmann::ordered_json::array();
   for (const double m : {0.05, 0.1, 0.2}) {
     const at::Tensor rows = rectangle_tokens(grid, m);
@@ -264,11 +305,18 @@ int main(int argc, char** argv) {
       s.positions = at::cat({at::arange(text_rows, at::kLong), rows + text_tokens});
       s.sequence_length = length;
       s.timestep = t;
-      s.kv = &source;
+      s.kv = resident_source ? static_cast<infill::KvSource*>(resident_source.get()) : &source;
       const double ms = median_ms(repeats, [&] { run(s); });
       const double flop = forward_flop(cfg, text_rows + r, r, text_rows, length);
-      row[prompt_keyed ? "prompt_keyed" : "template_keyed"] = {
+      nlohmann::ordered_json result = {
           {"rows", text_rows + r}, {"ms", ms}, {"speedup", full_ms / ms}, {"gflop_per_s", flop / ms / 1e6}};
+      if (resident_source) {
+        result["cache"] = "device-resident";
+        s.kv = &source;
+        const double host_ms = median_ms(repeats, [&] { run(s); });
+        result["cache_from_host"] = {{"ms", host_ms}, {"speedup", full_ms / host_ms}};
+      }
+      row[prompt_keyed ? "prompt_keyed" : "template_keyed"] = result;
     }
     masked.push_back(row);
   }

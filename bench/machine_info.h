@@ -9,7 +9,8 @@
 
 namespace infill::bench {
 
-inline nlohmann::json machine_info() {
+/// `gpu`: the GPU a benchmark computed on, or "none used".
+inline nlohmann::json machine_info(const std::string& gpu = "none used") {
   std::string cpu = "unknown";
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);) {
@@ -21,7 +22,7 @@ inline nlohmann::json machine_info() {
   return {{"cpu", cpu},
           {"hardware_threads", std::thread::hardware_concurrency()},
           {"torch_threads", at::get_num_threads()},
-          {"gpu", "none used"}};
+          {"gpu", gpu}};
 }
 
 }  // namespace infill::bench

@@ -12,6 +12,7 @@
 #include "kernels/masked_attention.h"
 #include "kernels/token_rows.h"
 #include "model/flux2_checkpoint.h"
+#include "model/row_attention.h"
 #include "model/safetensors_torch.h"
 #include "model/stored_linear.h"
 
@@ -294,6 +295,31 @@ int64_t Flux2Transformer::weight_bytes() const {
   return bytes;
 }
 
+at::Device Flux2Transformer::device() const { return w_->img_in.w.device(); }
+
+Status Flux2Transformer::to_device(const ComputeDevice& target, at::ScalarType dtype) {
+  INFILL_RETURN_IF_ERROR(check_compute_device(target));
+  const at::Device device = target.torch_device();
+  auto slots = w_->slots();
+  // Every tensor is copied before any is replaced, so a failure (out of device memory)
+  // leaves the model where it was.
+  std::vector<at::Tensor> moved;
+  moved.reserve(slots.size());
+  try {
+    c10::InferenceMode guard;
+    for (const auto& slot : slots) {
+      moved.push_back(target.cuda ? slot.tensor->to(device, dtype) : slot.tensor->to(device));
+    }
+  } catch (const c10::Error& e) {
+    moved.clear();
+    return Status(ErrorCode::kResourceExhausted, "FLUX.2 transformer to " + target.name() + " (" +
+                                                     std::to_string(weight_bytes()) + " bytes of weights): " +
+                                                     e.what_without_backtrace());
+  }
+  for (size_t i = 0; i < slots.size(); ++i) *slots[i].tensor = std::move(moved[i]);
+  return {};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Embeddings
 
@@ -333,6 +359,7 @@ struct SegmentState {
   int64_t length = 0;      // L: every position of the request's sequence
   bool full = false;       // every position is computed: no cached rows are read
   at::Tensor positions;    // int64 [rt + ri] on the CPU
+  at::Tensor positions_device;  // the same on the compute device (made on first use)
   at::Tensor cos, sin;     // [rt + ri, head_dim / 2]
   std::vector<at::Tensor> mod_img, mod_txt, mod_single, mod_final;  // [1, H] each
   at::Tensor k_buf, v_buf;  // [L, H] float, for sources without fp16 slabs
@@ -360,49 +387,53 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return at::stack({c * x0 - s * x1, s * x0 + c * x1}, 3).reshape({r, heads * half * 2});
 }
 
-// Softmax attention of q [M, heads*d] over k, v [L, heads*d] in plain ATen ops (devices and
-// dtypes the CPU kernel does not take).
-at::Tensor attention_aten(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                          double scale) {
-  const int64_t m = q.size(0), l = k.size(0), d = q.size(1) / heads;
-  at::Tensor qh = q.reshape({m, heads, d}).transpose(0, 1);
-  at::Tensor kh = k.reshape({l, heads, d}).transpose(0, 1);
-  at::Tensor vh = v.reshape({l, heads, d}).transpose(0, 1);
-  at::Tensor p = at::softmax(at::matmul(qh, kh.transpose(1, 2)).mul_(scale), -1);
-  return at::matmul(p, vh).transpose(0, 1).reshape({m, heads * d});
-}
-
 // Attention of one segment's computed rows over all of its positions in block `block`:
 // q, k, v [R, H] are the fresh rows (post norm and RoPE).
 at::Tensor segment_attention(SegmentState& s, int block, const at::Tensor& q, const at::Tensor& k,
                              const at::Tensor& v, int64_t heads, double scale) {
   const bool cpu_float = q.device().is_cpu() && q.scalar_type() == at::kFloat;
-  auto attend = [&](const at::Tensor& keys, const at::Tensor& values) {
-    return cpu_float ? kernels::masked_attention(q, keys, values, heads, scale)
-                     : attention_aten(q, keys, values, heads, scale);
-  };
   if (s.full) {
     if (s.seg->sink != nullptr) s.seg->sink->store(block, k, v);
-    return attend(k, v);
+    return row_attention(q, k, v, heads, scale);
   }
   const int64_t L = s.length, H = q.size(1);
-  if (const uint16_t *k_half = nullptr, *v_half = nullptr; cpu_float && s.seg->kv->fp16_slabs(block, &k_half, &v_half)) {
+  const uint16_t *k_half = nullptr, *v_half = nullptr;
+  const bool slabs = s.seg->kv->fp16_slabs(block, &k_half, &v_half);
+  if (cpu_float && slabs) {
     return kernels::masked_attention_over_cache(q, k_half, v_half, L, s.positions, k, v, heads, scale);
   }
-  if (!s.k_buf.defined()) {
-    s.k_buf = at::empty({L, H}, at::kFloat);
-    s.v_buf = at::empty({L, H}, at::kFloat);
-  }
-  s.seg->kv->fetch(block, s.k_buf, s.v_buf);
   if (cpu_float) {
+    if (!s.k_buf.defined()) {
+      s.k_buf = at::empty({L, H}, at::kFloat);
+      s.v_buf = at::empty({L, H}, at::kFloat);
+    }
+    s.seg->kv->fetch(block, s.k_buf, s.v_buf);
     kernels::scatter_rows(s.k_buf, s.positions, k);
     kernels::scatter_rows(s.v_buf, s.positions, v);
-    return attend(s.k_buf, s.v_buf);
+    return row_attention(q, s.k_buf, s.v_buf, heads, scale);
   }
-  const at::Tensor index = s.positions.to(q.device());
-  at::Tensor keys = s.k_buf.to(q.device(), q.scalar_type()).index_copy_(0, index, k);
-  at::Tensor values = s.v_buf.to(q.device(), q.scalar_type()).index_copy_(0, index, v);
-  return attend(keys, values);
+  // Another device or dtype: the cached rows travel as fp16 (half the bytes of float32) and
+  // are widened to the compute dtype there; the fresh rows replace theirs on the device.
+  at::Tensor keys, values;
+  if (s.seg->kv->device_tensors(block, q.device(), &keys, &values)) {
+    // Resident on the device: nothing crosses the bus.
+  } else if (slabs) {
+    keys = at::from_blob(const_cast<uint16_t*>(k_half), {L, H}, at::kHalf).to(q.device());
+    values = at::from_blob(const_cast<uint16_t*>(v_half), {L, H}, at::kHalf).to(q.device());
+  } else {
+    if (!s.k_buf.defined()) {
+      s.k_buf = at::empty({L, H}, at::kFloat);
+      s.v_buf = at::empty({L, H}, at::kFloat);
+    }
+    s.seg->kv->fetch(block, s.k_buf, s.v_buf);
+    keys = s.k_buf.to(q.device());
+    values = s.v_buf.to(q.device());
+  }
+  if (!s.positions_device.defined()) s.positions_device = s.positions.to(q.device());
+  // Always a copy (copy=true): the fresh rows must never land in a resident tier's tensors.
+  keys = keys.to(q.scalar_type(), false, true).index_copy_(0, s.positions_device, k);
+  values = values.to(q.scalar_type(), false, true).index_copy_(0, s.positions_device, v);
+  return row_attention(q, keys, values, heads, scale);
 }
 
 // Row ranges of segments inside a packed matrix.
@@ -433,8 +464,8 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
   const int64_t H = cfg.hidden_size, M = cfg.mlp_hidden, heads = cfg.num_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim()));
   const at::Device device = w.img_in.w.device();
-  // float32 on the CPU (no fast bf16 GEMM there); bf16 on an accelerator.
-  const at::ScalarType dtype = device.is_cpu() ? at::kFloat : at::kBFloat16;
+  // float32 on the CPU (no fast bf16 GEMM there), the weights' dtype on a GPU (to_device).
+  const at::ScalarType dtype = device.is_cpu() ? at::kFloat : w.img_in.w.scalar_type();
   const auto opts = at::TensorOptions().device(device).dtype(dtype);
   TORCH_CHECK(!segments.empty(), "FLUX.2 forward: no segments");
   TORCH_CHECK(trace == nullptr || segments.size() == 1, "FLUX.2 forward: a trace needs a single segment");
@@ -544,8 +575,8 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     mlp(blk.txt, x_txt, pt, true);
     mlp(blk.img, x_img, pi, false);
     if (trace != nullptr) {
-      trace->double_img.push_back(x_img.to(at::kFloat).clone());
-      trace->double_txt.push_back(x_txt.to(at::kFloat).clone());
+      trace->double_img.push_back(x_img.to(at::kCPU, at::kFloat).clone());
+      trace->double_txt.push_back(x_txt.to(at::kCPU, at::kFloat).clone());
     }
   }
 
@@ -574,7 +605,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     inner.narrow(1, H, M).copy_(at::silu(y.narrow(1, 3 * H, M)).mul_(y.narrow(1, 3 * H + M, M)));
     const at::Tensor out = blk.linear2(inner);
     for (size_t i = 0; i < n; ++i) pa.slice(x, i).addcmul_(pa.slice(out, i), states[i].mod_single[2]);
-    if (trace != nullptr) trace->single.push_back(x.to(at::kFloat).clone());
+    if (trace != nullptr) trace->single.push_back(x.to(at::kCPU, at::kFloat).clone());
   }
 
   // Final layer on the image rows.
@@ -584,7 +615,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     modulate_(h, states[i].mod_final[0], states[i].mod_final[1]);
     outs.push_back(h);
   }
-  return w.final_linear(concat_rows(outs)).to(at::kFloat);
+  return w.final_linear(concat_rows(outs)).to(at::kCPU, at::kFloat);
 }
 
 }  // namespace infill

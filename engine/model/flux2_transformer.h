@@ -25,6 +25,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/status.h"
+#include "model/compute_device.h"
 #include "model/kv_io.h"
 #include "model/safetensors.h"
 
@@ -124,9 +125,20 @@ class Flux2Transformer {
   /// Bytes of weights held.
   int64_t weight_bytes() const;
 
-  /// One forward over all segments. Returns the prediction of every computed image (and
-  /// reference) row in segment order: [sum R_i, in_channels] float32. `trace`, when given,
-  /// receives the per-block outputs of a single-segment forward.
+  /// Moves the weights to `device`. On a CUDA device they are converted to `dtype` (bf16 by
+  /// default: tensor-core GEMMs; float32 for checks against the reference tensors) and the
+  /// forward computes in that dtype there; on the CPU they keep their dtype and each layer is
+  /// widened to float32 when it runs. Errors name the device: no CUDA in this build or
+  /// machine, or out of device memory (the model then stays where it was).
+  Status to_device(const ComputeDevice& device, at::ScalarType dtype = at::kBFloat16);
+  /// Where the weights live (and the forward computes).
+  at::Device device() const;
+
+  /// One forward over all segments, on the weights' device (inputs may be on the CPU).
+  /// Returns the prediction of every computed image (and reference) row in segment order:
+  /// [sum R_i, in_channels] float32 on the CPU (a step's rows are few; the sampler runs on the
+  /// CPU). K/V reach a segment's sink on the compute device. `trace`, when given, receives
+  /// the per-block outputs of a single-segment forward (float32, CPU).
   at::Tensor forward(std::span<Flux2Segment> segments, Flux2Trace* trace = nullptr) const;
 
   Flux2Transformer(Flux2Transformer&&) noexcept;

@@ -21,6 +21,13 @@ class KvSource {
   /// it cannot (the caller then uses fetch). Lets the attention read the cache directly
   /// instead of through a float copy of all L rows.
   virtual bool fp16_slabs(int /*block*/, const uint16_t** /*k*/, const uint16_t** /*v*/) { return false; }
+  /// The cached K and V of `block` as fp16 tensors [L, H] already on `device` (a GPU's
+  /// resident tier), valid until the next call on this source; false when the source holds
+  /// none there (the caller then copies slabs or fetches). Spares a GPU forward the host to
+  /// device copy of every block.
+  virtual bool device_tensors(int /*block*/, const at::Device& /*device*/, at::Tensor* /*k*/, at::Tensor* /*v*/) {
+    return false;
+  }
 };
 
 /// Receives the fresh K and V of all tokens of a request computed in full (the prepare job).

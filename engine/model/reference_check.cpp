@@ -39,8 +39,11 @@ Result<at::Tensor> required(const SafetensorsFile& file, const std::string& name
   return load_float_tensor(file, name);
 }
 
-Status check_transformer(const SafetensorsFile& file, ReferenceCheck& check) {
+Status check_transformer(const SafetensorsFile& file, ReferenceCheck& check, const ReferenceCheckOptions& options) {
   INFILL_ASSIGN_OR_RETURN(Flux2Transformer model, Flux2Transformer::load(file, kWeightsPrefix));
+  if (options.device.cuda) {
+    INFILL_RETURN_IF_ERROR(model.to_device(options.device, options.bfloat16 ? at::kBFloat16 : at::kFloat));
+  }
   INFILL_ASSIGN_OR_RETURN(at::Tensor x, required(file, "input.x"));
   INFILL_ASSIGN_OR_RETURN(at::Tensor x_ids, required(file, "input.x_ids"));
   INFILL_ASSIGN_OR_RETURN(at::Tensor ctx, required(file, "input.ctx"));
@@ -77,7 +80,11 @@ Status check_transformer(const SafetensorsFile& file, ReferenceCheck& check) {
   return {};
 }
 
-Status check_autoencoder(const SafetensorsFile& file, ReferenceCheck& check) {
+Status check_autoencoder(const SafetensorsFile& file, ReferenceCheck& check, const ReferenceCheckOptions& options) {
+  if (options.device.cuda) {
+    return Status(ErrorCode::kUnimplemented, file.path() + ": the FLUX.2 autoencoder runs on the CPU only, not on " +
+                                                 options.device.name());
+  }
   INFILL_ASSIGN_OR_RETURN(Flux2Autoencoder ae, Flux2Autoencoder::load(file, kWeightsPrefix));
   INFILL_ASSIGN_OR_RETURN(at::Tensor image, required(file, "input.image"));
   INFILL_ASSIGN_OR_RETURN(at::Tensor latent, required(file, "output.latent"));
@@ -90,7 +97,7 @@ Status check_autoencoder(const SafetensorsFile& file, ReferenceCheck& check) {
 
 }  // namespace
 
-Result<ReferenceCheck> run_reference_check(const std::string& path) {
+Result<ReferenceCheck> run_reference_check(const std::string& path, const ReferenceCheckOptions& options) {
   INFILL_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path));
   ReferenceCheck check;
   check.file = path;
@@ -102,9 +109,9 @@ Result<ReferenceCheck> run_reference_check(const std::string& path) {
   check.model = model->second;
   c10::InferenceMode guard;
   if (check.model == "flux2-transformer") {
-    INFILL_RETURN_IF_ERROR(check_transformer(file, check));
+    INFILL_RETURN_IF_ERROR(check_transformer(file, check, options));
   } else if (check.model == "flux2-autoencoder") {
-    INFILL_RETURN_IF_ERROR(check_autoencoder(file, check));
+    INFILL_RETURN_IF_ERROR(check_autoencoder(file, check, options));
   } else {
     return invalid_argument(path + ": model \"" + check.model +
                             "\" is not known; expected \"flux2-transformer\" or \"flux2-autoencoder\"");
@@ -113,7 +120,7 @@ Result<ReferenceCheck> run_reference_check(const std::string& path) {
     check.max_abs_err = std::max(check.max_abs_err, c.max_abs_err);
     check.max_rel_err = std::max(check.max_rel_err, c.max_rel_err);
   }
-  check.ok = check.max_rel_err <= kReferenceTolerance;
+  check.ok = check.max_rel_err <= options.tolerance();
   return check;
 }
 

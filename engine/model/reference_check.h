@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/compute_device.h"
 
 namespace infill {
 
@@ -35,12 +36,24 @@ struct ReferenceCheck {
   bool ok = false;
 };
 
-/// The tolerance of every check: max |diff| / max |reference|.
+/// The tolerance of every check in float32 (on the CPU or a GPU): max |diff| / max |reference|.
 inline constexpr double kReferenceTolerance = 1e-4;
+/// The tolerance of a transformer computing in bf16 on a GPU (8 significant bits: each
+/// rounding is up to 2^-9 relative, and a few blocks of them add up).
+inline constexpr double kReferenceToleranceBf16 = 3e-2;
+
+struct ReferenceCheckOptions {
+  /// Where the network runs. The autoencoder runs on the CPU only.
+  ComputeDevice device;
+  /// On a CUDA device, the transformer computes in bf16 (kReferenceToleranceBf16) instead of
+  /// float32.
+  bool bfloat16 = false;
+  double tolerance() const { return bfloat16 ? kReferenceToleranceBf16 : kReferenceTolerance; }
+};
 
 /// Loads `path`, builds the network from its weights, runs the recorded call and compares.
 /// Errors: the file cannot be read, has no or an unknown "model", or lacks an input or
-/// output the call needs (naming it).
-Result<ReferenceCheck> run_reference_check(const std::string& path);
+/// output the call needs (naming it); the device cannot run (naming it).
+Result<ReferenceCheck> run_reference_check(const std::string& path, const ReferenceCheckOptions& options = {});
 
 }  // namespace infill

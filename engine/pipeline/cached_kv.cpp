@@ -1,5 +1,7 @@
 #include "pipeline/cached_kv.h"
 
+#include <cstring>
+
 #include <ATen/ATen.h>
 
 #include "kernels/half_convert.h"
@@ -12,6 +14,13 @@ void fp16_slab_to_float(const uint16_t* slab, at::Tensor& out) {
 }
 
 void float_to_fp16_slab(const at::Tensor& in, uint16_t* slab) {
+  if (!in.device().is_cpu() || in.scalar_type() != at::kFloat) {
+    // A GPU forward's K/V (bf16 or float): narrowed to fp16 on the device, so half the bytes
+    // (of float32) cross to the host. bf16 -> fp16 keeps every bit of a bf16 value in range.
+    const at::Tensor half = in.to(at::kHalf).contiguous().to(at::kCPU);
+    std::memcpy(slab, half.data_ptr<at::Half>(), static_cast<size_t>(half.numel()) * sizeof(uint16_t));
+    return;
+  }
   const at::Tensor rows = in.contiguous();  // K and V arrive as strided views of the qkv rows
   kernels::float_to_half(rows.data_ptr<float>(), slab, rows.numel());
 }

@@ -55,7 +55,7 @@ class RepeatingKvSource final : public KvSource {
 
 /// [tokens, hidden] fp16 slab -> float32 `out` (same shape, contiguous).
 void fp16_slab_to_float(const uint16_t* slab, at::Tensor& out);
-/// float32 [tokens, hidden] (any strides) -> fp16 slab.
+/// [tokens, hidden] (any strides; float32 on the CPU, or any float dtype on a GPU) -> fp16 slab.
 void float_to_fp16_slab(const at::Tensor& in, uint16_t* slab);
 
 }  // namespace infill

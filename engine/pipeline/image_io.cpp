@@ -14,8 +14,10 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+#ifdef INFILL_HAVE_OIIO
 #include <OpenImageIO/filesystem.h>
 #include <OpenImageIO/imageio.h>
+#endif
 
 namespace infill {
 namespace {
@@ -24,6 +26,7 @@ namespace fs = std::filesystem;
 
 constexpr int kMaxChannels = 4;
 
+#ifdef INFILL_HAVE_OIIO
 OIIO::TypeDesc oiio_type(PixelFormat format) {
   switch (format) {
     case PixelFormat::kU8:
@@ -60,10 +63,12 @@ std::string sniffed_extension(std::span<const std::byte> bytes) {
   return "";
 }
 
+#endif
 std::string size_text(int64_t width, int64_t height) {
   return std::to_string(width) + "x" + std::to_string(height);
 }
 
+#ifdef INFILL_HAVE_OIIO
 // OIIO joins several errors with newlines; messages here are single lines.
 std::string one_line(std::string text) {
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
@@ -73,6 +78,7 @@ std::string one_line(std::string text) {
   return text;
 }
 
+#endif
 Status check_image(const PixelImage& image, const std::string& what) {
   if (image.width <= 0 || image.height <= 0) {
     return invalid_argument(what + ": image is " + size_text(image.width, image.height) +
@@ -93,6 +99,7 @@ Status check_image(const PixelImage& image, const std::string& what) {
   return Status::success();
 }
 
+#ifdef INFILL_HAVE_OIIO
 // Pixels travel exactly as the file stores them. By default OIIO premultiplies colour by
 // alpha when reading unassociated-alpha files (PNG, most TIFFs) and divides when writing them,
 // which would change colour bytes under partial alpha (and zero them where alpha is 0), so
@@ -144,6 +151,7 @@ Result<PixelImage> read_opened(OIIO::ImageInput& input, const std::string& what,
   return image;
 }
 
+#endif
 // Interleaved samples -> three float planes; grey (1 or 2 channels) fills all three, alpha is
 // skipped.
 template <class T, class Convert>
@@ -167,6 +175,7 @@ void planarize(const T* src, const PixelImage& image, float* const planes[3], Co
   }
 }
 
+#ifdef INFILL_HAVE_OIIO
 // Replaces every occurrence of `from` in `text` by `to`.
 std::string replace_all(std::string text, const std::string& from, const std::string& to) {
   if (from.empty()) return text;
@@ -187,6 +196,8 @@ fs::path temp_sibling(const fs::path& path) {
   name += path.extension().string();
   return path.parent_path() / name;
 }
+
+#endif
 
 }  // namespace
 
@@ -229,6 +240,7 @@ PixelImage PixelImage::allocate(int width, int height, int channels, PixelFormat
   return image;
 }
 
+#ifdef INFILL_HAVE_OIIO
 Result<PixelImage> load_image(const std::string& path, int64_t max_pixels) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return not_found("image " + path + " does not exist");
@@ -350,6 +362,26 @@ Result<std::vector<std::byte>> encode_png(const PixelImage& image, int compressi
   std::memcpy(bytes.data(), buffer.data(), buffer.size());
   return bytes;
 }
+
+#else
+// Built without OpenImageIO (INFILL_WITH_OIIO=OFF, the engine core of scripts/gpu_check.sh):
+// every image file is refused, naming it.
+namespace {
+Status no_image_files(const std::string& what) {
+  return Status(ErrorCode::kUnimplemented, what + ": this build reads and writes no image files (INFILL_WITH_OIIO=OFF)");
+}
+}  // namespace
+
+Result<PixelImage> load_image(const std::string& path, int64_t) { return no_image_files("image " + path); }
+
+Result<PixelImage> decode_image(std::span<const std::byte>, const std::string& name_for_errors, int64_t) {
+  return no_image_files("image " + name_for_errors);
+}
+
+Status save_image(const std::string& path, const PixelImage&) { return no_image_files("image " + path); }
+
+Result<std::vector<std::byte>> encode_png(const PixelImage&, int) { return no_image_files("encode png"); }
+#endif
 
 at::Tensor to_rgb_tensor(const PixelImage& image) {
   const Status status = check_image(image, "to_rgb_tensor");

@@ -9,11 +9,14 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#ifdef INFILL_HAVE_OIIO
 #include <OpenImageIO/imageio.h>
+#endif
 
 namespace infill {
 namespace {
 
+#ifdef INFILL_HAVE_OIIO
 std::string size_text(int64_t width, int64_t height) {
   return std::to_string(width) + "x" + std::to_string(height);
 }
@@ -24,6 +27,7 @@ std::string one_line(std::string text) {
   std::replace(text.begin(), text.end(), '\n', ';');
   return text;
 }
+#endif
 
 void check_2d_mask(const at::Tensor& mask, const char* what) {
   TORCH_CHECK(mask.defined() && mask.dim() == 2, what, ": expected a mask [H, W], got ",
@@ -80,6 +84,7 @@ void edt_1d(double* f, int64_t n, std::vector<double>& d, std::vector<int64_t>& 
 
 }  // namespace
 
+#ifdef INFILL_HAVE_OIIO
 Result<at::Tensor> load_mask(const std::string& path, int expected_width, int expected_height) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return not_found("mask " + path + " does not exist");
@@ -106,6 +111,13 @@ Result<at::Tensor> load_mask(const std::string& path, int expected_width, int ex
   at::Tensor mask = channels == 1 ? pixels.select(2, 0) : pixels.mean(2);
   return at::nan_to_num(mask, 0.0, 1.0, 0.0).clamp_(0.0, 1.0).contiguous();
 }
+
+#else
+Result<at::Tensor> load_mask(const std::string& path, int, int) {
+  return Status(ErrorCode::kUnimplemented,
+                "mask " + path + ": this build reads no image files (INFILL_WITH_OIIO=OFF)");
+}
+#endif
 
 at::Tensor latent_mask(const at::Tensor& pixel_mask, int factor) {
   check_2d_mask(pixel_mask, "latent_mask");

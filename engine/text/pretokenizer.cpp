@@ -3,8 +3,10 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#ifdef INFILL_HAVE_ICU
 #include <unicode/normalizer2.h>
 #include <unicode/unistr.h>
+#endif
 
 #include <unordered_map>
 
@@ -42,6 +44,7 @@ const ByteLevelTable& byte_level() {
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+#ifdef INFILL_HAVE_ICU
 std::string to_nfc(const std::string& text) {
   UErrorCode err = U_ZERO_ERROR;
   const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(err);
@@ -55,6 +58,10 @@ std::string to_nfc(const std::string& text) {
   n.toUTF8String(out);
   return out;
 }
+#else
+// Never called: without ICU, tokenizers that ask for NFC are refused when they load.
+std::string to_nfc(const std::string& text) { return text; }
+#endif
 
 Status unsupported(const std::string& path, const std::string& field, const json& value) {
   return invalid_argument(
@@ -129,6 +136,9 @@ Result<PreTokenizer> PreTokenizer::from_json(const json& doc, const std::string&
     if (n.is_null()) return {};
     const std::string type = n.value("type", "");
     if (type == "NFC") {
+#ifndef INFILL_HAVE_ICU
+      return invalid_argument(path + ": normalizer NFC needs ICU, and this build has none (INFILL_WITH_ICU=OFF)");
+#endif
       out.nfc_ = true;
       return {};
     }

@@ -1,0 +1,14 @@
+#pragma once
+/// The differences between the libtorch versions the engine builds against, in one place:
+/// Debian's CPU libtorch 1.13 (the default build) and a CUDA libtorch 2.x (the `cuda` preset,
+/// pytorch.org's libtorch or the one inside a pip torch).
+
+#include <torch/version.h>
+
+/// at::scaled_dot_product_attention exists (2.0) and takes an explicit scale (2.1): on a GPU
+/// it dispatches to flash or memory-efficient attention.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define INFILL_TORCH_HAS_SDPA 1
+#else
+#define INFILL_TORCH_HAS_SDPA 0
+#endif

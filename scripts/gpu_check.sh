@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The GPU checks of the engine (issues 18 and 19), on a machine with an NVIDIA GPU and a CUDA
+# torch (pytorch.org's libtorch or a pip torch): builds the engine core without OpenImageIO,
+# ICU, Qt, GIMP and the service (INFILL_BUILD_SERVICE=OFF), then
+#   1. the [cuda] tests: FLUX.2 against the upstream reference tensors on the GPU (float32
+#      and bf16), CPU equals CUDA, mask-aware equals full, packed equals alone, the device
+#      K/V tier, row attention against matmul-softmax;
+#   2. infill-model-check --device cuda on the reference files (float32, then --bf16);
+#   3. bench_row_attention --device cuda (libtorch's attention against the project's CUDA
+#      kernel) and bench_flux2 --device cuda at klein 4B sizes (JSON).
+# Prints each result and one summary JSON line last; exit 0 only when every check passed.
+#
+# usage: scripts/gpu_check.sh [--deps DIR] [--shared DIR] [--build DIR] [--skip-bench]
+#   --deps: what scripts/gpu_deps.sh staged (default .gpu-deps; system packages otherwise)
+#   --shared: the shared test data (default .gpu-shared, else ../shared)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+deps=.gpu-deps
+shared=""
+build=build/gpu
+bench=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deps) deps="$2"; shift 2 ;;
+    --shared) shared="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    --skip-bench) bench=0; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+if [ -z "$shared" ]; then
+  if [ -d .gpu-shared ]; then shared=$PWD/.gpu-shared; else shared=$(cd .. && pwd)/shared; fi
+fi
+shared=$(cd "$shared" 2>/dev/null && pwd || echo "$shared")
+
+export PATH="/usr/local/cuda/bin:$PATH"  # nvcc for CMake's CUDA toolkit search
+torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null) || {
+  echo "gpu_check: python3 cannot import torch; a CUDA torch is needed" >&2; exit 2; }
+python3 - <<'PY' || exit 2
+import json, torch
+info = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu_available": torch.cuda.is_available()}
+if torch.cuda.is_available():
+    info["gpu"] = torch.cuda.get_device_name(0)
+print(json.dumps({"gpu_check": "torch", **info}))
+raise SystemExit(0 if torch.cuda.is_available() else 1)
+PY
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu_check: nvidia-smi: /'
+
+prefix="$torch_prefix"
+[ -d "$deps" ] && prefix="$prefix;$(cd "$deps" && pwd)"
+jobs=$(nproc)
+configure_log=$(mktemp)
+if ! cmake -G Ninja -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
+    -DINFILL_BUILD_SERVICE=OFF -DINFILL_BUILD_UI=OFF -DINFILL_WITH_OIIO=OFF -DINFILL_WITH_ICU=OFF \
+    -DINFILL_SHARED_DIR="$shared" -DCMAKE_PREFIX_PATH="$prefix" >"$configure_log" 2>&1; then
+  cat "$configure_log"; echo "gpu_check: configure failed" >&2; exit 1
+fi
+grep -E "CUDA|Torch|Caffe2" "$configure_log" | head -20
+targets=(infill_tests_model infill_tests_pipeline infill_tests_kernels infill-model-check bench_flux2 bench_row_attention)
+start=$(date +%s)
+# -k 0: every compile error of this libtorch at once; a target that fails to build fails its
+# checks below, the others still run.
+set -o pipefail
+cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- -k 0 >"$build/build.log" 2>&1
+build_rc=$?
+set +o pipefail
+echo "gpu_check: build of ${targets[*]}: rc $build_rc in $(( $(date +%s) - start )) s"
+[ $build_rc -eq 0 ] || grep -E -B2 -A12 "error:|FAILED:" "$build/build.log" | head -150
+
+failed=()
+[ $build_rc -eq 0 ] || failed+=("build")
+check() {  # check NAME COMMAND...: runs it, reports its exit code
+  local name=$1; shift
+  if [ ! -x "$1" ]; then echo "gpu_check: $name: $1 was not built"; failed+=("$name"); return; fi
+  local t0=$(date +%s)
+  "$@"
+  local rc=$?
+  echo "gpu_check: $name: rc $rc in $(( $(date +%s) - t0 )) s"
+  [ $rc -eq 0 ] || failed+=("$name")
+}
+export LD_LIBRARY_PATH="$(cd "$deps" 2>/dev/null && pwd)/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+check tests_model_cuda "$build/tests/infill_tests_model" "[cuda],[device]" -w NoTests
+check tests_pipeline_cuda "$build/tests/infill_tests_pipeline" "[cuda]" -w NoTests
+check tests_kernels_cuda "$build/tests/infill_tests_kernels" "[cuda]" -w NoTests
+refs=("$shared/testdata/flux2/flux2_dit_klein.safetensors" "$shared/testdata/flux2/flux2_dit_dev.safetensors")
+check model_check_float32 "$build/app/infill-model-check" --device cuda --blocks "${refs[@]}"
+check model_check_bf16 "$build/app/infill-model-check" --device cuda --bf16 --blocks "${refs[@]}"
+if [ $bench -eq 1 ]; then
+  check bench_row_attention_cuda "$build/bench/bench_row_attention" --device cuda
+  check bench_flux2_cuda "$build/bench/bench_flux2" --device cuda --repeats 10 --full-repeats 5
+fi
+if [ ${#failed[@]} -eq 0 ]; then
+  echo '{"gpu_check":"summary","ok":true}'
+else
+  printf '{"gpu_check":"summary","ok":false,"failed":["%s"]}\n' "$(IFS=,; echo "${failed[*]}" | sed 's/,/","/g')"
+  exit 1
+fi
