@@ -57,7 +57,7 @@ if ! cmake -G Ninja -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
   cat "$configure_log"; echo "gpu_check: configure failed" >&2; exit 1
 fi
 grep -E "CUDA|Torch|Caffe2" "$configure_log" | head -20
-targets=(infill_tests_model infill_tests_pipeline infill_tests_kernels infill-model-check bench_flux2 bench_row_attention)
+targets=(infill_tests_model infill_tests_pipeline infill_tests_serving infill_tests_kernels infill-model-check bench_flux2 bench_row_attention)
 start=$(date +%s)
 # -k 0: every compile error of this libtorch at once; a target that fails to build fails its
 # checks below, the others still run.
@@ -82,6 +82,7 @@ check() {  # check NAME COMMAND...: runs it, reports its exit code
 export LD_LIBRARY_PATH="$(cd "$deps" 2>/dev/null && pwd)/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 check tests_model_cuda "$build/tests/infill_tests_model" "[cuda],[device]" -w NoTests
 check tests_pipeline_cuda "$build/tests/infill_tests_pipeline" "[cuda]" -w NoTests
+check tests_serving_cuda "$build/tests/infill_tests_serving" "[cuda]" -w NoTests
 check tests_kernels_cuda "$build/tests/infill_tests_kernels" "[cuda]" -w NoTests
 refs=("$shared/testdata/flux2/flux2_dit_klein.safetensors" "$shared/testdata/flux2/flux2_dit_dev.safetensors")
 check model_check_float32 "$build/app/infill-model-check" --device cuda --blocks "${refs[@]}"

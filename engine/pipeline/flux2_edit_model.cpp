@@ -273,6 +273,7 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
                           ? folder.description
                           : "FLUX.2 " + loaded->transformer.config().family_size() + " (" + flux2_layout_name(folder.layout) +
                                 " folder, " + (folder.distilled ? "distilled" : "base") + ")";
+  if (options.device.cuda) INFILL_RETURN_IF_ERROR(loaded->transformer.to_device(options.device));
   parts.transformer = std::make_shared<const Flux2Transformer>(std::move(loaded->transformer));
   parts.codec = loaded->codec;
   parts.text = std::shared_ptr<Qwen3PromptEncoder>(std::move(text));

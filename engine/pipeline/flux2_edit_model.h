@@ -79,6 +79,9 @@ struct Flux2LoadOptions {
   /// Physical memory the transformer and text encoder share; 0 = this machine's RAM. The
   /// text encoder is unloaded after each encoding when both do not fit (qwen3_prompt_encoder.h).
   int64_t memory_bytes = 0;
+  /// Where the transformer computes: on a CUDA device its weights move there in bf16; the
+  /// text encoder and the autoencoder stay on the CPU.
+  ComputeDevice device;
 };
 
 /// Loads a FLUX.2 folder (diffusers or single-file layout) with its text encoder and

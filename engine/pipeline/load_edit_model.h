@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "model/compute_device.h"
 #include "model/model.h"
 #include "pipeline/edit_model.h"
 
@@ -18,7 +19,8 @@ struct LoadedEditModel {
   std::shared_ptr<const Model> dit;
 };
 
-/// Errors name the file at fault and what was expected there.
-Result<LoadedEditModel> load_edit_model(const std::string& path);
+/// Errors name the file at fault and what was expected there. `device`: where the model
+/// computes; the DiT family runs on the CPU only (an error names the device otherwise).
+Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDevice& device = {});
 
 }  // namespace infill

@@ -22,9 +22,14 @@ Result<std::shared_ptr<const TemplateImage>> make_template(const LatentCodec& co
                                                            std::span<const std::byte> bytes,
                                                            const std::string& name_for_errors) {
   INFILL_ASSIGN_OR_RETURN(PixelImage pixels, decode_image(bytes, name_for_errors, max_pixels));
+  return template_from_pixels(codec, grid, shift, scale, std::move(pixels), sha256_hex(bytes));
+}
+
+Result<std::shared_ptr<const TemplateImage>> template_from_pixels(const LatentCodec& codec, int grid, double shift,
+                                                                  double scale, PixelImage pixels, std::string id) {
   c10::InferenceMode guard;
   auto t = std::make_shared<TemplateImage>();
-  t->id = sha256_hex(bytes);
+  t->id = std::move(id);
   t->width = pixels.width;
   t->height = pixels.height;
   at::Tensor rgb = pad_to_multiple(to_rgb_tensor(pixels), grid);

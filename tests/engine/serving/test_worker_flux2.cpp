@@ -17,73 +17,11 @@
 #include "pipeline/flux2_edit_session.h"
 #include "pipeline/flux2_prepare_run.h"
 #include "serving/serving_runtime.h"
+#include "flux2_serving_fixture.h"
 #include "serving_fixture.h"
 
 using namespace infill;
-
-namespace {
-
-struct Flux2Serving {
-  c10::InferenceMode guard;
-  test::TempDir dir{"infill-flux2-serving"};
-  std::shared_ptr<const Flux2EditModel> model;
-  std::shared_ptr<const TemplateImage> tmpl;
-  std::shared_ptr<ActivationStore> store = test::ServingFixture::new_store();
-
-  Flux2Serving() {
-    test::export_qwen3_tokenizer_or_skip(dir.file("tokenizer"));
-    REQUIRE(Qwen3Encoder::random(test::tiny_qwen3_config(), 3, at::kBFloat16)->save(dir.file("text_encoder")).ok());
-    Qwen3PromptEncoder::Options text_options;
-    text_options.max_length = 32;
-    text_options.layers = {1, 2, 3};
-    auto text = Qwen3PromptEncoder::load(dir.file("tokenizer"), dir.file("text_encoder"),
-                                         std::make_shared<PromptEmbeddingCache>(int64_t{16} << 20), text_options);
-    REQUIRE(text.ok());
-    Flux2EditModelParts parts;
-    parts.name = "flux2-test";
-    parts.transformer = std::make_shared<const Flux2Transformer>(Flux2Transformer::random(test::tiny_flux2_config(96), 5, at::kBFloat16));
-    parts.codec = test::flux2_patch_codec();
-    parts.text = std::shared_ptr<Qwen3PromptEncoder>(std::move(*text));
-    parts.default_steps = 3;
-    auto created = Flux2EditModel::create(std::move(parts));
-    REQUIRE(created.ok());
-    model = *created;
-    auto png = encode_png(test::serving_picture(11));
-    auto t = model->make_template(*png, "picture.png");
-    REQUIRE(t.ok());
-    tmpl = *t;
-  }
-
-  EditParams params(const std::string& prompt, uint64_t seed) const {
-    EditParams p;
-    p.mask = test::ServingFixture::rect_mask(16, 16, 32, 16);
-    p.prompt_text = prompt;
-    p.seed = seed;
-    return p;
-  }
-
-  std::unique_ptr<ServingRuntime> runtime() const {
-    RuntimeOptions o;
-    auto rt = ServingRuntime::create(model, store, test::fixed_cost_model(), std::move(o));
-    REQUIRE(rt.ok());
-    return std::move(*rt);
-  }
-};
-
-std::future<RequestResult> submit(ServingRuntime& rt, uint64_t id, std::shared_ptr<const TemplateImage> tmpl, EditParams params,
-                                  RequestClass cls = RequestClass::kInteractive) {
-  auto done = std::make_shared<std::promise<RequestResult>>();
-  ServingRequest r;
-  r.id = id;
-  r.cls = cls;
-  r.tmpl = std::move(tmpl);
-  r.params = std::move(params);
-  r.on_complete = [done](const RequestResult& result) { done->set_value(result); };
-  REQUIRE(rt.submit(std::move(r)).ok());
-  return done->get_future();
-}
-
-}  // namespace
+using namespace infill::test;
 
 TEST_CASE("Worker runs FLUX.2 edits from free-text prompts, template-keyed, equal to the pipeline's session",
           "[flux2-serving]") {
@@ -92,6 +30,7 @@ TEST_CASE("Worker runs FLUX.2 edits from free-text prompts, template-keyed, equa
   auto a = submit(*rt, 1, f.tmpl, f.params("make the cup red", 7));
   auto b = submit(*rt, 2, f.tmpl, f.params("a dark blue patch", 8));
   const RequestResult ra = a.get(), rb = b.get();
+  INFO(ra.status.to_string());
   REQUIRE(ra.state == RequestState::kDone);
   REQUIRE(rb.state == RequestState::kDone);
   CHECK(ra.output.cache_mode == "template_keyed");
