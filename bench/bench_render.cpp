@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "image_metrics.h"
+#include "common/remove_tree.h"
 #include "machine_info.h"
 #include "model/compute_threads.h"
 #include "pipeline/image_io.h"
@@ -148,7 +149,7 @@ int main(int argc, char** argv) {
     const TokenSet tokens = masked_tokens(latent_mask(*mask, 8), 2, 1);
     masks[m] = {{"pixel_ratio", mask->gt(0).to(at::kFloat).mean().item<double>()}, {"token_ratio_with_halo", tokens.ratio()}};
   }
-  fs::remove_all(dir);
+  infill::remove_tree(dir.string());
 
   auto run_json = [&](const Run& r) {
     return json{{"wall_ms", r.wall_ms}, {"ms_per_edit", r.wall_ms / count}, {"exit_code", r.code}, {"saved", r.saved}};

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_stats.h"
+#include "common/remove_tree.h"
 #include "machine_info.h"
 #include "model/compute_threads.h"
 #include "model/model.h"
@@ -718,7 +719,6 @@ int main(int argc, char** argv) {
     out["batching_regimes"] = batching_regimes(*live, s.token_budget, po.pre_ms, po.post_ms);
   }
   std::cout << out.dump(2) << std::endl;
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  infill::remove_tree(dir);
   return 0;
 }

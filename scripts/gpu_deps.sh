@@ -31,6 +31,8 @@ cp -r /usr/include/nlohmann /usr/include/catch2 /usr/include/pcre2.h "$dir/inclu
 cp -r /usr/share/cmake/nlohmann_json "$dir/share/cmake/"
 cp -r /usr/lib/cmake/Catch2 "$dir/lib/cmake/"
 cp -L "$pcre_lib" "$dir/lib/libpcre2-8.so.0"
+# Catch2's CMake package names its (unused here) main library.
+cp /usr/lib/*/libCatch2WithMain.a "$dir/lib/" 2>/dev/null || cp /usr/lib/libCatch2WithMain.a "$dir/lib/"
 ln -s libpcre2-8.so.0 "$dir/lib/libpcre2-8.so"
 echo "gpu_deps: staged in $dir ($(du -sh "$dir" | cut -f1))"
 if [ -n "$shared" ]; then

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/remove_tree.h"
+
 namespace infill::test {
 
 class TempDir {
@@ -16,10 +18,7 @@ class TempDir {
     if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
     path_ = pattern;
   }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
+  ~TempDir() { infill::remove_tree(path_); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/remove_tree.h"
+
 namespace infill::train {
 
 namespace fs = std::filesystem;
@@ -40,7 +42,7 @@ Status save_checkpoint(const std::string& dir, const std::shared_ptr<torch::nn::
                        const RunState& state) {
   const std::string tmp = dir + "/checkpoint.tmp";
   std::error_code ec;
-  fs::remove_all(tmp, ec);
+  remove_tree(tmp);
   fs::create_directories(tmp, ec);
   if (ec) return io_error("cannot create " + tmp + ": " + ec.message());
   torch::save(model, tmp + "/model.pt");
@@ -50,7 +52,7 @@ Status save_checkpoint(const std::string& dir, const std::shared_ptr<torch::nn::
                       {"held_out_curve", to_json(state.held_out_curve)}};
   std::ofstream(tmp + "/state.json") << j.dump();
   // Replace the previous checkpoint only once the new one is complete.
-  fs::remove_all(dir + "/checkpoint", ec);
+  remove_tree(dir + "/checkpoint");
   fs::rename(tmp, dir + "/checkpoint", ec);
   if (ec) return io_error("cannot move checkpoint into " + dir + ": " + ec.message());
   return {};

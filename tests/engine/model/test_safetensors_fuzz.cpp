@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 
+#include "common/remove_tree.h"
 #include "model/safetensors.h"
 #include "model/safetensors_torch.h"
 
@@ -142,8 +143,7 @@ TEST_CASE("safetensors survives seeded random mutations", "[safetensors][fuzz]")
       }
     }
   }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
+  infill::remove_tree(dir.string());
 
   WARN("fuzz: " << kCases << " mutated files, " << opened << " opened, " << rejected
                 << " rejected; " << tensors_loaded << " tensors loaded, " << tensors_rejected
