@@ -48,6 +48,8 @@ options:
                       transformer file + ae.safetensors + text_encoder/ + tokenizer/);
                       repeat to serve several models: the first is the default, an edit's
                       "model" picks another
+  --device DEVICE     where the models compute: cpu (default), cuda or cuda:N (FLUX.2 models;
+                      needs a build against a CUDA libtorch, the cuda preset)
   --workers N         step-loop workers (default 1)
   --threads N         compute threads per worker (default: cores / workers)
   --journal PATH      SQLite journal of accepted batch edits, resumed after a crash
@@ -121,7 +123,8 @@ int main(int argc, char** argv) {
   const std::map<std::string, bool> known = {{"--socket", true},  {"--listen", true},  {"--token-file", true},
                                              {"--config", true},  {"--model", true},   {"--workers", true},
                                              {"--threads", true}, {"--check", false},  {"--help", false},
-                                             {"--no-calibrate", false}, {"--journal", true}};
+                                             {"--no-calibrate", false}, {"--journal", true},
+                                             {"--device", true}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto it = known.find(arg);
@@ -156,6 +159,7 @@ int main(int argc, char** argv) {
   if (opts.count("--token-file")) config.token_file = opts["--token-file"];
   if (!model_flags.empty()) config.models = model_flags;  // flags replace the config's list
   if (opts.count("--no-calibrate")) config.calibrate = false;
+  if (opts.count("--device")) config.device = opts["--device"];
   if (opts.count("--journal")) config.journal = opts["--journal"];
   if (config.journal.empty()) config.journal = infill::default_state_dir() + "/journal.sqlite";
   if (opts.count("--workers") && !parse_int(opts["--workers"], 1, 64, config.workers))
@@ -188,8 +192,11 @@ int main(int argc, char** argv) {
   if (opts.count("--check")) {
     nlohmann::json models = nlohmann::json::array();
     std::string default_id;
+    auto device = infill::parse_compute_device(config.device);
+    if (!device.ok()) return fail(device.status().message(), 2);
+    if (const infill::Status usable = infill::check_compute_device(*device); !usable.ok()) return fail(usable.message(), 2);
     for (const std::string& path : config.models) {
-      auto model = infill::load_edit_model(path);
+      auto model = infill::load_edit_model(path, *device);
       if (!model.ok()) return fail("model " + path + ": " + model.status().message(), 2);
       const infill::EditModelInfo& info = model->model->info();
       for (const auto& m : models)
@@ -203,6 +210,7 @@ int main(int argc, char** argv) {
                               {"models", models},
                               {"socket", config.socket_path},
                               {"listen", config.listen},
+                              {"device", infill::describe_compute_device(*device)},
                               {"workers", config.workers},
                               {"threads", config.threads},
                               {"journal", config.journal},
@@ -222,6 +230,7 @@ int main(int argc, char** argv) {
   infill::ServiceOptions so;
   so.model_path = config.models.front();
   so.extra_model_paths.assign(config.models.begin() + 1, config.models.end());
+  so.device = config.device;
   so.workers = config.workers;
   so.threads_per_worker = config.threads;
   so.pool_threads = 1;

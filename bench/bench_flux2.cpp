@@ -26,7 +26,6 @@
 #include "model/compute_threads.h"
 #include "model/flux2_transformer.h"
 #include "model/safetensors.h"
-#include "kernels/cuda_kernels.h"
 #include "model/compute_device.h"
 #include "pipeline/cached_kv.h"
 #include "pipeline/device_kv_entry.h"
@@ -166,14 +165,14 @@ int main(int argc, char** argv) {
 
   nlohmann::ordered_json out;
   out["benchmark"] = "bench_flux2";
-  out["machine"] = infill::bench::machine_info(device.cuda ? infill::kernels::cuda_status() : "none used");
+  out["machine"] = infill::bench::machine_info(device.cuda ? infill::describe_compute_device(device) : "none used");
   if (device.cuda) {
     const infill::Status usable = infill::check_compute_device(device);
     if (!usable.ok()) {
       std::cerr << "bench_flux2: " << usable.to_string() << "\n";
       return 1;
     }
-    out["device"] = device.name() + " (" + infill::kernels::cuda_status() + "; bf16 weights and compute)";
+    out["device"] = infill::describe_compute_device(device) + ", bf16 weights and compute";
   } else {
     out["device"] = "cpu (float32 compute, bf16 weights converted per layer)";
   }

@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
     const TokenSet tokens = masked_tokens(latent_mask(*mask, 8), 2, 1);
     masks[m] = {{"pixel_ratio", mask->gt(0).to(at::kFloat).mean().item<double>()}, {"token_ratio_with_halo", tokens.ratio()}};
   }
-  infill::remove_tree(dir.string());
+  infill::remove_tree(dir);
 
   auto run_json = [&](const Run& r) {
     return json{{"wall_ms", r.wall_ms}, {"ms_per_edit", r.wall_ms / count}, {"exit_code", r.code}, {"saved", r.saved}};

@@ -1,29 +1,27 @@
 #!/usr/bin/env bash
 # The GPU checks of the engine (issues 18 and 19), on a machine with an NVIDIA GPU and a CUDA
 # torch (pytorch.org's libtorch or a pip torch): builds the engine core without OpenImageIO,
-# ICU, Qt, GIMP and the service (INFILL_BUILD_SERVICE=OFF), then
+# ICU, Qt, GIMP and the service (the gpu-core preset, build/gpu-core), then
 #   1. the [cuda] tests: FLUX.2 against the upstream reference tensors on the GPU (float32
 #      and bf16), CPU equals CUDA, mask-aware equals full, packed equals alone, the device
-#      K/V tier, row attention against matmul-softmax;
+#      K/V tier, row attention against matmul-softmax, edits through the worker;
 #   2. infill-model-check --device cuda on the reference files (float32, then --bf16);
-#   3. bench_row_attention --device cuda (libtorch's attention against the project's CUDA
-#      kernel) and bench_flux2 --device cuda at klein 4B sizes (JSON).
+#   3. bench_row_attention --device cuda and bench_flux2 --device cuda at klein 4B sizes (JSON).
 # Prints each result and one summary JSON line last; exit 0 only when every check passed.
 #
-# usage: scripts/gpu_check.sh [--deps DIR] [--shared DIR] [--build DIR] [--skip-bench]
+# usage: scripts/gpu_check.sh [--deps DIR] [--shared DIR] [--skip-bench]
 #   --deps: what scripts/gpu_deps.sh staged (default .gpu-deps; system packages otherwise)
 #   --shared: the shared test data (default .gpu-shared, else ../shared)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 deps=.gpu-deps
 shared=""
-build=build/gpu
+build=build/gpu-core
 bench=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps) deps="$2"; shift 2 ;;
     --shared) shared="$2"; shift 2 ;;
-    --build) build="$2"; shift 2 ;;
     --skip-bench) bench=0; shift ;;
     -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
@@ -51,13 +49,11 @@ prefix="$torch_prefix"
 [ -d "$deps" ] && prefix="$prefix;$(cd "$deps" && pwd)"
 jobs=$(nproc)
 configure_log=$(mktemp)
-if ! cmake -G Ninja -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
-    -DINFILL_BUILD_SERVICE=OFF -DINFILL_BUILD_UI=OFF -DINFILL_WITH_OIIO=OFF -DINFILL_WITH_ICU=OFF \
-    -DINFILL_SHARED_DIR="$shared" -DCMAKE_PREFIX_PATH="$prefix" >"$configure_log" 2>&1; then
+if ! cmake --preset gpu-core -DINFILL_SHARED_DIR="$shared" -DCMAKE_PREFIX_PATH="$prefix" >"$configure_log" 2>&1; then
   cat "$configure_log"; echo "gpu_check: configure failed" >&2; exit 1
 fi
-grep -E "CUDA|Torch|Caffe2" "$configure_log" | head -20
-targets=(infill_tests_model infill_tests_pipeline infill_tests_serving infill_tests_kernels infill-model-check bench_flux2 bench_row_attention)
+grep -E "Infill|CUDA|Torch" "$configure_log" | head -20
+targets=(infill_tests_model infill_tests_pipeline infill_tests_serving infill-model-check bench_flux2 bench_row_attention)
 start=$(date +%s)
 # -k 0: every compile error of this libtorch at once; a target that fails to build fails its
 # checks below, the others still run.
@@ -83,7 +79,6 @@ export LD_LIBRARY_PATH="$(cd "$deps" 2>/dev/null && pwd)/lib${LD_LIBRARY_PATH:+:
 check tests_model_cuda "$build/tests/infill_tests_model" "[cuda],[device]" -w NoTests
 check tests_pipeline_cuda "$build/tests/infill_tests_pipeline" "[cuda]" -w NoTests
 check tests_serving_cuda "$build/tests/infill_tests_serving" "[cuda]" -w NoTests
-check tests_kernels_cuda "$build/tests/infill_tests_kernels" "[cuda]" -w NoTests
 refs=("$shared/testdata/flux2/flux2_dit_klein.safetensors" "$shared/testdata/flux2/flux2_dit_dev.safetensors")
 check model_check_float32 "$build/app/infill-model-check" --device cuda --blocks "${refs[@]}"
 check model_check_bf16 "$build/app/infill-model-check" --device cuda --bf16 --blocks "${refs[@]}"

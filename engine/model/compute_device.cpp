@@ -2,7 +2,13 @@
 
 #include <charconv>
 
+#include <cstdio>
+
+#include <ATen/Parallel.h>
 #include <torch/cuda.h>
+#ifdef INFILL_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 namespace infill {
 
@@ -31,6 +37,19 @@ Result<ComputeDevice> parse_compute_device(std::string_view text) {
 
 // torch::cuda is libtorch's public C++ API for this, stable from 1.13 to 2.x.
 int cuda_device_count() { return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+
+std::string describe_compute_device(const ComputeDevice& device) {
+  if (!device.cuda) return "cpu (" + std::to_string(at::get_num_threads()) + " threads)";
+  if (const Status usable = check_compute_device(device); !usable.ok()) return usable.message();
+#ifdef INFILL_TORCH_CUDA
+  const auto* properties = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device.index));
+  char memory[32];
+  std::snprintf(memory, sizeof(memory), "%.1f GiB", static_cast<double>(properties->totalGlobalMem) / (1 << 30));
+  return device.name() + " (" + properties->name + ", " + memory + ")";
+#else
+  return device.name();
+#endif
+}
 
 Status check_compute_device(const ComputeDevice& device) {
   if (!device.cuda) return {};

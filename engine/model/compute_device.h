@@ -34,4 +34,8 @@ Status check_compute_device(const ComputeDevice& device);
 /// The number of CUDA devices this process can use (0 without CUDA in libtorch or a driver).
 int cuda_device_count();
 
+/// For logs and benchmark JSON: "cpu (16 threads)", "cuda:0 (NVIDIA H200, 139.8 GiB)", or the
+/// device's name with why it cannot run.
+std::string describe_compute_device(const ComputeDevice& device);
+
 }  // namespace infill

@@ -36,6 +36,13 @@ bool EntryKvSource::fp16_slabs(int block, const uint16_t** k, const uint16_t** v
   return true;
 }
 
+bool EntryKvSource::device_tensors(int block, const at::Device& device, at::Tensor* k, at::Tensor* v) {
+  if (!resident_ || resident_->k(step_, block).device() != device) return false;
+  *k = resident_->k(step_, block);
+  *v = resident_->v(step_, block);
+  return true;
+}
+
 void EntryKvSink::store(int block, const at::Tensor& k, const at::Tensor& v) {
   float_to_fp16_slab(k, entry_.k(step_, block));
   float_to_fp16_slab(v, entry_.v(step_, block));

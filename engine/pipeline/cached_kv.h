@@ -7,19 +7,25 @@
 
 #include "cache/activation_entry.h"
 #include "model/kv_io.h"
+#include "pipeline/device_kv_entry.h"
 
 namespace infill {
 
-/// Reads the K/V of one step of a RAM-resident entry, converting fp16 to float32.
+/// Reads the K/V of one step of a RAM-resident entry, converting fp16 to float32; with the
+/// entry's copy on a GPU (`resident`, the device tier) a forward there reads that instead.
 class EntryKvSource final : public KvSource {
  public:
-  EntryKvSource(std::shared_ptr<const ActivationEntry> entry, int step) : entry_(std::move(entry)), step_(step) {}
+  EntryKvSource(std::shared_ptr<const ActivationEntry> entry, int step,
+                std::shared_ptr<const DeviceKvEntry> resident = nullptr)
+      : entry_(std::move(entry)), resident_(std::move(resident)), step_(step) {}
   void set_step(int step) { step_ = step; }
   void fetch(int block, at::Tensor& k, at::Tensor& v) override;
   bool fp16_slabs(int block, const uint16_t** k, const uint16_t** v) override;
+  bool device_tensors(int block, const at::Device& device, at::Tensor* k, at::Tensor* v) override;
 
  private:
   std::shared_ptr<const ActivationEntry> entry_;
+  std::shared_ptr<const DeviceKvEntry> resident_;
   int step_;
 };
 

@@ -19,6 +19,7 @@
 
 #include "cache/activation_entry.h"
 #include "common/status.h"
+#include "model/compute_device.h"
 #include "pipeline/edit_session.h"
 #include "pipeline/mask.h"
 #include "pipeline/template_image.h"
@@ -129,6 +130,8 @@ class EditModel {
   virtual at::Tensor decode_preview(const at::Tensor& latent, const PixelRect& box) const = 0;
   /// Pixels per latent pixel of the codec.
   virtual int codec_factor() const = 0;
+  /// Where forward computes: errors of a step name it.
+  virtual ComputeDevice device() const { return {}; }
 };
 
 }  // namespace infill

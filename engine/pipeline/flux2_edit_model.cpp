@@ -100,6 +100,15 @@ Flux2EditModel::Flux2EditModel(Flux2EditModelParts parts) : parts_(std::move(par
   info_.free_text = true;
 }
 
+DeviceKvTierStats Flux2EditModel::device_tier_stats() const {
+  return device_tier_ ? device_tier_->stats() : DeviceKvTierStats{};
+}
+
+ComputeDevice Flux2EditModel::device() const {
+  const at::Device d = parts_.transformer->device();
+  return d.is_cuda() ? ComputeDevice{true, d.index() < 0 ? 0 : static_cast<int>(d.index())} : ComputeDevice{};
+}
+
 Status Flux2EditModel::set_prompt(EditParams& params, const std::string& text) const {
   params.prompt = at::Tensor();
   params.prompt_text = text;
@@ -141,6 +150,9 @@ Result<std::shared_ptr<const Flux2EditModel>> Flux2EditModel::create(Flux2EditMo
   INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const PromptEmbedding> empty, parts.text->encode(""));
   std::shared_ptr<Flux2EditModel> model(new Flux2EditModel(std::move(parts)));
   model->empty_prompt_ = std::move(empty);
+  if (const ComputeDevice device = model->device(); device.cuda) {
+    model->device_tier_ = std::make_shared<DeviceKvTier>(device, model->parts_.device_cache_bytes);
+  }
   return std::shared_ptr<const Flux2EditModel>(std::move(model));
 }
 
@@ -183,6 +195,12 @@ Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session(std::shared_
   if (params.cache == CacheMode::kUse) {
     cache.template_keyed = std::move(entry);
     cache.prompt_keyed = std::move(prompt_entry);
+    if (device_tier_) {
+      // On the pool, before the session's first step: the copy never stalls the step loop.
+      // The entry the session reads first is placed last, so it is the most recently used.
+      if (cache.template_keyed) cache.template_keyed_resident = device_tier_->get(cache.template_keyed);
+      if (cache.prompt_keyed) cache.prompt_keyed_resident = device_tier_->get(cache.prompt_keyed);
+    }
   }
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2EditSession> session,
                           Flux2EditSession::create(parts_.transformer, parts_.codec, std::move(tmpl), p, std::move(cache)));
@@ -279,6 +297,7 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
   parts.text = std::shared_ptr<Qwen3PromptEncoder>(std::move(text));
   parts.default_steps = folder.default_steps;
   parts.default_guidance = folder.default_guidance;
+  parts.device_cache_bytes = options.device_cache_bytes;
   return Flux2EditModel::create(std::move(parts));
 }
 

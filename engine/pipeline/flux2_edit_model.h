@@ -12,6 +12,7 @@
 #include "model/flux2_transformer.h"
 #include "model/latent_codec.h"
 #include "model/qwen3_prompt_encoder.h"
+#include "pipeline/device_kv_tier.h"
 #include "pipeline/edit_model.h"
 
 namespace infill {
@@ -29,6 +30,9 @@ struct Flux2EditModelParts {
   int default_steps = 4;
   double default_guidance = 1.0;  ///< the folder's default (clients start from it)
   int64_t max_image_pixels = int64_t{4096} * 4096;
+  /// Bytes of cached K/V the device tier keeps on the transformer's GPU (templates in active
+  /// use); unused on the CPU. A klein 4B entry at 512x512 with 4 steps is 3.1 GB.
+  int64_t device_cache_bytes = int64_t{8} << 30;
 };
 
 class Flux2EditModel final : public EditModel {
@@ -62,6 +66,10 @@ class Flux2EditModel final : public EditModel {
   at::Tensor forward(std::span<StepSession* const> sessions) const override;
   at::Tensor decode_preview(const at::Tensor& latent, const PixelRect& box) const override;
   int codec_factor() const override { return parts_.codec->factor(); }
+  /// The transformer's device (the text encoder and the codec run on the CPU).
+  ComputeDevice device() const override;
+  /// The device tier's counters (all zero on the CPU).
+  DeviceKvTierStats device_tier_stats() const;
 
  private:
   explicit Flux2EditModel(Flux2EditModelParts parts);
@@ -71,6 +79,8 @@ class Flux2EditModel final : public EditModel {
   // runs (started on the step loop) and guidance's null half read them, and encoding on the
   // loop would stall every running edit for the encoder's time.
   std::shared_ptr<const PromptEmbedding> empty_prompt_;
+  // Entries copied to the transformer's GPU; null on the CPU. Internally synchronised.
+  std::shared_ptr<DeviceKvTier> device_tier_;
 };
 
 struct Flux2LoadOptions {
@@ -79,6 +89,8 @@ struct Flux2LoadOptions {
   /// Physical memory the transformer and text encoder share; 0 = this machine's RAM. The
   /// text encoder is unloaded after each encoding when both do not fit (qwen3_prompt_encoder.h).
   int64_t memory_bytes = 0;
+  /// Flux2EditModelParts::device_cache_bytes.
+  int64_t device_cache_bytes = int64_t{8} << 30;
   /// Where the transformer computes: on a CUDA device its weights move there in bf16; the
   /// text encoder and the autoencoder stay on the CPU.
   ComputeDevice device;

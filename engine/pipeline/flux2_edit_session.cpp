@@ -122,13 +122,17 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
              : s->cache_.prompt_keyed     ? Flux2CacheMode::kPromptKeyed
              : s->cache_.template_keyed ? Flux2CacheMode::kTemplateKeyed
                                         : Flux2CacheMode::kOff;
-  if (s->mode_ == Flux2CacheMode::kPromptKeyed) s->kv_ = std::make_unique<EntryKvSource>(s->cache_.prompt_keyed, s->step_);
+  if (s->mode_ == Flux2CacheMode::kPromptKeyed) {
+    s->kv_ = std::make_unique<EntryKvSource>(s->cache_.prompt_keyed, s->step_, s->cache_.prompt_keyed_resident);
+  }
   if (s->mode_ == Flux2CacheMode::kTemplateKeyed) {
-    s->kv_ = std::make_unique<EntryKvSource>(s->cache_.template_keyed, s->step_);
+    s->kv_ = std::make_unique<EntryKvSource>(s->cache_.template_keyed, s->step_, s->cache_.template_keyed_resident);
   }
   // The null-prompt half of guidance is prompt-keyed on the template-keyed entry.
   s->null_cached_ = s->guided_ && s->cache_.template_keyed != nullptr;
-  if (s->null_cached_) s->null_kv_ = std::make_unique<EntryKvSource>(s->cache_.template_keyed, s->step_);
+  if (s->null_cached_) {
+    s->null_kv_ = std::make_unique<EntryKvSource>(s->cache_.template_keyed, s->step_, s->cache_.template_keyed_resident);
+  }
   return s;
 }
 

@@ -70,6 +70,8 @@ struct Flux2EditParams {
 struct Flux2Cache {
   std::shared_ptr<const ActivationEntry> prompt_keyed;    ///< recorded under the edit's prompt
   std::shared_ptr<const ActivationEntry> template_keyed;  ///< recorded under the empty prompt
+  /// Their copies on the transformer's GPU (the device tier), when there: read instead.
+  std::shared_ptr<const DeviceKvEntry> prompt_keyed_resident, template_keyed_resident;
 };
 
 class Flux2EditSession {

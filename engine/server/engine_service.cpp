@@ -169,6 +169,7 @@ Status EngineService::load() {
   ModelRegistryOptions mo;
   mo.paths = {s.options.model_path};
   mo.paths.insert(mo.paths.end(), s.options.extra_model_paths.begin(), s.options.extra_model_paths.end());
+  mo.device = s.options.device;
   mo.workers = s.options.workers;
   mo.threads_per_worker = s.options.threads_per_worker;
   mo.pool_threads = s.options.pool_threads;

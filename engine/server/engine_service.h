@@ -40,6 +40,8 @@ struct ServiceOptions {
   std::string model_path;     ///< a model folder (manifest.json + weights): the default model
   /// More model folders, served next to the default one and chosen by an edit's "model".
   std::vector<std::string> extra_model_paths;
+  /// Where every model computes: "cpu", "cuda" or "cuda:N" (model/compute_device.h).
+  std::string device = "cpu";
   int workers = 1;
   int threads_per_worker = 1;
   int pool_threads = 1;       ///< upload / mask decoding and post-processing

@@ -29,9 +29,11 @@ std::string calibration_path_for(const std::string& path, size_t index) {
 Result<std::unique_ptr<ModelRegistry>> ModelRegistry::load(const ModelRegistryOptions& options) {
   const std::vector<std::string>& paths = options.paths;
   if (paths.empty()) return invalid_argument("no model folder given");
+  INFILL_ASSIGN_OR_RETURN(const ComputeDevice device, parse_compute_device(options.device));
+  INFILL_RETURN_IF_ERROR(check_compute_device(device));
   std::vector<LoadedEditModel> models;
   for (size_t i = 0; i < paths.size(); ++i) {
-    auto model = load_edit_model(paths[i]);
+    auto model = load_edit_model(paths[i], device);
     if (!model.ok())
       return paths.size() == 1 ? model.status() : Status(model.status().code(), paths[i] + ": " + model.status().message());
     const std::string& id = model->model->info().id;

@@ -27,6 +27,8 @@ struct ServiceMetrics;
 struct ModelRegistryOptions {
   /// Model folders; the first is the default model.
   std::vector<std::string> paths;
+  /// "cpu", "cuda" or "cuda:N": where every model computes; errors name the device.
+  std::string device = "cpu";
   int workers = 1;
   int threads_per_worker = 1;
   int pool_threads = 1;

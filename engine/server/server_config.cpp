@@ -16,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/compute_device.h"
+
 namespace infill {
 namespace {
 
@@ -118,6 +120,13 @@ Result<EngineConfig> parse_engine_config(std::string_view json_text, const std::
            c.models.push_back(m.get<std::string>());
          }
          return {};
+       }},
+      {"device",
+       [&](const json& v, const std::string& k) -> Status {
+         INFILL_RETURN_IF_ERROR(read_string(v, k, c.device));
+         // The name only; whether this machine has the device is checked when models load.
+         const auto parsed = parse_compute_device(c.device);
+         return parsed.ok() ? Status() : invalid_argument(k + ": " + parsed.status().message());
        }},
       {"cache_dir", [&](const json& v, const std::string& k) { return read_string(v, k, c.cache_dir); }},
       {"journal", [&](const json& v, const std::string& k) { return read_string(v, k, c.journal); }},

@@ -36,6 +36,8 @@ struct EngineConfig {
   /// Model folders; the first is the default. The config key `model` takes a string or an
   /// array of strings. Empty = the bundled model, else the build's random model.
   std::vector<std::string> models;
+  /// Where the models compute: "cpu", "cuda" or "cuda:N" (checked when the models load).
+  std::string device = "cpu";
   int workers = 1;
   int threads = 0;          ///< compute threads per worker; 0 = cores / workers
   std::string cache_dir;    ///< disk tier of the activation cache; "" = default_cache_dir()

@@ -746,7 +746,8 @@ void Worker::run_step() {
   for (auto& r : batch) {
     if (failed) {
       complete(r, RequestState::kFailed,
-               Status(ErrorCode::kInternal, "step of request " + std::to_string(r->req.id) + " failed: " + error));
+               Status(ErrorCode::kInternal, "step of request " + std::to_string(r->req.id) + " failed on " +
+                                                model_->device().name() + ": " + error));
       continue;
     }
     const int64_t n = r->session->prediction_rows();

@@ -1,9 +1,9 @@
 #include "support/catch.h"
+#include "support/flux2_requests.h"
 
 #include <string>
 
 #include "model/compute_device.h"
-#include "model/flux2_transformer.h"
 
 using infill::ComputeDevice;
 
@@ -29,16 +29,7 @@ TEST_CASE("a CUDA device this machine or build lacks is an error naming it", "[d
   CHECK(status.message().rfind(missing.name() + ": ", 0) == 0);
 
   // A model asked onto it stays where it was and says why.
-  infill::Flux2Config c;
-  c.in_channels = 8;
-  c.context_dim = 8;
-  c.hidden_size = 32;
-  c.num_heads = 2;
-  c.double_blocks = 1;
-  c.single_blocks = 1;
-  c.mlp_hidden = 64;
-  c.axes_dim = {4, 4, 4, 4};
-  infill::Flux2Transformer model = infill::Flux2Transformer::random(c, 1, at::kFloat);
+  infill::Flux2Transformer model = infill::Flux2Transformer::random(infill::test::small_config(), 1, at::kFloat);
   const infill::Status moved = model.to_device(missing);
   REQUIRE_FALSE(moved.ok());
   CHECK(moved.message() == status.message());

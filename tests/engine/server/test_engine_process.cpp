@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "engine_process.h"
+#include "model/compute_device.h"
 #include "server_fixture.h"
 #include "support/command_output.h"
 
@@ -48,6 +49,22 @@ TEST_CASE("infill-engine: --check, bad config, start, serve, SIGTERM exits 0", "
   }
   CHECK(wait_exit(spawn(with({"--config", dir.file("bad.json"), "--check"}), dir.file("bad.log")), 30000) == 2);
   CHECK(wait_exit(spawn(with({"--model", dir.file("missing"), "--check"}), dir.file("missing.log")), 30000) == 2);
+  // A device this machine (or build) lacks, or that the model's family cannot use, is an
+  // error naming it; a misspelt one names what is expected.
+  const std::string device = infill::cuda_device_count() > 0 ? "cuda:0" : "cuda:" + std::to_string(infill::cuda_device_count());
+  CHECK(wait_exit(spawn(with({"--device", device, "--check"}), dir.file("device.log")), 30000) == 2);
+  {
+    std::ifstream log(dir.file("device.log"));
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    INFO(text);
+    CHECK(text.find(device) != std::string::npos);
+  }
+  CHECK(wait_exit(spawn(with({"--device", "gpu", "--check"}), dir.file("gpu.log")), 30000) == 2);
+  {
+    std::ifstream log(dir.file("gpu.log"));
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    CHECK(text.find("device \"gpu\": expected cpu, cuda or cuda:N") != std::string::npos);
+  }
 
   pid_t pid = spawn(with({"--listen", "127.0.0.1:0"}), dir.file("engine.log"));
   ReapOnExit reap{pid};

@@ -41,6 +41,8 @@ TEST_CASE("Worker edits with the FLUX.2 transformer on CUDA equal the CPU's (flo
   REQUIRE(on_cpu.state == RequestState::kDone);
 
   Flux2Serving gpu32(cuda, at::kFloat);
+  CHECK(gpu32.model->device() == cuda);
+  CHECK(cpu.model->device() == ComputeDevice{});
   auto rt32 = gpu32.runtime();
   const RequestResult on_gpu = submit(*rt32, 1, gpu32.tmpl, gpu32.params("make the cup red", 7)).get();
   REQUIRE(on_gpu.state == RequestState::kDone);
@@ -64,6 +66,11 @@ TEST_CASE("Worker edits with the FLUX.2 transformer on CUDA equal the CPU's (flo
   CHECK(top_rows_equal(rb.output.image, gpu16.tmpl->pixels));
   CHECK((ra.output.image.data != rb.output.image.data));
   CHECK((ra.output.image.data != gpu16.tmpl->pixels.data));
+  // Both edits read the template-keyed entry from the device tier, copied there once.
+  const DeviceKvTierStats tier = gpu16.model->device_tier_stats();
+  CHECK(tier.uploads == 1);
+  CHECK(tier.entries == 1);
+  CHECK(cpu.model->device_tier_stats().uploads == 0);
   WARN("bf16 vs float32 on " << cuda.name() << ": max byte difference "
                              << max_byte_diff(ra.output.image, on_gpu.output.image));
 }
