@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json row{{"query_rows", m}};
     if (!device.cuda) {
       row["fused_cpu_kernel"] = median_ms(repeats, [&] { infill::row_attention(q, k, v, heads, scale); });
-      row["matmul_softmax"] = median_ms(repeats, [&] { infill::row_attention_reference(q, k, v, heads, scale); });
+      row["matmul_softmax"] = median_ms(repeats, [&] { infill::kernels::masked_attention_reference(q, k, v, heads, scale); });
     } else {
       const at::Device where = device.torch_device();
       auto synced = [&](const std::function<at::Tensor()>& fn) {

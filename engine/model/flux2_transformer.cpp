@@ -311,7 +311,6 @@ Status Flux2Transformer::to_device(const ComputeDevice& target, at::ScalarType d
       moved.push_back(target.cuda ? slot.tensor->to(device, dtype) : slot.tensor->to(device));
     }
   } catch (const c10::Error& e) {
-    moved.clear();
     return Status(ErrorCode::kResourceExhausted, "FLUX.2 transformer to " + target.name() + " (" +
                                                      std::to_string(weight_bytes()) + " bytes of weights): " +
                                                      e.what_without_backtrace());
@@ -402,12 +401,16 @@ at::Tensor segment_attention(SegmentState& s, int block, const at::Tensor& q, co
   if (cpu_float && slabs) {
     return kernels::masked_attention_over_cache(q, k_half, v_half, L, s.positions, k, v, heads, scale);
   }
-  if (cpu_float) {
+  // The source's float copy of every position, into buffers the segment keeps.
+  auto fetch_float = [&] {
     if (!s.k_buf.defined()) {
       s.k_buf = at::empty({L, H}, at::kFloat);
       s.v_buf = at::empty({L, H}, at::kFloat);
     }
     s.seg->kv->fetch(block, s.k_buf, s.v_buf);
+  };
+  if (cpu_float) {
+    fetch_float();
     kernels::scatter_rows(s.k_buf, s.positions, k);
     kernels::scatter_rows(s.v_buf, s.positions, v);
     return row_attention(q, s.k_buf, s.v_buf, heads, scale);
@@ -421,11 +424,7 @@ at::Tensor segment_attention(SegmentState& s, int block, const at::Tensor& q, co
     keys = at::from_blob(const_cast<uint16_t*>(k_half), {L, H}, at::kHalf).to(q.device());
     values = at::from_blob(const_cast<uint16_t*>(v_half), {L, H}, at::kHalf).to(q.device());
   } else {
-    if (!s.k_buf.defined()) {
-      s.k_buf = at::empty({L, H}, at::kFloat);
-      s.v_buf = at::empty({L, H}, at::kFloat);
-    }
-    s.seg->kv->fetch(block, s.k_buf, s.v_buf);
+    fetch_float();
     keys = s.k_buf.to(q.device());
     values = s.v_buf.to(q.device());
   }

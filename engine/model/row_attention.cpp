@@ -7,16 +7,6 @@
 
 namespace infill {
 
-at::Tensor row_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                                   double scale) {
-  const int64_t m = q.size(0), l = k.size(0), d = q.size(1) / heads;
-  at::Tensor qh = q.reshape({m, heads, d}).transpose(0, 1);
-  at::Tensor kh = k.reshape({l, heads, d}).transpose(0, 1);
-  at::Tensor vh = v.reshape({l, heads, d}).transpose(0, 1);
-  at::Tensor p = at::softmax(at::matmul(qh, kh.transpose(1, 2)).mul_(scale), -1);
-  return at::matmul(p, vh).transpose(0, 1).reshape({m, heads * d});
-}
-
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
                          double scale) {
   if (q.device().is_cpu() && q.scalar_type() == at::kFloat) return kernels::masked_attention(q, k, v, heads, scale);
@@ -32,7 +22,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
     return out.squeeze(0).transpose(0, 1).reshape({m, heads * d});
   }
 #endif
-  return row_attention_reference(q, k, v, heads, scale);
+  return kernels::masked_attention_reference(q, k, v, heads, scale);
 }
 
 }  // namespace infill

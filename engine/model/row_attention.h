@@ -11,13 +11,9 @@
 namespace infill {
 
 /// q [M, heads * d] attends to k, v [L, heads * d] (same device and dtype as q; rows may be
-/// strided) -> [M, heads * d] in q's dtype, on q's device.
+/// strided) -> [M, heads * d] in q's dtype, on q's device. kernels::masked_attention_reference
+/// (plain ATen ops, any device and dtype) is the baseline it is checked and measured against.
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
                          double scale);
-
-/// The same maths in plain ATen ops on any device and dtype: the baseline row_attention's
-/// device kernels are checked and measured against.
-at::Tensor row_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                                   double scale);
 
 }  // namespace infill

@@ -16,6 +16,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "model/reference_check.h"
+#include "kernels/masked_attention.h"
 #include "model/row_attention.h"
 
 using namespace infill::test;
@@ -138,7 +139,7 @@ TEST_CASE("row attention on CUDA equals plain matmul-softmax attention", "[cuda]
       const at::Tensor v = at::empty({l, heads * d}).normal_(0, 1, gen).to(opts);
       const double scale = 1.0 / std::sqrt(static_cast<double>(d));
       const at::Tensor fast = infill::row_attention(q, k, v, heads, scale);
-      const at::Tensor ref = infill::row_attention_reference(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
+      const at::Tensor ref = infill::kernels::masked_attention_reference(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
                                                              heads, scale);
       INFO(c10::toString(dtype) << " m " << m);
       REQUIRE(fast.sizes() == ref.sizes());
