@@ -95,6 +95,18 @@ Result<std::unique_ptr<StepSession>> DitEditModel::create_session(std::shared_pt
   return std::unique_ptr<StepSession>(std::make_unique<DitStepSession>(std::move(session), resolved_steps(params)));
 }
 
+Result<std::unique_ptr<StepSession>> DitEditModel::create_streamed_session(std::shared_ptr<const TemplateImage> tmpl,
+                                                                           const EditParams& params,
+                                                                           std::shared_ptr<StreamedKvSource> streamed,
+                                                                           int recompute_blocks) const {
+  if (!streamed) return invalid_argument("a streamed edit needs its streamed source");
+  CacheSource source;
+  source.streamed = std::move(streamed);
+  source.recompute_blocks = recompute_blocks;
+  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<EditSession> session, EditSession::create(model_, std::move(tmpl), params, std::move(source)));
+  return std::unique_ptr<StepSession>(std::make_unique<DitStepSession>(std::move(session), resolved_steps(params)));
+}
+
 Result<std::unique_ptr<StepPrepare>> DitEditModel::create_prepare(std::shared_ptr<const TemplateImage> tmpl,
                                                                   const EditParams& params) const {
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<PrepareRun> run, PrepareRun::create(model_, std::move(tmpl), params.schedule));

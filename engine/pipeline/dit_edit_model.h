@@ -30,6 +30,11 @@ class DitEditModel final : public EditModel {
                                                       std::shared_ptr<const ActivationEntry> prompt_entry) const override;
   Result<std::unique_ptr<StepPrepare>> create_prepare(std::shared_ptr<const TemplateImage> tmpl,
                                                       const EditParams& params) const override;
+  int streamable_blocks() const override { return model_->manifest.dit.depth; }
+  Result<std::unique_ptr<StepSession>> create_streamed_session(std::shared_ptr<const TemplateImage> tmpl,
+                                                               const EditParams& params,
+                                                               std::shared_ptr<StreamedKvSource> streamed,
+                                                               int recompute_blocks) const override;
   at::Tensor forward(std::span<StepSession* const> sessions) const override;
   at::Tensor decode_preview(const at::Tensor& latent, const PixelRect& box) const override;
   int codec_factor() const override { return model_->manifest.autoencoder.factor; }

@@ -109,6 +109,19 @@ class EditModel {
                                                               const EditParams& params,
                                                               std::shared_ptr<const ActivationEntry> entry,
                                                               std::shared_ptr<const ActivationEntry> prompt_entry) const = 0;
+  /// Blocks per step of this model's cache entries (the load plan's unit); 0 when its edits
+  /// cannot stream an entry from the disk tier (the worker then reads the entry whole).
+  virtual int streamable_blocks() const { return 0; }
+  /// Sets up an edit that streams the entry of cache_key(), found only in the disk tier,
+  /// while it steps: blocks [recompute_blocks, streamable_blocks()) read their K/V as the step
+  /// reaches them (the I/O overlapping the blocks before), the blocks before run on all
+  /// tokens (the load plan's choice). Models without streaming refuse.
+  virtual Result<std::unique_ptr<StepSession>> create_streamed_session(std::shared_ptr<const TemplateImage> tmpl,
+                                                                       const EditParams& params,
+                                                                       std::shared_ptr<StreamedKvSource> streamed,
+                                                                       int recompute_blocks) const {
+    return Status(ErrorCode::kUnimplemented, "model " + name() + " cannot stream cache entries from disk");
+  }
   /// The prepare run that makes the entry of cache_key().
   virtual Result<std::unique_ptr<StepPrepare>> create_prepare(std::shared_ptr<const TemplateImage> tmpl,
                                                               const EditParams& params) const = 0;

@@ -242,7 +242,7 @@ std::span<DitSegment> EditSession::segments() {
   seg.cond = cond_[static_cast<size_t>(step_ - first_step_)];
   const at::Tensor& null_cond = null_cond_[static_cast<size_t>(step_ - first_step_)];
   seg.null_cond = cfg.prompt_scope == PromptScope::kMaskedTokens ? null_cond : seg.cond;
-  const int recompute = cache_.streamed ? cache_.recompute_blocks : 0;
+  const int recompute = cache_.recompute_blocks;
   // With every token masked nothing is read from the cache (all K/V rows are fresh).
   const int64_t grid_tokens = static_cast<int64_t>(tokens_.grid_h) * tokens_.grid_w;
   const bool reads_cache = uses_cache() && recompute < cfg.depth && tokens_.count() < grid_tokens;
@@ -331,7 +331,7 @@ Result<EditOutput> EditSession::finish() const {
   out.used_cache = uses_cache() && tokens_.count() > 0;
   out.cache_mode = out.used_cache ? "template_keyed" : "off";
   out.streamed_cache = cache_.streamed != nullptr;
-  out.recomputed_blocks = cache_.streamed ? cache_.recompute_blocks : 0;
+  out.recomputed_blocks = cache_.recompute_blocks;
   if (tokens_.count() == 0) {
     // Nothing to regenerate: the template itself, bit for bit.
     out.steps_run = 0;

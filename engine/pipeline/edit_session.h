@@ -108,7 +108,9 @@ Status check_edit_ranges(double strength, int halo_tokens, float feather_px);
 struct CacheSource {
   std::shared_ptr<const ActivationEntry> entry;  ///< a RAM-resident entry, or
   std::shared_ptr<StreamedKvSource> streamed;    ///< slabs streamed from the disk tier
-  int recompute_blocks = 0;                      ///< with `streamed`: leading blocks run on all tokens
+  /// Leading blocks run on all tokens (the load plan's choice for a streamed entry; with a
+  /// RAM entry the same plan forced, which a streamed edit must equal bit for bit).
+  int recompute_blocks = 0;
   bool empty() const { return !entry && !streamed; }
 };
 

@@ -78,16 +78,12 @@ std::variant<AdmittedEdit, ApiReply> EditLedger::admit_locked(const EditAdmissio
   AdmittedEdit admitted;
   admitted.supersedes = a.supersedes;
   if (a.supersedes != 0) {
+    // The runtime replaces the old edit whatever its model; the ledger names the clients.
     auto old = edits_.find(a.supersedes);
-    if (old != edits_.end() && !old->second.finished && old->second.slot != a.slot) {
-      if (old->second.client != a.client)
-        return error_reply(400, "invalid_parameter",
-                           "supersedes names edit " + std::to_string(a.supersedes) + " of client " + old->second.client +
-                               ", expected one of client " + a.client);
-      admitted.cancel_other = a.supersedes;
-      admitted.cancel_other_slot = old->second.slot;
-      admitted.supersedes = 0;
-    }
+    if (old != edits_.end() && !old->second.finished && old->second.client != a.client)
+      return error_reply(400, "invalid_parameter",
+                         "supersedes names edit " + std::to_string(a.supersedes) + " of client " + old->second.client +
+                             ", expected one of client " + a.client);
   }
   const bool resumed = a.replay_id != 0;
   if (!resumed && live_per_client_[a.client] >= limits_.max_queued_per_client) {

@@ -65,11 +65,8 @@ struct EditAdmission {
 struct AdmittedEdit {
   uint64_t id = 0;
   uint64_t client_index = 0;  ///< a small number per client name (the scheduler's fairness key)
-  /// What the edit's own runtime should supersede: 0 when the superseded edit runs on another
-  /// model (each runtime knows only its own requests), which cancel_other then names.
+  /// What the runtime should supersede (of the same client, on any model).
   uint64_t supersedes = 0;
-  uint64_t cancel_other = 0;
-  size_t cancel_other_slot = 0;
 };
 
 /// How an edit ended, as its runtime reported it.

@@ -59,7 +59,8 @@ json request_metrics_json(const RequestMetrics& m) {
           {"steps_requested", m.steps_requested}, {"steps_run", m.steps_run},
           {"steps_dropped", m.steps_dropped}, {"masked_tokens", m.masked_tokens},
           {"total_tokens", m.total_tokens}, {"deadline_ms", m.deadline_ms},
-          {"deadline_met", m.deadline_met}, {"shared_prepare", m.shared_prepare}};
+          {"deadline_met", m.deadline_met}, {"shared_prepare", m.shared_prepare},
+          {"streamed", m.streamed}, {"blocks_loaded", m.blocks_loaded}, {"blocks_recomputed", m.blocks_recomputed}};
 }
 
 // Inverse of error_code_name for codes read back from the journal (unknown -> internal).
@@ -412,6 +413,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   if (Status prompted = model_used.set_prompt(req.params, f.prompt); !prompted.ok())
     return error_reply(400, "invalid_prompt", "prompt: " + prompted.message());
   req.tmpl = tmpl;
+  req.model = models->shared_model(slot);
   req.params.mask = *mask;
   req.params.guidance_scale = f.guidance ? *f.guidance : model_used.info().default_guidance;
   req.params.seed = f.seed ? static_cast<uint64_t>(*f.seed) : 0;
@@ -467,15 +469,13 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   req.on_complete = [this](const RequestResult& r) { on_complete(r); };
   // Queued goes out before the runtime can report progress.
   events.emit(client, "queued", {{"id", id}, {"template", template_id}, {"model", model_id}, {"class", request_class_name(cls)}});
-  if (Status st = models->runtime(slot).submit(std::move(req)); !st.ok()) {
+  if (Status st = models->runtime().submit(std::move(req)); !st.ok()) {
     withdraw();
     if (journal_now) journal_writer->post([id](JobJournal& j) { return j.forget_edit(id); });
     events.emit(client, "failed",
                 {{"id", id}, {"state", "failed"}, {"error", {{"code", error_code_name(st.code())}, {"message", st.message()}}}});
     return status_reply(st);
   }
-  // An edit superseding a live edit of another model: its runtime does not know this one.
-  if (admitted.cancel_other != 0) models->runtime(admitted.cancel_other_slot).cancel(admitted.cancel_other);
   return json_reply(202, {{"id", id}, {"state", "queued"}, {"template", template_id}, {"model", model_id}, {"client", client},
                           {"class", request_class_name(cls)}, {"status_url", "/v1/edits/" + std::to_string(id)}});
 }
@@ -563,7 +563,7 @@ ApiReply EngineService::cancel_edit(std::string_view id_text) {
   if (!id) return invalid_id_reply(id_text);
   auto target = impl_->ledger->cancel_target(*id);
   if (auto* refused = std::get_if<ApiReply>(&target)) return *refused;
-  const bool live = impl_->models->runtime(std::get<size_t>(target)).cancel(*id);
+  const bool live = impl_->models->runtime().cancel(*id);
   return json_reply(202, {{"id", *id}, {"cancelling", live}});
 }
 
@@ -574,7 +574,7 @@ bool EngineService::drain(double timeout_ms, double cancel_timeout_ms) {
   if (impl_->models->drain(timeout_ms)) return true;
   const auto live = impl_->ledger->live();
   impl_->shutting_down.store(true);
-  for (const auto& [id, slot] : live) impl_->models->runtime(slot).cancel(id);
+  for (const auto& [id, slot] : live) impl_->models->runtime().cancel(id);
   return impl_->models->drain(cancel_timeout_ms);
 }
 

@@ -1,7 +1,6 @@
 #include "server/model_registry.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "cache/activation_store.h"
 #include "model/model.h"
@@ -15,7 +14,6 @@ namespace infill {
 
 struct ModelRegistry::Slot {
   std::shared_ptr<const EditModel> model;  // any family
-  std::unique_ptr<ServingRuntime> runtime;
 };
 
 std::string calibration_path_for(const std::string& path, size_t index) {
@@ -51,6 +49,7 @@ Result<std::unique_ptr<ModelRegistry>> ModelRegistry::load(const ModelRegistryOp
   if (!store.ok()) return store.status();
   std::unique_ptr<ModelRegistry> registry(new ModelRegistry());
   registry->store_ = std::shared_ptr<ActivationStore>(std::move(*store));
+  std::vector<ServedModel> served;
   for (size_t i = 0; i < models.size(); ++i) {
     std::shared_ptr<const StepCostModel> cost;
     // The calibration runs the DiT family's forward; other families start from the plausible
@@ -65,16 +64,20 @@ Result<std::unique_ptr<ModelRegistry>> ModelRegistry::load(const ModelRegistryOp
     } else {
       cost = std::make_shared<const StepCostModel>(StepCostModel::plausible());
     }
-    RuntimeOptions ro;
-    ro.workers = options.workers;
-    ro.threads_per_worker = options.threads_per_worker;
-    ro.pool_threads = std::max(1, options.pool_threads);
-    ro.worker.before_step = options.before_step;
-    ro.worker.may_step = options.may_step;
-    auto runtime = ServingRuntime::create(models[i].model, registry->store_, cost, ro);
-    if (!runtime.ok()) return runtime.status();
-    registry->slots_.push_back({models[i].model, std::move(*runtime)});
+    served.push_back({models[i].model, std::move(cost)});
+    registry->slots_.push_back({models[i].model});
   }
+  // One runtime for the device: its workers serve every model, so two models share one step
+  // loop (per worker) instead of competing for the same cores or GPU from two.
+  RuntimeOptions ro;
+  ro.workers = options.workers;
+  ro.threads_per_worker = options.threads_per_worker;
+  ro.pool_threads = std::max(1, options.pool_threads);
+  ro.worker.before_step = options.before_step;
+  ro.worker.may_step = options.may_step;
+  auto runtime = ServingRuntime::create(std::move(served), registry->store_, ro);
+  if (!runtime.ok()) return runtime.status();
+  registry->runtime_ = std::move(*runtime);
   return registry;
 }
 
@@ -83,7 +86,8 @@ ModelRegistry::~ModelRegistry() = default;
 size_t ModelRegistry::size() const { return slots_.size(); }
 const EditModel& ModelRegistry::model(size_t slot) const { return *slots_.at(slot).model; }
 const std::string& ModelRegistry::id(size_t slot) const { return slots_.at(slot).model->info().id; }
-ServingRuntime& ModelRegistry::runtime(size_t slot) const { return *slots_.at(slot).runtime; }
+std::shared_ptr<const EditModel> ModelRegistry::shared_model(size_t slot) const { return slots_.at(slot).model; }
+ServingRuntime& ModelRegistry::runtime() const { return *runtime_; }
 ActivationStore& ModelRegistry::store() const { return *store_; }
 
 int ModelRegistry::find(const std::string& id) const {
@@ -120,31 +124,19 @@ nlohmann::json ModelRegistry::models_json(int64_t max_image_pixels) const {
 }
 
 void ModelRegistry::collect(ServiceMetrics& m) const {
-  for (const Slot& slot : slots_) {
-    if (!slot.runtime) continue;
-    const std::string& id = slot.model->info().id;
-    for (WorkerMetrics& w : slot.runtime->worker_metrics()) m.workers.push_back({id, std::move(w)});
+  if (runtime_) {
+    std::vector<std::string> ids;
+    for (const Slot& slot : slots_) ids.push_back(slot.model->info().id);
+    for (WorkerMetrics& w : runtime_->worker_metrics()) m.workers.push_back({ids, std::move(w)});
     int index = 0;
-    for (const WorkerLoad& l : slot.runtime->loads()) m.loads.push_back({id, index++, l});
-    const auto more = slot.runtime->request_metrics();
-    m.recent_requests.insert(m.recent_requests.end(), more.begin(), more.end());
+    for (const WorkerLoad& l : runtime_->loads()) m.loads.push_back({m.workers.at(index).worker.device, index, l}), ++index;
+    m.recent_requests = runtime_->request_metrics();
   }
   m.cache = store_->stats();
 }
 
-bool ModelRegistry::drain(double budget_ms) const {
-  const auto start = std::chrono::steady_clock::now();
-  bool idle = true;
-  for (const Slot& s : slots_) {
-    if (!s.runtime) continue;
-    const double spent = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    idle = s.runtime->drain(std::max(0.0, budget_ms - spent)) && idle;
-  }
-  return idle;
-}
+bool ModelRegistry::drain(double budget_ms) const { return !runtime_ || runtime_->drain(std::max(0.0, budget_ms)); }
 
-void ModelRegistry::stop() {
-  for (Slot& s : slots_) s.runtime.reset();
-}
+void ModelRegistry::stop() { runtime_.reset(); }
 
 }  // namespace infill

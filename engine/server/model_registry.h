@@ -1,7 +1,7 @@
 #pragma once
-/// The models an engine serves, each with the serving runtime whose workers run its edits,
-/// and the activation store they share (its keys include the model id). Slot 0 is the default
-/// model; an edit names another by id.
+/// The models an engine serves, the serving runtime of their device (one step loop per
+/// worker, every worker serving every model) and the activation store they share (its keys
+/// include the model id). Slot 0 is the default model; an edit names another by id.
 ///
 /// Torch-free header. Threading: built once by load(); afterwards read-only (the runtimes'
 /// own methods are thread-safe) until stop().
@@ -50,8 +50,8 @@ std::string calibration_path_for(const std::string& path, size_t index);
 
 class ModelRegistry {
  public:
-  /// Loads every model, opens the store, builds each model's cost model and starts its
-  /// workers. Two folders holding the same model (same id) are an error naming both.
+  /// Loads every model, opens the store, builds each model's cost model on the device and
+  /// starts the workers. Two folders holding the same model (same id) are an error naming both.
   static Result<std::unique_ptr<ModelRegistry>> load(const ModelRegistryOptions& options);
   ~ModelRegistry();
   ModelRegistry(const ModelRegistry&) = delete;
@@ -59,8 +59,11 @@ class ModelRegistry {
 
   size_t size() const;
   const EditModel& model(size_t slot) const;
+  /// The same, to hand to a request (ServingRequest::model).
+  std::shared_ptr<const EditModel> shared_model(size_t slot) const;
   const std::string& id(size_t slot) const;
-  ServingRuntime& runtime(size_t slot) const;
+  /// Runs the edits of every model; null after stop().
+  ServingRuntime& runtime() const;
   ActivationStore& store() const;
   /// The slot of the model with `id`, or -1.
   int find(const std::string& id) const;
@@ -68,11 +71,11 @@ class ModelRegistry {
   std::string ids_text() const;
   /// `GET /v1/models`'s list; `max_image_pixels` is the server's own upload limit.
   nlohmann::json models_json(int64_t max_image_pixels) const;
-  /// Adds every runtime's workers, loads and recent requests, and the store's statistics.
+  /// Adds the workers, their loads and recent requests, and the store's statistics.
   void collect(ServiceMetrics& m) const;
-  /// Waits up to `budget_ms` in all (one deadline over every runtime) for all edits to end.
+  /// Waits up to `budget_ms` for all edits to end.
   bool drain(double budget_ms) const;
-  /// Stops every runtime (their callbacks stop before this returns); the models stay.
+  /// Stops the runtime (its callbacks stop before this returns); the models stay.
   void stop();
 
  private:
@@ -80,6 +83,7 @@ class ModelRegistry {
   struct Slot;
   std::vector<Slot> slots_;
   std::shared_ptr<ActivationStore> store_;
+  std::unique_ptr<ServingRuntime> runtime_;
 };
 
 }  // namespace infill

@@ -96,15 +96,15 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
   w.sample("infill_templates_created_total", {}, double(m.templates_created));
 
   w.family("infill_queue_requests", "gauge", "Requests routed to a worker and not yet finished (its queue depth).");
-  for (const ModelWorkerLoad& l : m.loads)
-    w.sample("infill_queue_requests", {{"model", l.model}, {"worker", std::to_string(l.worker)}}, double(l.load.requests));
+  for (const ServiceWorkerLoad& l : m.loads)
+    w.sample("infill_queue_requests", {{"device", l.device}, {"worker", std::to_string(l.worker)}}, double(l.load.requests));
   w.family("infill_queue_backlog_seconds", "gauge", "Predicted compute time of everything a worker holds.");
-  for (const ModelWorkerLoad& l : m.loads)
-    w.sample("infill_queue_backlog_seconds", {{"model", l.model}, {"worker", std::to_string(l.worker)}},
+  for (const ServiceWorkerLoad& l : m.loads)
+    w.sample("infill_queue_backlog_seconds", {{"device", l.device}, {"worker", std::to_string(l.worker)}},
              l.load.backlog_ms / 1000.0);
 
-  auto worker_labels = [](const ModelWorkerMetrics& mw) {
-    return Labels{{"model", mw.model}, {"worker", std::to_string(mw.worker.index)}};
+  auto worker_labels = [](const ServiceWorkerMetrics& mw) {
+    return Labels{{"device", mw.worker.device}, {"worker", std::to_string(mw.worker.index)}};
   };
   struct Counter {
     const char* name;
@@ -119,14 +119,19 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
                            Counter{"infill_worker_requests_advanced_total", "Request-steps run (sum of batch sizes).",
                                    &WorkerMetrics::requests_advanced}}) {
     w.family(c.name, "counter", c.help);
-    for (const ModelWorkerMetrics& mw : m.workers) w.sample(c.name, worker_labels(mw), double(mw.worker.*c.field));
+    for (const ServiceWorkerMetrics& mw : m.workers) w.sample(c.name, worker_labels(mw), double(mw.worker.*c.field));
+  }
+  w.family("infill_worker_model_steps_total", "counter", "Batched steps that ran a forward of the model.");
+  for (const ServiceWorkerMetrics& mw : m.workers) {
+    for (const auto& [model, steps] : mw.worker.steps_by_model)
+      w.sample("infill_worker_model_steps_total", with(worker_labels(mw), {{"model", model}}), double(steps));
   }
   w.family("infill_worker_busy_ratio", "gauge", "Share of the worker's uptime spent on steps, prepare slices and scheduling.");
-  for (const ModelWorkerMetrics& mw : m.workers) w.sample("infill_worker_busy_ratio", worker_labels(mw), mw.worker.utilisation());
+  for (const ServiceWorkerMetrics& mw : m.workers) w.sample("infill_worker_busy_ratio", worker_labels(mw), mw.worker.utilisation());
 
   w.family("infill_step_duration_seconds", "histogram",
            "Whole step-loop time of a batched step: scheduling, packing, forward and sampler updates.");
-  for (const ModelWorkerMetrics& mw : m.workers) {
+  for (const ServiceWorkerMetrics& mw : m.workers) {
     const WorkerMetrics& wm = mw.worker;
     const Labels base = worker_labels(mw);
     uint64_t cumulative = 0;

@@ -32,11 +32,13 @@ int64_t process_resident_bytes() {
 
 json service_metrics_json(const ServiceMetrics& m) {
   json workers = json::array();
-  for (const ModelWorkerMetrics& mw : m.workers) {
+  for (const ServiceWorkerMetrics& mw : m.workers) {
     const WorkerMetrics& w = mw.worker;
     workers.push_back({{"index", w.index},
-                       {"model", mw.model},
+                       {"device", w.device},
+                       {"models", mw.models},
                        {"steps", w.steps},
+                       {"steps_by_model", w.steps_by_model},
                        {"failed_steps", w.failed_steps},
                        {"prepare_steps", w.prepare_steps},
                        {"requests_advanced", w.requests_advanced},
@@ -51,8 +53,8 @@ json service_metrics_json(const ServiceMetrics& m) {
                        {"utilisation", w.utilisation()}});
   }
   json loads = json::array();
-  for (const ModelWorkerLoad& l : m.loads)
-    loads.push_back({{"model", l.model}, {"requests", l.load.requests}, {"backlog_ms", l.load.backlog_ms}});
+  for (const ServiceWorkerLoad& l : m.loads)
+    loads.push_back({{"worker", l.worker}, {"device", l.device}, {"requests", l.load.requests}, {"backlog_ms", l.load.backlog_ms}});
   std::vector<double> total, queue;
   size_t met = 0;
   for (const RequestMetrics& r : m.recent_requests) {

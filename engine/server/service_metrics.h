@@ -17,21 +17,22 @@
 
 namespace infill {
 
-struct ModelWorkerMetrics {
-  std::string model;  ///< id of the model the worker runs
-  WorkerMetrics worker;
+/// One worker: a step loop on a device, serving every loaded model.
+struct ServiceWorkerMetrics {
+  std::vector<std::string> models;  ///< ids of the models it serves
+  WorkerMetrics worker;             ///< its device, steps (also per model), times
 };
 
-struct ModelWorkerLoad {
-  std::string model;
-  int worker = 0;  ///< the worker's index within its model's runtime
+struct ServiceWorkerLoad {
+  std::string device;
+  int worker = 0;  ///< the worker's index in the runtime
   WorkerLoad load;
 };
 
 struct ServiceMetrics {
-  std::vector<ModelWorkerMetrics> workers;
-  std::vector<ModelWorkerLoad> loads;
-  /// The runtimes' recent finished requests (each runtime keeps a bounded window).
+  std::vector<ServiceWorkerMetrics> workers;
+  std::vector<ServiceWorkerLoad> loads;
+  /// The runtime's recent finished requests (each worker keeps a bounded window).
   std::vector<RequestMetrics> recent_requests;
   ActivationStoreStats cache;
   int live_edits = 0;

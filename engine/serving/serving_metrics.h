@@ -6,6 +6,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "serving/cost_model.h"
@@ -31,11 +33,20 @@ struct RequestMetrics {
   double deadline_ms = 0.0;      ///< relative to submission
   bool deadline_met = false;     ///< done within deadline_ms of submission
   bool shared_prepare = false;   ///< joined a prepare job another request started
+  /// The template's entry was only in the disk tier and streamed during the steps; per step,
+  /// the load plan loaded blocks_loaded blocks' K/V and recomputed the blocks_recomputed
+  /// leading ones on all tokens.
+  bool streamed = false;
+  int blocks_loaded = 0;
+  int blocks_recomputed = 0;
 };
 
 /// One worker's account since it started.
 struct WorkerMetrics {
   int index = 0;
+  std::string device;            ///< where its step loop computes: "cpu", "cuda:0"
+  /// Batched steps that ran a forward of each model (a round with two models counts for both).
+  std::map<std::string, uint64_t> steps_by_model;
   uint64_t steps = 0;            ///< batched denoising steps run
   uint64_t failed_steps = 0;     ///< steps whose forward threw (their requests failed)
   uint64_t prepare_steps = 0;    ///< prepare-job slices run (one full denoising step each)

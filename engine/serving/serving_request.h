@@ -20,6 +20,8 @@
 
 namespace infill {
 
+class EditModel;
+
 /// Reported after every step a request runs.
 struct RequestProgress {
   uint64_t id = 0;
@@ -40,6 +42,8 @@ struct RequestResult {
 
 struct ServingRequest {
   uint64_t id = 0;          ///< unique among live requests, non-zero
+  /// The model that runs the edit, one the runtime serves; null = the runtime's first model.
+  std::shared_ptr<const EditModel> model;
   uint64_t client_id = 0;   ///< who sent it; supersede only works within one client
   /// Non-zero: this request replaces that older request of the same client, which is
   /// cancelled at its next step boundary.

@@ -21,15 +21,33 @@ Result<std::unique_ptr<ServingRuntime>> ServingRuntime::create(std::shared_ptr<c
                                                                std::shared_ptr<ActivationStore> store,
                                                                std::shared_ptr<const StepCostModel> cost,
                                                                RuntimeOptions options) {
-  if (!model || !store || !cost) return invalid_argument("serving runtime needs a model, a store and a cost model");
+  return create(std::vector<ServedModel>{{std::move(model), std::move(cost)}}, std::move(store), std::move(options));
+}
+
+Result<std::unique_ptr<ServingRuntime>> ServingRuntime::create(std::vector<ServedModel> models,
+                                                               std::shared_ptr<ActivationStore> store,
+                                                               RuntimeOptions options) {
+  if (models.empty() || !store) return invalid_argument("serving runtime needs a model, a store and a cost model");
+  for (size_t i = 0; i < models.size(); ++i) {
+    if (!models[i].model || !models[i].cost)
+      return invalid_argument("serving runtime: model " + std::to_string(i) + " has no model or no cost model");
+    for (size_t j = 0; j < i; ++j) {
+      if (models[j].model->info().id == models[i].model->info().id)
+        return invalid_argument("serving runtime: model " + models[i].model->info().id + " is given twice");
+    }
+    // One runtime is one device: its workers' step loops own that device's compute.
+    if (!(models[i].model->device() == models.front().model->device()))
+      return invalid_argument("serving runtime: model " + models[i].model->name() + " computes on " +
+                              models[i].model->device().name() + ", model " + models.front().model->name() + " on " +
+                              models.front().model->device().name() + "; expected one device");
+  }
   if (options.workers < 1 || options.threads_per_worker < 1 || options.pool_threads < 1) {
     return invalid_argument("serving runtime options: workers " + std::to_string(options.workers) +
                             ", threads_per_worker " + std::to_string(options.threads_per_worker) +
                             ", pool_threads " + std::to_string(options.pool_threads) + ", expected each >= 1");
   }
   std::unique_ptr<ServingRuntime> rt(new ServingRuntime());
-  rt->model_ = model;
-  rt->cost_ = cost;
+  rt->models_ = models;
   rt->options_ = options;
   rt->epoch_ = std::chrono::steady_clock::now();
   rt->pool_ = std::make_unique<TaskPool>(options.pool_threads, 1);
@@ -39,7 +57,7 @@ Result<std::unique_ptr<ServingRuntime>> ServingRuntime::create(std::shared_ptr<c
     w.index = i;
     w.compute_threads = options.threads_per_worker;
     w.epoch = rt->epoch_;
-    rt->workers_.push_back(std::make_unique<Worker>(model, store, cost, *rt->pool_, std::move(w)));
+    rt->workers_.push_back(std::make_unique<Worker>(models, store, *rt->pool_, std::move(w)));
   }
   return rt;
 }
@@ -56,14 +74,25 @@ double ServingRuntime::now_ms() const {
 Status ServingRuntime::submit(ServingRequest request) {
   const uint64_t id = request.id;
   if (id == 0) return invalid_argument("request id 0 is reserved, expected a non-zero id");
+  const ServedModel* served = request.model ? nullptr : &models_.front();
+  for (const ServedModel& m : models_)
+    if (m.model == request.model) served = &m;
+  if (served == nullptr) {
+    std::string ids;
+    for (const ServedModel& m : models_) ids += (ids.empty() ? "" : ", ") + m.model->info().id;
+    return invalid_argument("request " + std::to_string(id) + " names model " + request.model->info().id +
+                            ", expected one this runtime serves (" + ids + ")");
+  }
+  if (!request.model) request.model = served->model;
   // The request's own work, for the mask-aware router: tokens estimated from the mask area.
   double work_ms = 0;
   if (request.tmpl && request.params.mask.defined() && request.params.mask.numel() > 0) {
-    const int p = model_->token_pixels();
+    const EditModel& model = *served->model;
+    const int p = model.token_pixels();
     const int64_t total = int64_t{request.tmpl->model_width / p} * (request.tmpl->model_height / p);
     const double ratio = (request.params.mask > 0).to(at::kFloat).mean().item<double>();
-    const int steps = model_->resolved_steps(request.params);
-    work_ms = request_work_ms(*cost_, static_cast<int64_t>(std::ceil(ratio * double(total))), total, steps);
+    const int steps = model.resolved_steps(request.params);
+    work_ms = request_work_ms(*served->cost, static_cast<int64_t>(std::ceil(ratio * double(total))), total, steps);
   }
   std::vector<WorkerLoad> loads;
   for (const auto& w : workers_) loads.push_back(w->load());

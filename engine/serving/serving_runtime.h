@@ -1,6 +1,8 @@
 #pragma once
-/// The serving runtime: N workers (one step loop each), one task pool for pre/post-processing,
-/// and a router that places each new request. Handles ids, cancel and supersede.
+/// The serving runtime of one device: N workers (one step loop each; one per device on a GPU,
+/// a share of the cores each on the CPU), every worker serving every model, one task pool for
+/// pre/post-processing, and a router that spreads requests over the workers. Handles ids,
+/// cancel and supersede, across models.
 ///
 /// Threading: every public method is safe from any thread. Request callbacks run on the pool.
 
@@ -33,7 +35,13 @@ struct RuntimeOptions {
 
 class ServingRuntime {
  public:
-  /// Starts the workers. Errors: workers or threads < 1, a null model, store or cost model.
+  /// Starts the workers, each serving every model of `models` (the first is the default of
+  /// requests that name none). Errors: no model, a null model or cost model, two models with
+  /// one id, models on different devices, workers or threads < 1, a null store.
+  static Result<std::unique_ptr<ServingRuntime>> create(std::vector<ServedModel> models,
+                                                        std::shared_ptr<ActivationStore> store,
+                                                        RuntimeOptions options);
+  /// One model.
   static Result<std::unique_ptr<ServingRuntime>> create(std::shared_ptr<const EditModel> model,
                                                         std::shared_ptr<ActivationStore> store,
                                                         std::shared_ptr<const StepCostModel> cost,
@@ -47,7 +55,8 @@ class ServingRuntime {
   ~ServingRuntime();
 
   /// Routes and queues a request. Errors (the request is then not queued and on_complete is
-  /// not called): id 0 or already live, supersedes naming a live request of another client.
+  /// not called): id 0 or already live, a model this runtime does not serve, supersedes naming
+  /// a live request of another client. A request may supersede one of another model.
   /// A supersedes naming a finished or unknown request is accepted (nothing left to replace).
   Status submit(ServingRequest request);
   /// Cancels a live request at its next step boundary; false when the id is not live.
@@ -71,8 +80,7 @@ class ServingRuntime {
     size_t worker;
   };
 
-  std::shared_ptr<const EditModel> model_;
-  std::shared_ptr<const StepCostModel> cost_;
+  std::vector<ServedModel> models_;
   RuntimeOptions options_;
   std::chrono::steady_clock::time_point epoch_;
   std::unique_ptr<TaskPool> pool_;

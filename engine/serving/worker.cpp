@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include "cache/load_plan.h"
 #include "pipeline/cached_kv.h"
 #include "pipeline/composite.h"
 #include "pipeline/mask.h"
@@ -48,6 +49,9 @@ struct Worker::Record {
   ~Record() { g_live_records.fetch_sub(1); }
 
   ServingRequest req;
+  const ServedModel* served = nullptr;  // the model of req, in the worker's list; set on submit
+  const EditModel& model() const { return *served->model; }
+  const StepCostModel& cost() const { return *served->cost; }
   std::mutex mu;
   RequestLifecycle life;  // guarded by mu
   std::atomic<bool> cancel_requested{false};
@@ -60,6 +64,11 @@ struct Worker::Record {
   double preprocess_ms = -1, ready_ms = -1, first_step_ms = -1, last_step_ms = -1, finish_ms = -1;
   std::atomic<double> post_start_ms{-1};  // written by the pool thread, read by whoever completes
   bool shared_prepare = false;
+  // A streamed edit: its source (read speed measured after the steps), key and plan.
+  std::shared_ptr<StreamedKvSource> streamed;
+  std::optional<ActivationKey> streamed_key;
+  int blocks = 0, recompute_blocks = 0;
+  double slab_bytes = 0;
 
   std::shared_ptr<const TemplateImage> tmpl;
   std::shared_ptr<StepSession> session;
@@ -87,6 +96,7 @@ struct Worker::Record {
 
 struct Worker::PrepareJob {
   std::shared_ptr<StepPrepare> run;
+  const ServedModel* served = nullptr;
   double step_work_ms = 0;
   double deadline_abs_ms = 0;
   bool background = false;  // a prompt-keyed prepare nobody waits for (see worker.h)
@@ -96,6 +106,7 @@ struct Worker::PrepareJob {
 struct Worker::Message {
   enum Kind { kReady, kNeedsPrepare, kCancel, kStored, kWantPromptPrepare, kBackgroundPrepare } kind = kReady;
   std::shared_ptr<Record> record;
+  const ServedModel* served = nullptr;    // kWantPromptPrepare, kBackgroundPrepare
   std::shared_ptr<const TemplateImage> tmpl;
   std::string canonical;
   EditParams params;                      // kWantPromptPrepare
@@ -114,15 +125,15 @@ struct Worker::Message {
 
 int64_t Worker::live_records() { return g_live_records.load(); }
 
-Worker::Worker(std::shared_ptr<const EditModel> model, std::shared_ptr<ActivationStore> store,
-               std::shared_ptr<const StepCostModel> cost, TaskPool& pool, WorkerOptions options)
-    : model_(std::move(model)),
+Worker::Worker(std::vector<ServedModel> models, std::shared_ptr<ActivationStore> store, TaskPool& pool,
+               WorkerOptions options)
+    : models_(std::move(models)),
       store_(std::move(store)),
-      cost_(std::move(cost)),
       pool_(pool),
       options_(std::move(options)),
       selector_(options_.policy, options_.token_budget, options_.scheduler) {
   metrics_.index = options_.index;
+  metrics_.device = models_.front().model->device().name();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -156,19 +167,40 @@ void Worker::post(Message message) {
   inbox_cv_.notify_one();
 }
 
+const ServedModel* Worker::served_model(const EditModel* model) const {
+  if (model == nullptr) return &models_.front();
+  for (const ServedModel& m : models_)
+    if (m.model.get() == model) return &m;
+  return nullptr;
+}
+
 void Worker::submit(ServingRequest request, double submitted_ms) {
   auto r = std::make_shared<Record>(std::move(request), submitted_ms);
+  r->served = served_model(r->req.model.get());
+  if (r->served == nullptr) {
+    // The runtime checks this first; a worker never runs a request on another model.
+    r->served = &models_.front();
+    requests_.fetch_add(1);
+    {
+      std::lock_guard lock(records_mu_);
+      records_[r->req.id] = r;
+    }
+    complete(r, RequestState::kFailed,
+             invalid_argument("request " + std::to_string(r->req.id) + " names model " + r->req.model->name() +
+                              ", which worker " + std::to_string(options_.index) + " does not serve"));
+    return;
+  }
   r->deadline_rel_ms = r->req.deadline_ms.value_or(default_deadline_ms(r->req.cls));
   r->deadline_abs_ms = submitted_ms + r->deadline_rel_ms;
   // Until pre-processing knows the token count, charge the request by the mask's area.
   if (r->req.params.mask.defined() && r->req.tmpl) {
-    const int steps = model_->resolved_steps(r->req.params);
-    const int p = model_->token_pixels();
+    const int steps = r->model().resolved_steps(r->req.params);
+    const int p = r->model().token_pixels();
     const int64_t total = int64_t{(r->req.tmpl->model_width / p)} * (r->req.tmpl->model_height / p);
     const double ratio = r->req.params.mask.numel() > 0 ? (r->req.params.mask > 0).to(at::kFloat).mean().item<double>() : 0.0;
     r->tokens = static_cast<int64_t>(std::ceil(ratio * static_cast<double>(total)));
     r->total_tokens = total;
-    r->remaining_work_ms = request_work_ms(*cost_, r->tokens, total, steps);
+    r->remaining_work_ms = request_work_ms(r->cost(), r->tokens, total, steps);
     work_ms_.fetch_add(r->remaining_work_ms.load());
     int cur = max_steps_left_.load();
     while (steps > cur && !max_steps_left_.compare_exchange_weak(cur, steps)) {
@@ -204,7 +236,10 @@ bool Worker::cancel(uint64_t id, Status reason) {
 WorkerLoad Worker::load() const {
   WorkerLoad l;
   l.requests = requests_.load();
-  l.backlog_ms = drain_ms(*cost_, work_ms_.load(), max_steps_left_.load());
+  // Each round pays the step intercept of the models in it: the dearest one stands for them.
+  double backlog = 0;
+  for (const ServedModel& m : models_) backlog = std::max(backlog, drain_ms(*m.cost, work_ms_.load(), max_steps_left_.load()));
+  l.backlog_ms = backlog;
   return l;
 }
 
@@ -273,6 +308,9 @@ void Worker::complete(const std::shared_ptr<Record>& r, RequestState state, Stat
   m.deadline_ms = r->deadline_rel_ms;
   m.deadline_met = state == RequestState::kDone && m.total_ms <= r->deadline_rel_ms;
   m.shared_prepare = r->shared_prepare;
+  m.streamed = r->streamed_key.has_value();
+  m.blocks_loaded = m.streamed ? r->blocks - r->recompute_blocks : 0;
+  m.blocks_recomputed = m.streamed ? r->recompute_blocks : 0;
   result->id = r->req.id;
   result->state = state;
   result->status = std::move(status);
@@ -346,7 +384,7 @@ void Worker::preprocess(const std::shared_ptr<Record>& r) {
     std::shared_ptr<const TemplateImage> tmpl = r->req.tmpl;
     if (!tmpl) {
       if (r->req.template_bytes.empty()) return fail("has neither a template nor template bytes");
-      auto made = model_->make_template(r->req.template_bytes, "template of request " + std::to_string(id));
+      auto made = r->model().make_template(r->req.template_bytes, "template of request " + std::to_string(id));
       if (!made.ok()) {
         complete(r, RequestState::kFailed, made.status());
         return;
@@ -365,17 +403,21 @@ void Worker::preprocess(const std::shared_ptr<Record>& r) {
     const bool any_masked = (mask > 0).any().item<bool>();
     if (r->req.params.cache == CacheMode::kUse && any_masked) {
       std::shared_ptr<const ActivationEntry> prompt_entry;
-      if (const auto prompt_key = model_->prompt_cache_key(*tmpl, r->req.params)) {
+      if (const auto prompt_key = r->model().prompt_cache_key(*tmpl, r->req.params)) {
         auto found = store_->get(*prompt_key);
         if (found.ok()) {
           prompt_entry = *found;
         } else if (r->req.cls == RequestClass::kLive) {
           Message want = Message::of(Message::kWantPromptPrepare, nullptr, tmpl, prompt_key->canonical());
+          want.served = r->served;
           want.params = r->req.params;
           post(std::move(want));
         }
       }
-      const ActivationKey key = model_->cache_key(*tmpl, r->req.params);
+      const ActivationKey key = r->model().cache_key(*tmpl, r->req.params);
+      if (!prompt_entry && options_.stream_from_disk && store_->tier_of(key) == Tier::kDisk &&
+          create_streamed_session(r, key))
+        return;
       auto entry = store_->get(key);
       if (entry.ok() || prompt_entry) {
         create_session(r, entry.ok() ? *entry : nullptr, std::move(prompt_entry));
@@ -391,10 +433,50 @@ void Worker::preprocess(const std::shared_ptr<Record>& r) {
   }
 }
 
+bool Worker::create_streamed_session(const std::shared_ptr<Record>& r, const ActivationKey& key) {
+  const EditModel& model = r->model();
+  const int blocks = model.streamable_blocks();
+  const std::optional<ActivationLayout> layout = store_->layout_of(key);
+  if (blocks <= 0 || !layout || layout->blocks != blocks) return false;
+  // The plan's inputs, per block of one step: compute from the model's cost model on this
+  // device (the step's marginal cost spread over its blocks), loads from the read speed.
+  const double slab_bytes = 2.0 * double(layout->slab_elements()) * sizeof(uint16_t);
+  const double measured = read_bytes_per_ms_.load();
+  const double bytes_per_ms = measured > 0 ? measured : options_.assumed_read_bytes_per_ms;
+  const int64_t total = layout->tokens;
+  const int64_t masked = std::clamp<int64_t>(r->tokens, 1, total);
+  const std::vector<double> load(blocks, slab_bytes / bytes_per_ms);
+  const std::vector<double> masked_ms(blocks, request_work_ms(r->cost(), masked, total, 1) / blocks);
+  const std::vector<double> full_ms(blocks, request_work_ms(r->cost(), total, total, 1) / blocks);
+  const LoadPlan plan = plan_loads(load, masked_ms, full_ms, LoadPlanShape::kRecomputePrefix);
+  int recompute = 0;
+  for (BlockLoadChoice choice : plan.choices) recompute += choice == BlockLoadChoice::kRecompute;
+  if (options_.force_recompute_blocks) recompute = std::clamp(options_.force_recompute_blocks(blocks), 0, blocks);
+  auto streamed = std::make_shared<StreamedKvSource>(store_, key, *layout);
+  auto session = model.create_streamed_session(r->tmpl, r->req.params, streamed, recompute);
+  if (!session.ok() && session.status().code() == ErrorCode::kUnimplemented) return false;
+  r->streamed = std::move(streamed);
+  r->streamed_key = key;
+  r->blocks = blocks;
+  r->recompute_blocks = recompute;
+  r->slab_bytes = slab_bytes;
+  adopt_session(r, std::move(session));
+  return true;
+}
+
 void Worker::create_session(const std::shared_ptr<Record>& r, std::shared_ptr<const ActivationEntry> entry,
                             std::shared_ptr<const ActivationEntry> prompt_entry) {
   try {
-    auto session = model_->create_session(r->tmpl, r->req.params, std::move(entry), std::move(prompt_entry));
+    adopt_session(r, r->model().create_session(r->tmpl, r->req.params, std::move(entry), std::move(prompt_entry)));
+  } catch (...) {
+    complete(r, RequestState::kFailed,
+             invalid_argument("request " + std::to_string(r->req.id) +
+                              ": session set-up threw: " + exception_text(std::current_exception())));
+  }
+}
+
+void Worker::adopt_session(const std::shared_ptr<Record>& r, Result<std::unique_ptr<StepSession>> session) {
+  try {
     if (!session.ok()) {
       complete(r, RequestState::kFailed, session.status());
       return;
@@ -407,7 +489,7 @@ void Worker::create_session(const std::shared_ptr<Record>& r, std::shared_ptr<co
     r->tokens = r->session->tokens().count();
     r->total_tokens = int64_t{r->session->tokens().grid_w} * r->session->tokens().grid_h;
     const int segments = r->session->guided() ? 2 : 1;
-    r->step_work_ms = request_work_ms(*cost_, r->tokens * segments, r->total_tokens, 1);
+    r->step_work_ms = request_work_ms(r->cost(), r->tokens * segments, r->total_tokens, 1);
     // Replace the submit-time estimate by the exact one.
     const double exact = r->step_work_ms * r->steps_requested;
     const double before = r->remaining_work_ms.exchange(exact);
@@ -449,6 +531,18 @@ void Worker::finish(const std::shared_ptr<Record>& r) {
       png = std::move(*encoded);
     }
     complete(r, RequestState::kDone, {}, std::move(*out), std::move(png));
+    if (r->streamed) {
+      // What this stream's reads took steers the next plans (a running mean over edits).
+      const double ms = r->streamed->mean_slab_read_ms();
+      if (ms > 0) {
+        const double speed = r->slab_bytes / ms, before = read_bytes_per_ms_.load();
+        read_bytes_per_ms_.store(before > 0 ? 0.7 * before + 0.3 * speed : speed);
+      }
+      r->streamed.reset();
+      // Later edits of the template (live painting) read RAM: promote the entry now, after
+      // this edit's result went out.
+      (void)store_->get(*r->streamed_key);
+    }
   } catch (...) {
     complete(r, RequestState::kFailed,
              Status(ErrorCode::kInternal, "request " + std::to_string(id) +
@@ -508,10 +602,10 @@ void Worker::handle(Message& m) {
         job->second->deadline_abs_ms = std::min(job->second->deadline_abs_ms, r->deadline_abs_ms);
         break;
       }
-      if (store_->contains(model_->cache_key(*m.tmpl, r->req.params))) {
+      if (store_->contains(r->model().cache_key(*m.tmpl, r->req.params))) {
         // Stored after the pool looked: look again there (get() may read disk).
         pool_.post([this, r] {
-          auto entry = store_->get(model_->cache_key(*r->tmpl, r->req.params));
+          auto entry = store_->get(r->model().cache_key(*r->tmpl, r->req.params));
           if (entry.ok()) {
             create_session(r, *entry);
           } else {
@@ -532,17 +626,18 @@ void Worker::handle(Message& m) {
       if (prepares_.count(m.canonical) || recent_.count(m.canonical) || background_pending_.count(m.canonical)) break;
       background_pending_.insert(m.canonical);
       // Set up on the pool: it encodes the prompt (a cache hit after the edit's own session).
-      pool_.post([this, tmpl = m.tmpl, params = m.params, canonical = m.canonical] {
+      pool_.post([this, served = m.served, tmpl = m.tmpl, params = m.params, canonical = m.canonical] {
         std::shared_ptr<StepPrepare> run;
         try {
           // The template-keyed entry, where stored, spares guidance's null half its unmasked tokens.
-          auto entry = store_->get(model_->cache_key(*tmpl, params));
-          auto made = model_->create_prompt_prepare(tmpl, params, entry.ok() ? *entry : nullptr);
+          auto entry = store_->get(served->model->cache_key(*tmpl, params));
+          auto made = served->model->create_prompt_prepare(tmpl, params, entry.ok() ? *entry : nullptr);
           if (made.ok()) run = std::move(*made);
         } catch (...) {
           // A background prepare that cannot be set up only costs later strokes their speed-up.
         }
         Message made = Message::of(Message::kBackgroundPrepare, nullptr, nullptr, canonical);
+        made.served = served;
         made.prepare = std::move(run);
         post(std::move(made));
       });
@@ -553,7 +648,8 @@ void Worker::handle(Message& m) {
       if (!m.prepare || prepares_.count(m.canonical)) break;
       auto job = std::make_unique<PrepareJob>();
       const double tokens = double(m.prepare->tokens());
-      job->step_work_ms = cost_->predict_ms(tokens, 1.0, tokens * tokens);
+      job->served = m.served;
+      job->step_work_ms = m.served->cost->predict_ms(tokens, 1.0, tokens * tokens);
       job->deadline_abs_ms = std::numeric_limits<double>::infinity();  // after every awaited prepare
       job->background = true;
       job->run = std::move(m.prepare);
@@ -564,7 +660,7 @@ void Worker::handle(Message& m) {
 }
 
 void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<const TemplateImage> tmpl) {
-  auto run = model_->create_prepare(std::move(tmpl), r->req.params);
+  auto run = r->model().create_prepare(std::move(tmpl), r->req.params);
   if (!run.ok()) {
     complete(r, RequestState::kFailed, run.status());
     return;
@@ -574,7 +670,8 @@ void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<con
   const StepPrepare& prepare = *job->run;
   const double tokens = double(prepare.tokens());
   job->deadline_abs_ms = r->deadline_abs_ms;
-  job->step_work_ms = cost_->predict_ms(tokens, 1.0, tokens * tokens);
+  job->served = r->served;
+  job->step_work_ms = r->cost().predict_ms(tokens, 1.0, tokens * tokens);
   job->waiting.push_back(r);
   // The prepare's compute is part of this worker's backlog until it finishes.
   r->remaining_work_ms.fetch_add(job->step_work_ms * prepare.steps());
@@ -681,7 +778,12 @@ void Worker::run_step() {
   const double now = now_ms();
   std::vector<SchedCandidate> candidates;
   std::unordered_map<uint64_t, std::shared_ptr<Record>> by_id;
-  double total_sum = 0;
+  // Per model among the candidates: packed tokens and the grid sizes, for the round's cost.
+  struct ModelShare {
+    double tokens = 0, total_sum = 0, requests = 0;
+  };
+  std::map<const ServedModel*, ModelShare> shares;
+  double candidate_tokens = 0;
   for (const auto& r : active_) {
     if (r->finishing) continue;
     SchedCandidate c;
@@ -695,12 +797,23 @@ void Worker::run_step() {
     c.waiting_ms = now - r->last_advance_ms;
     candidates.push_back(c);
     by_id[c.id] = r;
-    total_sum += double(r->total_tokens);
+    ModelShare& share = shares[r->served];
+    share.tokens += double(c.tokens);
+    share.total_sum += double(r->total_tokens);
+    share.requests += 1;
+    candidate_tokens += double(c.tokens);
   }
   if (candidates.empty()) return;
-  const double mean_total = total_sum / double(candidates.size());
+  // A round's predicted time: each model present runs its own forward on the shared device,
+  // charged on its own cost model for its share of the round's tokens and requests.
   const auto step_ms = [&](int64_t tokens, int batch) {
-    return cost_->predict_ms(double(tokens), double(batch), double(tokens) * mean_total);
+    double ms = 0;
+    for (const auto& [served, share] : shares) {
+      const double f = candidate_tokens > 0 ? share.tokens / candidate_tokens : share.requests / double(candidates.size());
+      const double t = double(tokens) * f;
+      ms += served->cost->predict_ms(t, std::max(1.0, double(batch) * f), t * share.total_sum / share.requests);
+    }
+    return ms;
   };
   const SchedDecision decision = selector_.select(candidates, now, step_ms);
   const auto t1 = std::chrono::steady_clock::now();
@@ -713,41 +826,80 @@ void Worker::run_step() {
     r.steps_left = left;
   }
 
-  std::vector<std::shared_ptr<Record>> batch;
-  std::vector<StepSession*> sessions;
-  std::vector<uint64_t> ids;
-  bool failed = false;
-  std::string error;
-  at::Tensor rows;
-  std::chrono::steady_clock::time_point t2, t3;
+  // The batch by model, each model's requests in the scheduler's order.
+  std::vector<std::pair<const ServedModel*, std::vector<std::shared_ptr<Record>>>> groups;
   int64_t step_tokens = 0;
   double step_attention = 0;
-  try {
-    for (uint64_t id : decision.advance) {
-      auto& r = by_id.at(id);
-      batch.push_back(r);
-      ids.push_back(id);
-      const int64_t tokens = r->tokens * (r->session->guided() ? 2 : 1);
-      step_tokens += tokens;
-      step_attention += double(tokens) * double(r->total_tokens);
-      sessions.push_back(r->session.get());
-    }
-    t2 = std::chrono::steady_clock::now();
-    if (options_.before_step) options_.before_step(ids);
-    rows = model_->forward(sessions);
-    t3 = std::chrono::steady_clock::now();
-  } catch (...) {
-    failed = true;
-    error = exception_text(std::current_exception());
-    t2 = t3 = std::chrono::steady_clock::now();
+  size_t batch_size = 0;
+  for (uint64_t id : decision.advance) {
+    auto& r = by_id.at(id);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == r->served; });
+    if (g == groups.end()) g = groups.insert(groups.end(), {r->served, {}});
+    g->second.push_back(r);
+    const int64_t tokens = r->tokens * (r->session->guided() ? 2 : 1);
+    step_tokens += tokens;
+    step_attention += double(tokens) * double(r->total_tokens);
+    ++batch_size;
   }
+  double pack_ms = 0;
+  bool any_failed = false;
+  std::vector<std::string> models_run;
+  for (auto& [served, batch] : groups) {
+    const auto g0 = std::chrono::steady_clock::now();
+    std::vector<StepSession*> sessions;
+    std::vector<uint64_t> ids;
+    for (auto& r : batch) {
+      sessions.push_back(r->session.get());
+      ids.push_back(r->req.id);
+    }
+    bool failed = false;
+    std::string error;
+    at::Tensor rows;
+    try {
+      pack_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - g0).count();
+      if (options_.before_step) options_.before_step(ids);
+      rows = served->model->forward(sessions);
+    } catch (...) {
+      failed = true;
+      error = exception_text(std::current_exception());
+    }
+    any_failed = any_failed || failed;
+    if (!failed) models_run.push_back(served->model->info().id);
+    apply_rows(batch, failed, error, rows);
+  }
+  const auto t4 = std::chrono::steady_clock::now();
+  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  std::lock_guard lock(metrics_mu_);
+  WorkerMetrics& m = metrics_;
+  if (any_failed) m.failed_steps += 1;
+  if (models_run.empty()) return;
+  m.steps += 1;
+  for (const std::string& id : models_run) m.steps_by_model[id] += 1;
+  m.requests_advanced += batch_size;
+  m.max_batch = std::max<int>(m.max_batch, static_cast<int>(batch_size));
+  m.sched_ms_total += ms(t0, t1);
+  m.pack_ms_total += pack_ms;
+  m.step_ms_total += ms(t1, t4) - pack_ms;
+  // Trimmed in chunks: erasing the oldest sample every step would move 4096 of them each time.
+  if (m.recent_steps.size() >= WorkerMetrics::kRecent + WorkerMetrics::kRecent / 4) {
+    m.recent_steps.erase(m.recent_steps.begin(), m.recent_steps.end() - WorkerMetrics::kRecent);
+  }
+  // The cost model is per (model, device): only single-model rounds are samples of one.
+  if (groups.size() == 1) {
+    m.recent_steps.push_back({double(step_tokens), double(batch_size), step_attention, ms(t0, t4)});
+  }
+  m.count_step_seconds(ms(t0, t4) / 1000.0);
+}
+
+void Worker::apply_rows(std::vector<std::shared_ptr<Record>>& batch, bool failed, const std::string& error,
+                        const at::Tensor& rows) {
   const double step_start_ms = now_ms();
   int64_t offset = 0;
   for (auto& r : batch) {
     if (failed) {
       complete(r, RequestState::kFailed,
                Status(ErrorCode::kInternal, "step of request " + std::to_string(r->req.id) + " failed on " +
-                                                model_->device().name() + ": " + error));
+                                                r->model().device().name() + ": " + error));
       continue;
     }
     const int64_t n = r->session->prediction_rows();
@@ -787,12 +939,12 @@ void Worker::run_step() {
     const bool first_live = r->req.cls == RequestClass::kLive && r->steps_run == 1;
     if (every > 0 && r->req.on_preview && (r->steps_run % every == 0 || first_live) && !r->session->done()) {
       at::Tensor latent = r->session->predicted_latent();
-      notify(r, [this, r, latent, done = r->steps_run] {
+      notify(r, [r, latent, done = r->steps_run] {
         // A superseded or cancelled edit's queued previews would only delay newer work.
         if (r->cancel_requested.load() || r->ended.load()) return;
         try {
-          const PixelRect box = bounding_box(r->req.params.mask, 0, model_->codec_factor());
-          const at::Tensor rgb = model_->decode_preview(latent, box);
+          const PixelRect box = bounding_box(r->req.params.mask, 0, r->model().codec_factor());
+          const at::Tensor rgb = r->model().decode_preview(latent, box);
           if (!rgb.defined()) return;
           r->req.on_preview(r->req.id, done, rgb);
         } catch (...) {
@@ -801,26 +953,6 @@ void Worker::run_step() {
       });
     }
   }
-  const auto t4 = std::chrono::steady_clock::now();
-  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-  std::lock_guard lock(metrics_mu_);
-  WorkerMetrics& m = metrics_;
-  if (failed) {
-    m.failed_steps += 1;
-    return;
-  }
-  m.steps += 1;
-  m.requests_advanced += batch.size();
-  m.max_batch = std::max<int>(m.max_batch, static_cast<int>(batch.size()));
-  m.sched_ms_total += ms(t0, t1);
-  m.pack_ms_total += ms(t1, t2);
-  m.step_ms_total += ms(t2, t4);
-  // Trimmed in chunks: erasing the oldest sample every step would move 4096 of them each time.
-  if (m.recent_steps.size() >= WorkerMetrics::kRecent + WorkerMetrics::kRecent / 4) {
-    m.recent_steps.erase(m.recent_steps.begin(), m.recent_steps.end() - WorkerMetrics::kRecent);
-  }
-  m.recent_steps.push_back({double(step_tokens), double(batch.size()), step_attention, ms(t0, t4)});
-  m.count_step_seconds(ms(t0, t4) / 1000.0);
 }
 
 void Worker::publish_load() {

@@ -1,11 +1,19 @@
 #pragma once
-/// One worker: a step loop on its own thread that owns a device's compute (here: a share of
-/// the CPU cores) and advances all its requests with continuous batching at step granularity.
+/// One worker: a step loop on its own thread that owns a device's compute (a share of the CPU
+/// cores, or one CUDA GPU) and advances all its requests, of every model it serves, with
+/// continuous batching at step granularity.
 ///
 /// Per step boundary the loop drains its inbox (new sessions, cancels), retires cancelled and
 /// expired requests, lets its BatchSelector choose the batch within the token budget, packs
-/// the segments of every chosen session into one forward of the model, splits the rows back and
-/// applies them. Requests join at any boundary and leave as soon as they finish.
+/// the segments of every chosen session into one forward per model present in the batch,
+/// splits the rows back and applies them. Requests join at any boundary and leave as soon as
+/// they finish.
+///
+/// Several models on one worker: a round runs one forward per model present rather than one
+/// model per round. The device does the same work either way (the forwards of a round run one
+/// after the other), but picking one model per round would make every request wait a round of
+/// the other model between its own steps, and the deadline scheduler already weighs the
+/// whole round's predicted cost (each model's tokens on its own cost model).
 /// Pre-processing (template decode, mask to tokens, cache look-up, session set-up) and
 /// post-processing (decode, composite, PNG) run on the shared TaskPool, never on the loop.
 ///
@@ -49,6 +57,12 @@
 
 namespace infill {
 
+/// A model a worker serves, with the cost model of its steps on the worker's device.
+struct ServedModel {
+  std::shared_ptr<const EditModel> model;
+  std::shared_ptr<const StepCostModel> cost;
+};
+
 struct WorkerOptions {
   int index = 0;
   /// libtorch intra-op threads of this worker's step loop.
@@ -61,8 +75,9 @@ struct WorkerOptions {
   SchedulerOptions scheduler;
   /// Time zero of every timestamp (ms since this instant).
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
-  /// Fault injection for tests: called on the loop with the ids of a step's batch just before
-  /// its forward; an exception thrown here fails those requests like a failed forward would.
+  /// Fault injection for tests: called on the loop with the ids of one model's share of a
+  /// step's batch just before that model's forward; an exception thrown here fails those
+  /// requests like a failed forward would.
   std::function<void(std::span<const uint64_t> ids)> before_step;
   /// Test seam: while it returns false for the number of requests ready to step, the loop
   /// runs no batched step (prepares still run) and waits for its next message, then asks
@@ -71,15 +86,28 @@ struct WorkerOptions {
   /// Fault injection for tests: called on the pool before a request's post-processing; an
   /// error fails that request.
   std::function<Status(uint64_t id)> before_finish;
+  /// An edit whose template-keyed entry is only in the store's disk tier streams it during
+  /// its steps (FlashPS's overlapped loading: block b+1's K/V are read while block b
+  /// computes), the load plan choosing per block between loading and recomputing from the
+  /// model's cost model and the slab read time this worker measured; the entry is promoted to
+  /// RAM afterwards for the next edits. false: the entry is read whole first, then computed.
+  bool stream_from_disk = true;
+  /// Slab read speed assumed until this worker has timed its own reads (bytes per ms).
+  double assumed_read_bytes_per_ms = 1e6;
+  /// Test seam: the leading blocks a streamed edit recomputes (given the block count), in
+  /// place of the load plan's choice.
+  std::function<int(int blocks)> force_recompute_blocks;
 };
 
 class Worker {
  public:
-  /// `model`: any family (DitEditModel, Flux2EditModel). `store` holds prepared templates
-  /// (required). `cost` predicts step latency for the scheduler and the backlog reported to
-  /// the router. `pool` must outlive the worker.
-  Worker(std::shared_ptr<const EditModel> model, std::shared_ptr<ActivationStore> store,
-         std::shared_ptr<const StepCostModel> cost, TaskPool& pool, WorkerOptions options);
+  /// `models`: every model this worker serves (any family: DitEditModel, Flux2EditModel), all
+  /// on one device, each with the cost model that predicts its steps there for the scheduler
+  /// and the backlog reported to the router; a request names its model (ServingRequest::model,
+  /// null = the first). `store` holds prepared templates (required; its keys include the
+  /// model id). `pool` must outlive the worker. The caller (the runtime) checked the models.
+  Worker(std::vector<ServedModel> models, std::shared_ptr<ActivationStore> store, TaskPool& pool,
+         WorkerOptions options);
   /// Stops the loop: every request not yet terminal ends as cancelled ("worker stopped").
   ~Worker();
   Worker(const Worker&) = delete;
@@ -117,9 +145,17 @@ class Worker {
   void preprocess(const std::shared_ptr<Record>& r);
   void create_session(const std::shared_ptr<Record>& r, std::shared_ptr<const ActivationEntry> entry,
                       std::shared_ptr<const ActivationEntry> prompt_entry = nullptr);
+  /// Sets up an edit that streams the entry of `key` from the disk tier under a load plan;
+  /// false when it cannot (the caller then reads the entry whole).
+  bool create_streamed_session(const std::shared_ptr<Record>& r, const ActivationKey& key);
+  /// Takes a session made for `r` (or its error) and hands `r` to the loop.
+  void adopt_session(const std::shared_ptr<Record>& r, Result<std::unique_ptr<StepSession>> session);
   void start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<const TemplateImage> tmpl);
   void run_prepare_slice();
   void run_step();
+  /// Applies one model's forward output to its share of the batch (or fails them all).
+  void apply_rows(std::vector<std::shared_ptr<Record>>& batch, bool failed, const std::string& error,
+                  const at::Tensor& rows);
   void retire_inactive();
   /// Ends `r` if it was cancelled or expired (or already ended); true when it is gone.
   bool retire(const std::shared_ptr<Record>& r, double now);
@@ -131,10 +167,11 @@ class Worker {
   void notify(const std::shared_ptr<Record>& r, std::function<void()> callback);
   void take_work(Record& r, double ms);
   void publish_load();
+  /// The served model a request names (null: the first), or null when it is not served here.
+  const ServedModel* served_model(const EditModel* model) const;
 
-  std::shared_ptr<const EditModel> model_;
+  const std::vector<ServedModel> models_;  // never empty; fixed for the worker's life
   std::shared_ptr<ActivationStore> store_;
-  std::shared_ptr<const StepCostModel> cost_;
   TaskPool& pool_;
   WorkerOptions options_;
 
@@ -166,6 +203,8 @@ class Worker {
   // every deadline so that "on time" means the result, not the last step, is on time.
   std::atomic<double> post_estimate_ms_{0.0};
   std::atomic<int> max_steps_left_{0};
+  // Slab read speed measured on this worker's streamed edits (bytes per ms; <= 0: none yet).
+  std::atomic<double> read_bytes_per_ms_{0.0};
 
   mutable std::mutex metrics_mu_;
   WorkerMetrics metrics_;

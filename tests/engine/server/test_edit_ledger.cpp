@@ -121,21 +121,18 @@ TEST_CASE("edit ledger: progress, end, status and result, an edit ends once", "[
   CHECK(m.edits_finished.count("cancelled") == 0);
 }
 
-TEST_CASE("edit ledger: superseding another model's edit is the service's to cancel, and only for its client",
+TEST_CASE("edit ledger: an edit supersedes its client's edit of any model, never another client's",
           "[server][ledger]") {
   EditLedger ledger(ServerLimits{}, false, {});
   const uint64_t old = admitted_id(ledger.admit(admission("a", 0)));
   EditAdmission same_model = admission("a", 0);
   same_model.supersedes = old;
   auto a = std::get<AdmittedEdit>(ledger.admit(same_model));
-  CHECK(a.supersedes == old);  // its runtime replaces it
-  CHECK(a.cancel_other == 0);
+  CHECK(a.supersedes == old);  // the runtime replaces it
   EditAdmission other_model = admission("a", 1);
   other_model.supersedes = old;
   auto b = std::get<AdmittedEdit>(ledger.admit(other_model));
-  CHECK(b.supersedes == 0);
-  CHECK(b.cancel_other == old);
-  CHECK(b.cancel_other_slot == 0);
+  CHECK(b.supersedes == old);  // the one runtime serves both models
   EditAdmission thief = admission("z", 1);
   thief.supersedes = old;
   ApiReply refused = refusal(ledger.admit(thief));

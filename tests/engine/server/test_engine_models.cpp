@@ -1,7 +1,8 @@
 // An infill-engine process serving two models: the bundled infill-tiny (the default) and the
 // build's random model. /v1/models lists both, an edit naming the second runs on it (its
-// status and events say so), an unknown model is 400 naming it, and a journaled batch edit
-// resumes on its own model after SIGKILL, or fails clearly when that model is gone.
+// status and events say so), one worker's step loop runs the edits of both (/v1/metrics), an
+// unknown model is 400 naming it, and a journaled batch edit resumes on its own model after
+// SIGKILL, or fails clearly when that model is gone.
 #include "support/catch.h"
 
 #include <filesystem>
@@ -26,7 +27,8 @@ std::string require_binaries() {
 
 }  // namespace
 
-TEST_CASE("infill-engine with two models: lists both, an edit picks one, an unknown model is 400", "[server][process][models]") {
+TEST_CASE("infill-engine with two models: lists both, an edit picks one, one step loop runs both, an unknown model is 400",
+          "[server][process][models]") {
   const std::string bin = require_binaries();
   TempDir dir("infill-models");
   const std::string tiny = std::string(INFILL_SOURCE_DIR) + "/resources/models/infill-tiny";
@@ -81,6 +83,19 @@ TEST_CASE("infill-engine with two models: lists both, an edit picks one, an unkn
   // The same seed and mask on two models: two different results.
   Response png_default = request(ep, "GET", "/v1/edits/" + std::to_string(d.json()["id"].get<uint64_t>()) + "/result");
   CHECK(png_default.body != png.body);
+
+  // One step loop on the one device ran the edits of both models.
+  Response metrics = request(ep, "GET", "/v1/metrics");
+  REQUIRE(metrics.status == 200);
+  const nlohmann::json workers = metrics.json()["workers"];
+  INFO(workers.dump());
+  REQUIRE(workers.size() == 1);
+  CHECK(workers[0]["device"] == "cpu");
+  CHECK(workers[0]["models"] == nlohmann::json::array({tiny_id, random_id}));
+  CHECK(workers[0]["steps_by_model"][tiny_id].get<int>() >= 4);
+  CHECK(workers[0]["steps_by_model"][random_id].get<int>() >= 4);
+  CHECK(workers[0]["steps"].get<int>() >= 8);  // the edits ran one after the other here
+  CHECK(metrics.json()["loads"].size() == 1);
 
   // An unknown model: 400 naming it and the loaded ones.
   p["model"] = "no-such-model";

@@ -38,15 +38,16 @@ TEST_CASE("the Prometheus text escapes label values and makes the step histogram
   require_tool_or_skip("promtool", "prometheus");
   TempDir dir("infill-prom");
   ServiceMetrics m;
-  ModelWorkerMetrics w;
-  w.model = "odd \"model\" \\ name\nwith a newline";
+  ServiceWorkerMetrics w;
+  w.models = {"m0"};
+  w.worker.device = "odd \"device\" \\ name\nwith a newline";
   w.worker.index = 1;
   w.worker.steps = 3;
   w.worker.count_step_seconds(0.0005);  // first bucket (<= 1 ms)
   w.worker.count_step_seconds(0.03);    // <= 50 ms
   w.worker.count_step_seconds(60.0);    // beyond the last bound: +Inf only
   m.workers.push_back(w);
-  m.loads.push_back({w.model, 1, WorkerLoad{2, 1500.0}});
+  m.loads.push_back({w.worker.device, 1, WorkerLoad{2, 1500.0}});
   m.edits_finished["done"] = 5;
   m.edits_by_state["running"] = 1;
   m.resident_bytes = 123456789;
@@ -56,7 +57,7 @@ TEST_CASE("the Prometheus text escapes label values and makes the step histogram
   INFO(check.output);
   REQUIRE(check.exit_code == 0);
 
-  const std::string labels = R"(model="odd \"model\" \\ name\nwith a newline",worker="1")";
+  const std::string labels = R"(device="odd \"device\" \\ name\nwith a newline",worker="1")";
   CHECK(sample_value(text, "infill_step_duration_seconds_bucket{" + labels + ",le=\"0.001\"}") == 1);
   CHECK(sample_value(text, "infill_step_duration_seconds_bucket{" + labels + ",le=\"0.02\"}") == 1);
   CHECK(sample_value(text, "infill_step_duration_seconds_bucket{" + labels + ",le=\"0.05\"}") == 2);
@@ -73,7 +74,7 @@ TEST_CASE("the Prometheus text escapes label values and makes the step histogram
 
   // The checker is not a rubber stamp: an unescaped quote in a label value fails it.
   std::string broken = text;
-  broken.replace(broken.find(R"(\"model\")"), 9, R"("model")");
+  broken.replace(broken.find(R"(\"device\")"), 10, R"("device")");
   CHECK(promtool_check(dir, broken).exit_code != 0);
 }
 
@@ -100,7 +101,7 @@ TEST_CASE("GET /metrics after an edit: promtool accepts it and it counts the edi
   REQUIRE(check.exit_code == 0);
 
   const std::string model = request(f.unix_ep, "GET", "/v1/models").json()["models"][0]["id"].get<std::string>();
-  const std::string worker = "model=\"" + model + "\",worker=\"0\"";
+  const std::string worker = "device=\"cpu\",worker=\"0\"";
   CHECK(sample_value(r.body, "infill_edits_submitted_total") == 1);
   CHECK(sample_value(r.body, R"(infill_edits_finished_total{state="done"})") == 1);
   CHECK(sample_value(r.body, R"(infill_edits{state="done"})") == 1);
@@ -108,6 +109,7 @@ TEST_CASE("GET /metrics after an edit: promtool accepts it and it counts the edi
   CHECK(sample_value(r.body, "infill_templates") == 1);
   const double steps = sample_value(r.body, "infill_worker_steps_total{" + worker + "}");
   CHECK(steps >= 4);
+  CHECK(sample_value(r.body, "infill_worker_model_steps_total{" + worker + ",model=\"" + model + "\"}") == steps);
   // Every batched step lands in the histogram once.
   CHECK(sample_value(r.body, "infill_step_duration_seconds_count{" + worker + "}") == steps);
   CHECK(sample_value(r.body, "infill_step_duration_seconds_sum{" + worker + "}") > 0);
