@@ -57,6 +57,8 @@ struct WorkerMetrics {
   double sched_ms_total = 0.0;   ///< batch selection
   double pack_ms_total = 0.0;    ///< building and splitting the packed segments
   double uptime_ms = 0.0;
+  /// Cache slab read speed measured on this worker's streamed edits (bytes per ms); 0 = none yet.
+  double read_bytes_per_ms = 0.0;
   /// The recent batched steps as the cost model sees them (packed tokens, batch size,
   /// attention work, and the whole step-loop time of the step: scheduling, packing, forward,
   /// sampler updates), oldest first, at most kRecent. StepCostModel::fit on these gives the

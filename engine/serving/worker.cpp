@@ -247,6 +247,7 @@ WorkerMetrics Worker::metrics() const {
   std::lock_guard lock(metrics_mu_);
   WorkerMetrics m = metrics_;
   m.uptime_ms = now_ms();
+  m.read_bytes_per_ms = read_bytes_per_ms_.load();
   if (m.recent_steps.size() > WorkerMetrics::kRecent) {
     m.recent_steps.erase(m.recent_steps.begin(), m.recent_steps.end() - WorkerMetrics::kRecent);
   }
@@ -540,8 +541,10 @@ void Worker::finish(const std::shared_ptr<Record>& r) {
       }
       r->streamed.reset();
       // Later edits of the template (live painting) read RAM: promote the entry now, after
-      // this edit's result went out.
-      (void)store_->get(*r->streamed_key);
+      // this edit's result went out, where it fits the RAM tier at all.
+      const std::optional<ActivationLayout> layout = store_->layout_of(*r->streamed_key);
+      if (layout && layout->total_elements() * sizeof(uint16_t) <= store_->options().ram_budget_bytes)
+        (void)store_->get(*r->streamed_key);
     }
   } catch (...) {
     complete(r, RequestState::kFailed,
