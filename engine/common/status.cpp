@@ -14,6 +14,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kUnimplemented: return "unimplemented";
     case ErrorCode::kInternal: return "internal";
     case ErrorCode::kCancelled: return "cancelled";
+    case ErrorCode::kUnavailable: return "unavailable";
   }
   return "unknown";
 }

@@ -25,6 +25,7 @@ enum class ErrorCode {
   kUnimplemented = 7,
   kInternal = 8,
   kCancelled = 9,
+  kUnavailable = 10,     ///< nothing can serve it now (e.g. every worker's device failed)
 };
 
 /// Stable lower-case name of an error code ("invalid_argument", ...).

@@ -41,6 +41,7 @@ ApiReply status_reply(const Status& status, bool too_large_is_413) {
     case ErrorCode::kResourceExhausted: return error_reply(429, "resource_exhausted", status.message());
     case ErrorCode::kCancelled: return error_reply(409, "cancelled", status.message());
     case ErrorCode::kUnimplemented: return error_reply(501, "unimplemented", status.message());
+    case ErrorCode::kUnavailable: return error_reply(503, "unavailable", status.message());
     default: return error_reply(500, error_code_name(status.code()), status.message());
   }
 }

@@ -283,7 +283,23 @@ ApiReply EngineService::health() const {
   if (!ready()) return impl_->not_ready();
   json ids = json::array();
   for (size_t i = 0; i < impl_->models->size(); ++i) ids.push_back(impl_->models->id(i));
-  return json_reply(200, {{"status", "ok"}, {"model", impl_->models->id(0)}, {"models", ids}, {"live_edits", live_edits()}});
+  // Each step loop and its device: a worker whose device failed for good (a sticky CUDA
+  // error) is out of service; with none left the engine cannot edit and says 503, so that a
+  // supervisor restarts it.
+  json workers = json::array();
+  size_t in_service = 0;
+  for (const WorkerMetrics& w : impl_->models->runtime().worker_metrics()) {
+    json entry = {{"index", w.index}, {"device", w.device}, {"in_service", w.in_service}};
+    if (!w.in_service) entry["fault"] = w.fault;
+    in_service += w.in_service ? 1 : 0;
+    workers.push_back(std::move(entry));
+  }
+  const std::string status = in_service == workers.size() ? "ok" : in_service > 0 ? "degraded" : "failed";
+  return json_reply(in_service > 0 ? 200 : 503, {{"status", status},
+                                                 {"model", impl_->models->id(0)},
+                                                 {"models", ids},
+                                                 {"workers", workers},
+                                                 {"live_edits", live_edits()}});
 }
 
 ApiReply EngineService::models() const {

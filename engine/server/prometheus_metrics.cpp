@@ -126,6 +126,9 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
     for (const auto& [model, steps] : mw.worker.steps_by_model)
       w.sample("infill_worker_model_steps_total", with(worker_labels(mw), {{"model", model}}), double(steps));
   }
+  w.family("infill_worker_in_service", "gauge", "1 while the worker takes edits, 0 after its device failed for good.");
+  for (const ServiceWorkerMetrics& mw : m.workers)
+    w.sample("infill_worker_in_service", worker_labels(mw), mw.worker.in_service ? 1.0 : 0.0);
   w.family("infill_worker_busy_ratio", "gauge", "Share of the worker's uptime spent on steps, prepare slices and scheduling.");
   for (const ServiceWorkerMetrics& mw : m.workers) w.sample("infill_worker_busy_ratio", worker_labels(mw), mw.worker.utilisation());
 

@@ -36,6 +36,8 @@ json service_metrics_json(const ServiceMetrics& m) {
     const WorkerMetrics& w = mw.worker;
     workers.push_back({{"index", w.index},
                        {"device", w.device},
+                       {"in_service", w.in_service},
+                       {"fault", w.fault},
                        {"models", mw.models},
                        {"steps", w.steps},
                        {"steps_by_model", w.steps_by_model},

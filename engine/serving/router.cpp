@@ -35,25 +35,35 @@ double drain_ms(const StepCostModel& model, double work_ms_sum, int max_steps_le
 
 size_t Router::choose(std::span<const WorkerLoad> loads, double request_ms) {
   const size_t n = loads.size();
+  // Workers out of service (their device failed) take nothing; the caller checks that one is in.
+  auto usable = [&](size_t i) { return loads[i].in_service; };
+  size_t first = 0;
+  while (first + 1 < n && !usable(first)) ++first;
   switch (policy_) {
-    case RoutingPolicy::kRoundRobin: return cursor_++ % n;
+    case RoutingPolicy::kRoundRobin:
+      for (size_t tries = 0; tries < n; ++tries) {
+        const size_t i = cursor_++ % n;
+        if (usable(i)) return i;
+      }
+      return first;
     case RoutingPolicy::kLeastRequests: {
-      size_t best = 0;
-      for (size_t i = 1; i < n; ++i) {
-        if (loads[i].requests < loads[best].requests) best = i;
+      size_t best = first;
+      for (size_t i = first + 1; i < n; ++i) {
+        if (usable(i) && loads[i].requests < loads[best].requests) best = i;
       }
       return best;
     }
     case RoutingPolicy::kMaskAware: {
-      size_t best = 0;
-      for (size_t i = 1; i < n; ++i) {
+      size_t best = first;
+      for (size_t i = first + 1; i < n; ++i) {
+        if (!usable(i)) continue;
         const double a = loads[i].backlog_ms + request_ms, b = loads[best].backlog_ms + request_ms;
         if (a < b || (a == b && loads[i].requests < loads[best].requests)) best = i;
       }
       return best;
     }
   }
-  return 0;
+  return first;
 }
 
 }  // namespace infill

@@ -27,6 +27,8 @@ Result<RoutingPolicy> parse_routing_policy(std::string_view name);
 struct WorkerLoad {
   int requests = 0;         ///< requests routed to it and not yet terminal
   double backlog_ms = 0.0;  ///< predicted compute time of everything it holds (see backlog_ms)
+  /// false once its device failed for good (device_fault.h): the router passes it over.
+  bool in_service = true;
 };
 
 /// Marginal compute time of one request on a worker: `steps` steps of `tokens` masked tokens
@@ -46,8 +48,8 @@ class Router {
 
   /// Index of the worker for a new request whose own work is `request_ms`. Mask-aware picks
   /// the smallest backlog_ms + request_ms (ties: fewer requests, then lower index);
-  /// least-requests the fewest requests (ties: lower index); round-robin cycles.
-  /// Precondition: !loads.empty().
+  /// least-requests the fewest requests (ties: lower index); round-robin cycles. Workers out
+  /// of service are passed over. Precondition: at least one load is in service.
   size_t choose(std::span<const WorkerLoad> loads, double request_ms);
 
  private:

@@ -45,6 +45,9 @@ struct RequestMetrics {
 struct WorkerMetrics {
   int index = 0;
   std::string device;            ///< where its step loop computes: "cpu", "cuda:0"
+  /// false after a sticky device error took it out of service; `fault` says which.
+  bool in_service = true;
+  std::string fault;
   /// Batched steps that ran a forward of each model (a round with two models counts for both).
   std::map<std::string, uint64_t> steps_by_model;
   uint64_t steps = 0;            ///< batched denoising steps run

@@ -1,5 +1,6 @@
 #include "serving/serving_runtime.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -96,6 +97,16 @@ Status ServingRuntime::submit(ServingRequest request) {
   }
   std::vector<WorkerLoad> loads;
   for (const auto& w : workers_) loads.push_back(w->load());
+  if (std::none_of(loads.begin(), loads.end(), [](const WorkerLoad& l) { return l.in_service; })) {
+    std::string why;
+    for (const auto& w : workers_) {
+      const WorkerMetrics m = w->metrics();
+      why += (why.empty() ? "" : "; ") + std::string("worker ") + std::to_string(m.index) + ": " + m.fault;
+    }
+    return Status(ErrorCode::kUnavailable, "request " + std::to_string(id) +
+                                               " not accepted: every worker is out of service (" + why +
+                                               "); restart the engine to use the device again");
+  }
   size_t target = 0;
   uint64_t superseded = 0;
   {

@@ -56,7 +56,8 @@ class ServingRuntime {
 
   /// Routes and queues a request. Errors (the request is then not queued and on_complete is
   /// not called): id 0 or already live, a model this runtime does not serve, supersedes naming
-  /// a live request of another client. A request may supersede one of another model.
+  /// a live request of another client, every worker out of service (unavailable, naming their
+  /// device faults). A request may supersede one of another model.
   /// A supersedes naming a finished or unknown request is accepted (nothing left to replace).
   Status submit(ServingRequest request);
   /// Cancels a live request at its next step boundary; false when the id is not live.

@@ -13,6 +13,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "cache/load_plan.h"
+#include "serving/device_fault.h"
 #include "pipeline/cached_kv.h"
 #include "pipeline/composite.h"
 #include "pipeline/mask.h"
@@ -236,6 +237,7 @@ bool Worker::cancel(uint64_t id, Status reason) {
 WorkerLoad Worker::load() const {
   WorkerLoad l;
   l.requests = requests_.load();
+  l.in_service = in_service_.load();
   // Each round pays the step intercept of the models in it: the dearest one stands for them.
   double backlog = 0;
   for (const ServedModel& m : models_) backlog = std::max(backlog, drain_ms(*m.cost, work_ms_.load(), max_steps_left_.load()));
@@ -247,6 +249,11 @@ WorkerMetrics Worker::metrics() const {
   std::lock_guard lock(metrics_mu_);
   WorkerMetrics m = metrics_;
   m.uptime_ms = now_ms();
+  m.in_service = in_service_.load();
+  {
+    std::lock_guard fault_lock(fault_mu_);
+    m.fault = fault_;
+  }
   m.read_bytes_per_ms = read_bytes_per_ms_.load();
   if (m.recent_steps.size() > WorkerMetrics::kRecent) {
     m.recent_steps.erase(m.recent_steps.begin(), m.recent_steps.end() - WorkerMetrics::kRecent);
@@ -567,6 +574,7 @@ void Worker::loop() {
       messages.swap(inbox_);
     }
     for (Message& m : messages) handle(m);
+    if (!in_service_.load()) fail_all_out_of_service();
     retire_inactive();
     const size_t ready = static_cast<size_t>(
         std::count_if(active_.begin(), active_.end(), [](const auto& r) { return !r->finishing; }));
@@ -868,7 +876,13 @@ void Worker::run_step() {
     }
     any_failed = any_failed || failed;
     if (!failed) models_run.push_back(served->model->info().id);
+    const bool lost = failed && classify_device_fault(error) == DeviceFault::kLost;
+    if (lost) error += "; worker " + std::to_string(options_.index) + " is out of service";
     apply_rows(batch, failed, error, rows);
+    if (lost) {
+      take_out_of_service(served->model->device().name() + " failed: " + error);
+      break;  // nothing more runs on this device
+    }
   }
   const auto t4 = std::chrono::steady_clock::now();
   auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
@@ -956,6 +970,35 @@ void Worker::apply_rows(std::vector<std::shared_ptr<Record>>& batch, bool failed
       });
     }
   }
+}
+
+void Worker::take_out_of_service(const std::string& fault) {
+  {
+    std::lock_guard lock(fault_mu_);
+    fault_ = fault;
+  }
+  in_service_.store(false);
+  fail_all_out_of_service();
+}
+
+void Worker::fail_all_out_of_service() {
+  std::string fault;
+  {
+    std::lock_guard lock(fault_mu_);
+    fault = fault_;
+  }
+  auto fail = [&](const std::shared_ptr<Record>& r) {
+    complete(r, RequestState::kFailed,
+             Status(ErrorCode::kUnavailable, "request " + std::to_string(r->req.id) + " not run: worker " +
+                                                 std::to_string(options_.index) + " is out of service (" + fault +
+                                                 "); restart the engine to use the device again"));
+  };
+  for (auto& r : active_)
+    if (!r->finishing) fail(r);
+  std::erase_if(active_, [](const auto& r) { return !r->finishing; });
+  for (auto& [key, job] : prepares_)
+    for (auto& r : job->waiting) fail(r);
+  prepares_.clear();
 }
 
 void Worker::publish_load() {

@@ -27,6 +27,13 @@
 /// template-keyed entry while a prompt-keyed prepare runs in the background (after every
 /// prepare someone waits for); later strokes with that prompt read it.
 ///
+/// Device failure: a failed forward fails that model's requests with an error naming the
+/// device. Out of device memory leaves the worker as it was; a sticky CUDA error poisons the
+/// process's CUDA context (device_fault.h), so the worker fails everything it holds, takes
+/// itself out of service (load().in_service, the router passes it over; metrics() says why)
+/// and fails what still reaches it. The engine goes on with its other workers; a restart
+/// brings the device back.
+///
 /// Threading: submit(), cancel(), load(), metrics() are safe from any thread. Callbacks run on
 /// the TaskPool. Every error is reported in the request's result; no exception leaves the loop.
 
@@ -167,6 +174,10 @@ class Worker {
   void notify(const std::shared_ptr<Record>& r, std::function<void()> callback);
   void take_work(Record& r, double ms);
   void publish_load();
+  /// After a sticky device error: records why and fails every request the loop holds.
+  void take_out_of_service(const std::string& fault);
+  /// Fails every request the loop holds (active, waiting on a prepare) as out of service.
+  void fail_all_out_of_service();
   /// The served model a request names (null: the first), or null when it is not served here.
   const ServedModel* served_model(const EditModel* model) const;
 
@@ -203,6 +214,10 @@ class Worker {
   // every deadline so that "on time" means the result, not the last step, is on time.
   std::atomic<double> post_estimate_ms_{0.0};
   std::atomic<int> max_steps_left_{0};
+  // Out of service after a sticky device error (see the class comment), and why.
+  std::atomic<bool> in_service_{true};
+  mutable std::mutex fault_mu_;
+  std::string fault_;  // guarded by fault_mu_
   // Slab read speed measured on this worker's streamed edits (bytes per ms; <= 0: none yet).
   std::atomic<double> read_bytes_per_ms_{0.0};
 

@@ -263,14 +263,6 @@ TEST_CASE("K/V streamed from the disk tier give the same edit as the RAM entry",
     REQUIRE((all_recomputed.ok() && full.ok()));
     CHECK(same_bytes(all_recomputed->image, full->image));
   }
-  SECTION("the pipeline streams a disk-only entry by itself") {
-    EditPipeline pipeline(f.model, disk_store);
-    auto r = pipeline.edit(f.tmpl, params);
-    REQUIRE(r.ok());
-    CHECK(r->streamed_cache);
-    CHECK(r->recomputed_blocks >= 0);
-    if (r->recomputed_blocks == 0) CHECK(same_bytes(r->image, from_ram->image));
-  }
   SECTION("a damaged file fails the edit instead of using bad data") {
     int damaged = 0;
     for (const auto& file : std::filesystem::directory_iterator(cache_dir.path())) {

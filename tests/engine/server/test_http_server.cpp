@@ -408,3 +408,39 @@ TEST_CASE("8 concurrent clients x 3 edits each get exactly their own results", "
   }
   CHECK(all.size() == size_t(kClients * kEdits));
 }
+
+TEST_CASE("/health after a sticky device error: failed and 503 naming the fault; edits refused as unavailable",
+          "[server][http][device]") {
+  ServerFixture f(true, test_limits(), false, [](std::span<const uint64_t>) {
+    throw std::runtime_error("CUDA error: an illegal memory access was encountered");
+  });
+  Response healthy = request(f.unix_ep, "GET", "/health");
+  REQUIRE(healthy.status == 200);
+  CHECK(healthy.json()["status"] == "ok");
+  REQUIRE(healthy.json()["workers"].size() == 1);
+  CHECK(healthy.json()["workers"][0]["in_service"] == true);
+  CHECK(healthy.json()["workers"][0]["device"] == "cpu");
+
+  const std::string tmpl = f.upload();
+  EventStream events(f.unix_ep, "painter");
+  Response sub = request(f.unix_ep, "POST", "/v1/edits", R"({"template":")" + tmpl + R"(","mask_rect":[8,8,24,20],"steps":4})",
+                         {"Content-Type: application/json", "X-Infill-Client: painter"});
+  REQUIRE(sub.status == 202);
+  const uint64_t id = sub.json()["id"].get<uint64_t>();
+  const auto& got = events.wait_for([&](const SseEvent& e) { return (e.type == "done" || e.type == "failed") && e.data["id"] == id; });
+  REQUIRE(got.back().type == "failed");
+  CHECK(got.back().data["error"]["message"].get<std::string>().find("out of service") != std::string::npos);
+
+  Response health = request(f.unix_ep, "GET", "/health");
+  INFO(health.body);
+  CHECK(health.status == 503);
+  CHECK(health.json()["status"] == "failed");
+  CHECK(health.json()["workers"][0]["in_service"] == false);
+  CHECK(health.json()["workers"][0]["fault"].get<std::string>().find("illegal memory access") != std::string::npos);
+  Response refused = request(f.unix_ep, "POST", "/v1/edits", R"({"template":")" + tmpl + R"(","mask_rect":[8,8,24,20],"steps":4})",
+                             {"Content-Type: application/json", "X-Infill-Client: painter"});
+  CHECK(refused.status == 503);
+  CHECK(refused.json()["error"]["code"] == "unavailable");
+  Response metrics = request(f.unix_ep, "GET", "/v1/metrics");
+  CHECK(metrics.json()["workers"][0]["in_service"] == false);
+}
