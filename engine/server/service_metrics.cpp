@@ -34,6 +34,10 @@ json service_metrics_json(const ServiceMetrics& m) {
   json workers = json::array();
   for (const ServiceWorkerMetrics& mw : m.workers) {
     const WorkerMetrics& w = mw.worker;
+    json costs = json::object();
+    for (const auto& [model, c] : w.cost_by_model)
+      costs[model] = {{"coefficients", c.coefficients}, {"samples", c.samples}, {"refits_adopted", c.refits_adopted},
+                      {"mape", c.mape}};
     workers.push_back({{"index", w.index},
                        {"device", w.device},
                        {"in_service", w.in_service},
@@ -41,6 +45,7 @@ json service_metrics_json(const ServiceMetrics& m) {
                        {"models", mw.models},
                        {"steps", w.steps},
                        {"steps_by_model", w.steps_by_model},
+                       {"cost_by_model", costs},
                        {"failed_steps", w.failed_steps},
                        {"prepare_steps", w.prepare_steps},
                        {"requests_advanced", w.requests_advanced},

@@ -50,6 +50,16 @@ struct WorkerMetrics {
   std::string fault;
   /// Batched steps that ran a forward of each model (a round with two models counts for both).
   std::map<std::string, uint64_t> steps_by_model;
+  /// The step cost each model has on this worker's device now: the coefficients
+  /// [intercept ms, ms per token, ms per request, ms per attention unit] refitted from its
+  /// timed steps, how many were timed, refits adopted, and the model's MAPE on recent steps.
+  struct ModelCost {
+    std::array<double, 4> coefficients{};
+    size_t samples = 0;
+    size_t refits_adopted = 0;
+    double mape = 0.0;
+  };
+  std::map<std::string, ModelCost> cost_by_model;
   uint64_t steps = 0;            ///< batched denoising steps run
   uint64_t failed_steps = 0;     ///< steps whose forward threw (their requests failed)
   uint64_t prepare_steps = 0;    ///< prepare-job slices run (one full denoising step each)

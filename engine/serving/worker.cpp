@@ -52,7 +52,8 @@ struct Worker::Record {
   ServingRequest req;
   const ServedModel* served = nullptr;  // the model of req, in the worker's list; set on submit
   const EditModel& model() const { return *served->model; }
-  const StepCostModel& cost() const { return *served->cost; }
+  LiveCostModel* live_cost = nullptr;  // the served model's, on this worker
+  std::shared_ptr<const StepCostModel> cost() const { return live_cost->current(); }
   std::mutex mu;
   RequestLifecycle life;  // guarded by mu
   std::atomic<bool> cancel_requested{false};
@@ -133,6 +134,7 @@ Worker::Worker(std::vector<ServedModel> models, std::shared_ptr<ActivationStore>
       pool_(pool),
       options_(std::move(options)),
       selector_(options_.policy, options_.token_budget, options_.scheduler) {
+  for (const ServedModel& m : models_) costs_.push_back(std::make_unique<LiveCostModel>(m.cost));
   metrics_.index = options_.index;
   metrics_.device = models_.front().model->device().name();
   thread_ = std::thread([this] { loop(); });
@@ -181,6 +183,7 @@ void Worker::submit(ServingRequest request, double submitted_ms) {
   if (r->served == nullptr) {
     // The runtime checks this first; a worker never runs a request on another model.
     r->served = &models_.front();
+    r->live_cost = &cost_of(r->served);
     requests_.fetch_add(1);
     {
       std::lock_guard lock(records_mu_);
@@ -191,6 +194,7 @@ void Worker::submit(ServingRequest request, double submitted_ms) {
                               ", which worker " + std::to_string(options_.index) + " does not serve"));
     return;
   }
+  r->live_cost = &cost_of(r->served);
   r->deadline_rel_ms = r->req.deadline_ms.value_or(default_deadline_ms(r->req.cls));
   r->deadline_abs_ms = submitted_ms + r->deadline_rel_ms;
   // Until pre-processing knows the token count, charge the request by the mask's area.
@@ -201,7 +205,7 @@ void Worker::submit(ServingRequest request, double submitted_ms) {
     const double ratio = r->req.params.mask.numel() > 0 ? (r->req.params.mask > 0).to(at::kFloat).mean().item<double>() : 0.0;
     r->tokens = static_cast<int64_t>(std::ceil(ratio * static_cast<double>(total)));
     r->total_tokens = total;
-    r->remaining_work_ms = request_work_ms(r->cost(), r->tokens, total, steps);
+    r->remaining_work_ms = request_work_ms(*r->cost(), r->tokens, total, steps);
     work_ms_.fetch_add(r->remaining_work_ms.load());
     int cur = max_steps_left_.load();
     while (steps > cur && !max_steps_left_.compare_exchange_weak(cur, steps)) {
@@ -240,7 +244,7 @@ WorkerLoad Worker::load() const {
   l.in_service = in_service_.load();
   // Each round pays the step intercept of the models in it: the dearest one stands for them.
   double backlog = 0;
-  for (const ServedModel& m : models_) backlog = std::max(backlog, drain_ms(*m.cost, work_ms_.load(), max_steps_left_.load()));
+  for (const auto& c : costs_) backlog = std::max(backlog, drain_ms(*c->current(), work_ms_.load(), max_steps_left_.load()));
   l.backlog_ms = backlog;
   return l;
 }
@@ -249,6 +253,10 @@ WorkerMetrics Worker::metrics() const {
   std::lock_guard lock(metrics_mu_);
   WorkerMetrics m = metrics_;
   m.uptime_ms = now_ms();
+  for (size_t i = 0; i < models_.size(); ++i) {
+    const LiveCostModel::Report c = costs_[i]->report();
+    m.cost_by_model[models_[i].model->info().id] = {c.coefficients, c.samples, c.refits_adopted, c.mape};
+  }
   m.in_service = in_service_.load();
   {
     std::lock_guard fault_lock(fault_mu_);
@@ -454,8 +462,8 @@ bool Worker::create_streamed_session(const std::shared_ptr<Record>& r, const Act
   const int64_t total = layout->tokens;
   const int64_t masked = std::clamp<int64_t>(r->tokens, 1, total);
   const std::vector<double> load(blocks, slab_bytes / bytes_per_ms);
-  const std::vector<double> masked_ms(blocks, request_work_ms(r->cost(), masked, total, 1) / blocks);
-  const std::vector<double> full_ms(blocks, request_work_ms(r->cost(), total, total, 1) / blocks);
+  const std::vector<double> masked_ms(blocks, request_work_ms(*r->cost(), masked, total, 1) / blocks);
+  const std::vector<double> full_ms(blocks, request_work_ms(*r->cost(), total, total, 1) / blocks);
   const LoadPlan plan = plan_loads(load, masked_ms, full_ms, LoadPlanShape::kRecomputePrefix);
   int recompute = 0;
   for (BlockLoadChoice choice : plan.choices) recompute += choice == BlockLoadChoice::kRecompute;
@@ -497,7 +505,7 @@ void Worker::adopt_session(const std::shared_ptr<Record>& r, Result<std::unique_
     r->tokens = r->session->tokens().count();
     r->total_tokens = int64_t{r->session->tokens().grid_w} * r->session->tokens().grid_h;
     const int segments = r->session->guided() ? 2 : 1;
-    r->step_work_ms = request_work_ms(r->cost(), r->tokens * segments, r->total_tokens, 1);
+    r->step_work_ms = request_work_ms(*r->cost(), r->tokens * segments, r->total_tokens, 1);
     // Replace the submit-time estimate by the exact one.
     const double exact = r->step_work_ms * r->steps_requested;
     const double before = r->remaining_work_ms.exchange(exact);
@@ -660,7 +668,7 @@ void Worker::handle(Message& m) {
       auto job = std::make_unique<PrepareJob>();
       const double tokens = double(m.prepare->tokens());
       job->served = m.served;
-      job->step_work_ms = m.served->cost->predict_ms(tokens, 1.0, tokens * tokens);
+      job->step_work_ms = cost_of(m.served).current()->predict_ms(tokens, 1.0, tokens * tokens);
       job->deadline_abs_ms = std::numeric_limits<double>::infinity();  // after every awaited prepare
       job->background = true;
       job->run = std::move(m.prepare);
@@ -682,7 +690,7 @@ void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<con
   const double tokens = double(prepare.tokens());
   job->deadline_abs_ms = r->deadline_abs_ms;
   job->served = r->served;
-  job->step_work_ms = r->cost().predict_ms(tokens, 1.0, tokens * tokens);
+  job->step_work_ms = r->cost()->predict_ms(tokens, 1.0, tokens * tokens);
   job->waiting.push_back(r);
   // The prepare's compute is part of this worker's backlog until it finishes.
   r->remaining_work_ms.fetch_add(job->step_work_ms * prepare.steps());
@@ -718,6 +726,11 @@ void Worker::run_prepare_slice() {
     std::lock_guard lock(metrics_mu_);
     metrics_.prepare_steps += 1;
     metrics_.prepare_ms_total += ms;
+  }
+  if (!failed && job.served != nullptr) {
+    // A prepare slice is a full forward of one request: the far end of the cost model's range.
+    const double tokens = double(job.run->tokens());
+    cost_of(job.served).add({tokens, 1.0, tokens * tokens, ms});
   }
   for (auto& r : job.waiting) take_work(*r, job.step_work_ms / double(job.waiting.size()));
   const std::string canonical = best->first;
@@ -822,7 +835,7 @@ void Worker::run_step() {
     for (const auto& [served, share] : shares) {
       const double f = candidate_tokens > 0 ? share.tokens / candidate_tokens : share.requests / double(candidates.size());
       const double t = double(tokens) * f;
-      ms += served->cost->predict_ms(t, std::max(1.0, double(batch) * f), t * share.total_sum / share.requests);
+      ms += cost_of(served).current()->predict_ms(t, std::max(1.0, double(batch) * f), t * share.total_sum / share.requests);
     }
     return ms;
   };
@@ -903,7 +916,9 @@ void Worker::run_step() {
   }
   // The cost model is per (model, device): only single-model rounds are samples of one.
   if (groups.size() == 1) {
-    m.recent_steps.push_back({double(step_tokens), double(batch_size), step_attention, ms(t0, t4)});
+    const StepSample sample{double(step_tokens), double(batch_size), step_attention, ms(t0, t4)};
+    m.recent_steps.push_back(sample);
+    if (models_run.size() == 1) cost_of(groups.front().first).add(sample);
   }
   m.count_step_seconds(ms(t0, t4) / 1000.0);
 }

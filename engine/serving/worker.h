@@ -57,6 +57,7 @@
 #include "pipeline/edit_model.h"
 #include "serving/batch_policy.h"
 #include "serving/cost_model.h"
+#include "serving/live_cost_model.h"
 #include "serving/router.h"
 #include "serving/serving_metrics.h"
 #include "serving/serving_request.h"
@@ -64,7 +65,8 @@
 
 namespace infill {
 
-/// A model a worker serves, with the cost model of its steps on the worker's device.
+/// A model a worker serves, with the cost model of its steps on the worker's device (the
+/// starting point: the worker keeps it true from its own steps, live_cost_model.h).
 struct ServedModel {
   std::shared_ptr<const EditModel> model;
   std::shared_ptr<const StepCostModel> cost;
@@ -182,6 +184,9 @@ class Worker {
   const ServedModel* served_model(const EditModel* model) const;
 
   const std::vector<ServedModel> models_;  // never empty; fixed for the worker's life
+  // Per model (same index): its step cost on this worker's device, refitted from the loop's steps.
+  std::vector<std::unique_ptr<LiveCostModel>> costs_;
+  LiveCostModel& cost_of(const ServedModel* served) const { return *costs_[static_cast<size_t>(served - models_.data())]; }
   std::shared_ptr<ActivationStore> store_;
   TaskPool& pool_;
   WorkerOptions options_;

@@ -1,7 +1,6 @@
 // End-to-end edits on a small random-weight model written to disk and loaded back.
 
 #include "support/catch.h"
-#include <filesystem>
 #include <fstream>
 
 #include <ATen/ATen.h>
@@ -11,6 +10,7 @@
 #include "model/model.h"
 #include "pipeline/edit_pipeline.h"
 #include "pipeline/image_io.h"
+#include "support/damage_files.h"
 #include "support/temp_dir.h"
 #include "support/tiny_dit.h"
 
@@ -264,16 +264,7 @@ TEST_CASE("K/V streamed from the disk tier give the same edit as the RAM entry",
     CHECK(same_bytes(all_recomputed->image, full->image));
   }
   SECTION("a damaged file fails the edit instead of using bad data") {
-    int damaged = 0;
-    for (const auto& file : std::filesystem::directory_iterator(cache_dir.path())) {
-      std::fstream io(file.path(), std::ios::in | std::ios::out | std::ios::binary);
-      const auto at = static_cast<std::streamoff>(std::filesystem::file_size(file.path()) - 100);
-      io.seekg(at);
-      const char byte = static_cast<char>(io.get());
-      io.seekp(at);
-      io.put(static_cast<char>(~byte));  // always a different byte
-      damaged += io.good();
-    }
+    const int damaged = test::flip_byte_near_end_of_files(cache_dir.path());
     REQUIRE(damaged == 1);
     auto broken = run_session(
         f, params, CacheSource{nullptr, std::make_shared<StreamedKvSource>(disk_store, key, (*entry)->layout()), 0});

@@ -9,10 +9,12 @@
 #include <mutex>
 
 #include "serving/device_fault.h"
+#include "request_collector.h"
 #include "serving_fixture.h"
 
 using namespace infill;
 using infill::test::ServingFixture;
+using Collector = infill::test::RequestCollector;
 
 namespace {
 
@@ -24,21 +26,6 @@ const char* const kAssert = "CUDA error: device-side assert triggered\nCompile w
 const char* const kOutOfMemory =
     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free.";
 
-struct Collector {
-  std::mutex mu;
-  std::map<uint64_t, RequestResult> results;
-  std::function<void(const RequestResult&)> callback() {
-    return [this](const RequestResult& r) {
-      std::lock_guard lock(mu);
-      results[r.id] = r;
-    };
-  }
-  RequestResult get(uint64_t id) {
-    std::lock_guard lock(mu);
-    REQUIRE(results.count(id) == 1);
-    return results[id];
-  }
-};
 
 ServingRequest request(const ServingFixture& f, uint64_t id, Collector& c) {
   ServingRequest r;
@@ -79,14 +66,14 @@ TEST_CASE("out of device memory fails the step's requests; the worker goes on", 
   REQUIRE(rt.ok());
   REQUIRE((*rt)->submit(request(f, 1, c)).ok());
   REQUIRE((*rt)->drain(60000));
-  const RequestResult oom = c.get(1);
+  const RequestResult oom = c.only(1);
   CHECK(oom.state == RequestState::kFailed);
   CHECK(oom.status.message().find("step of request 1 failed on cpu: CUDA out of memory") != std::string::npos);
   CHECK(oom.status.message().find("out of service") == std::string::npos);
   CHECK((*rt)->loads().at(0).in_service);
   REQUIRE((*rt)->submit(request(f, 2, c)).ok());
   REQUIRE((*rt)->drain(60000));
-  CHECK(c.get(2).state == RequestState::kDone);
+  CHECK(c.only(2).state == RequestState::kDone);
 }
 
 TEST_CASE("a sticky device error takes the worker out of service; the others go on, then none is left",
@@ -105,7 +92,7 @@ TEST_CASE("a sticky device error takes the worker out of service; the others go 
   ServingRuntime& rt = **made;
   REQUIRE(rt.submit(request(f, 1, c)).ok());  // equal loads: worker 0
   REQUIRE(rt.drain(60000));
-  const RequestResult lost = c.get(1);
+  const RequestResult lost = c.only(1);
   CHECK(lost.state == RequestState::kFailed);
   CHECK(lost.metrics.worker == 0);
   INFO(lost.status.to_string());
@@ -124,7 +111,7 @@ TEST_CASE("a sticky device error takes the worker out of service; the others go 
   for (uint64_t id = 2; id <= 4; ++id) REQUIRE(rt.submit(request(f, id, c)).ok());
   REQUIRE(rt.drain(60000));
   for (uint64_t id = 2; id <= 4; ++id) {
-    const RequestResult r = c.get(id);
+    const RequestResult r = c.only(id);
     INFO("request " << id << ": " << r.status.to_string());
     CHECK(r.state == RequestState::kDone);
     CHECK(r.metrics.worker == 1);
@@ -133,7 +120,7 @@ TEST_CASE("a sticky device error takes the worker out of service; the others go 
   // Worker 1's device fails too: nothing is left, and a submit says so.
   REQUIRE(rt.submit(request(f, 5, c)).ok());
   REQUIRE(rt.drain(60000));
-  CHECK(c.get(5).state == RequestState::kFailed);
+  CHECK(c.only(5).state == RequestState::kFailed);
   const Status refused = rt.submit(request(f, 6, c));
   CHECK(refused.code() == ErrorCode::kUnavailable);
   CHECK(refused.message().find("every worker is out of service") != std::string::npos);

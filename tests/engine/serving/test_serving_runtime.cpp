@@ -13,33 +13,14 @@
 #include <string>
 #include <thread>
 
+#include "request_collector.h"
 #include "serving_fixture.h"
 
 using namespace infill;
 using infill::test::ServingFixture;
+using Collector = infill::test::RequestCollector;
 
 namespace {
-
-// Gathers every on_complete call, by id.
-struct Collector {
-  std::mutex mu;
-  std::map<uint64_t, std::vector<RequestResult>> results;
-  std::atomic<int> progress_calls{0};
-  std::atomic<int> preview_calls{0};
-
-  std::function<void(const RequestResult&)> callback() {
-    return [this](const RequestResult& r) {
-      std::lock_guard lock(mu);
-      results[r.id].push_back(r);
-    };
-  }
-  const RequestResult& only(uint64_t id) {
-    std::lock_guard lock(mu);
-    REQUIRE(results.count(id) == 1);
-    REQUIRE(results[id].size() == 1);
-    return results[id].front();
-  }
-};
 
 std::unique_ptr<ServingRuntime> start(const ServingFixture& f, RuntimeOptions o) {
   auto rt = ServingRuntime::create(f.model, f.store, f.cost, std::move(o));

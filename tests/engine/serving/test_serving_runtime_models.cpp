@@ -9,29 +9,15 @@
 #include <set>
 
 #include "pipeline/dit_edit_model.h"
+#include "request_collector.h"
 #include "serving_fixture.h"
 
 using namespace infill;
 using infill::test::ServingFixture;
+using Collector = infill::test::RequestCollector;
 
 namespace {
 
-struct Collector {
-  std::mutex mu;
-  std::map<uint64_t, std::vector<RequestResult>> results;
-  std::function<void(const RequestResult&)> callback() {
-    return [this](const RequestResult& r) {
-      std::lock_guard lock(mu);
-      results[r.id].push_back(r);
-    };
-  }
-  const RequestResult& only(uint64_t id) {
-    std::lock_guard lock(mu);
-    REQUIRE(results.count(id) == 1);
-    REQUIRE(results[id].size() == 1);
-    return results[id].front();
-  }
-};
 
 // A second random model of the fixture's architecture, other weights, its own template.
 struct SecondModel {

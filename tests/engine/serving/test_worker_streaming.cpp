@@ -5,33 +5,19 @@
 // resident edit too; a damaged file fails the edit with the read error and the worker goes on.
 #include "support/catch.h"
 
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 
+#include "request_collector.h"
+#include "support/damage_files.h"
 #include "serving_fixture.h"
 
 using namespace infill;
 using infill::test::ServingFixture;
+using Collector = infill::test::RequestCollector;
 
 namespace {
 
-struct Collector {
-  std::mutex mu;
-  std::map<uint64_t, RequestResult> results;
-  std::function<void(const RequestResult&)> callback() {
-    return [this](const RequestResult& r) {
-      std::lock_guard lock(mu);
-      results[r.id] = r;
-    };
-  }
-  RequestResult get(uint64_t id) {
-    std::lock_guard lock(mu);
-    REQUIRE(results.count(id) == 1);
-    return results[id];
-  }
-};
 
 // One edit through a one-worker runtime on `store`; the runtime is gone when this returns.
 RequestResult edit_through_worker(const ServingFixture& f, std::shared_ptr<ActivationStore> store, const EditParams& params,
@@ -50,7 +36,7 @@ RequestResult edit_through_worker(const ServingFixture& f, std::shared_ptr<Activ
   r.on_complete = c.callback();
   REQUIRE((*rt)->submit(std::move(r)).ok());
   REQUIRE((*rt)->drain(60000));
-  return c.get(1);
+  return c.only(1);
 }
 
 std::shared_ptr<ActivationStore> open_store(const std::string& disk_dir, size_t ram_bytes) {
@@ -153,17 +139,7 @@ TEST_CASE("an entry only on disk streams through the worker under the load plan"
   }
   SECTION("a damaged file fails the edit with the read error; the next edit computes afresh") {
     auto store = disk_only();
-    int damaged = 0;
-    for (const auto& file : std::filesystem::directory_iterator(cache_dir.path())) {
-      if (!file.is_regular_file() || std::filesystem::file_size(file.path()) < 1000) continue;
-      std::fstream io(file.path(), std::ios::in | std::ios::out | std::ios::binary);
-      const auto at = static_cast<std::streamoff>(std::filesystem::file_size(file.path()) - 100);
-      io.seekg(at);
-      const char byte = static_cast<char>(io.get());
-      io.seekp(at);
-      io.put(static_cast<char>(~byte));  // always a different byte
-      damaged += io.good();
-    }
+    const int damaged = test::flip_byte_near_end_of_files(cache_dir.path());
     REQUIRE(damaged == 1);
     WorkerOptions w;
     w.force_recompute_blocks = [](int) { return 0; };
