@@ -24,6 +24,8 @@ packages=(
   gnome-backgrounds mate-backgrounds plasma-workspace-wallpapers
   # Photos never used for training, which bench_model_quality also edits (CC BY-SA 3.0).
   ukui-wallpapers
+  # infill-render-slurm's test: a one-node Slurm cluster with its own MUNGE key.
+  slurm-wlm munge
   # The GIMP 2.10 plug-in (plugin_sdk/gimp/) and its batch-mode test.
   libgimp2.0-dev gimp
   # The Qt 6 editor (ui/) and its screenshot test under a virtual X server.
