@@ -409,7 +409,7 @@ TEST_CASE("8 concurrent clients x 3 edits each get exactly their own results", "
   CHECK(all.size() == size_t(kClients * kEdits));
 }
 
-TEST_CASE("/health after a sticky device error: failed and 503 naming the fault; edits refused as unavailable",
+TEST_CASE("/health after a sticky device error: failed and 503 naming the fault, and edits refused as unavailable",
           "[server][http][device]") {
   ServerFixture f(true, test_limits(), false, [](std::span<const uint64_t>) {
     throw std::runtime_error("CUDA error: an illegal memory access was encountered");

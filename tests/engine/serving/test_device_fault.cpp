@@ -53,7 +53,7 @@ TEST_CASE("device faults are told apart by libtorch's CUDA error texts", "[servi
   CHECK(std::string(device_fault_name(DeviceFault::kLost)) == "lost");
 }
 
-TEST_CASE("out of device memory fails the step's requests; the worker goes on", "[serving][device]") {
+TEST_CASE("out of device memory fails the step's requests and the worker goes on", "[serving][device]") {
   ServingFixture f;
   Collector c;
   RuntimeOptions o;
@@ -76,7 +76,7 @@ TEST_CASE("out of device memory fails the step's requests; the worker goes on", 
   CHECK(c.only(2).state == RequestState::kDone);
 }
 
-TEST_CASE("a sticky device error takes the worker out of service; the others go on, then none is left",
+TEST_CASE("a sticky device error takes the worker out of service, the others go on, then none is left",
           "[serving][device]") {
   ServingFixture f;
   Collector c;

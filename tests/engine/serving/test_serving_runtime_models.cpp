@@ -124,7 +124,7 @@ TEST_CASE("one worker serves two models: each round runs one forward per model, 
   }
 }
 
-TEST_CASE("two models on one worker: a failed forward of one fails only its requests; supersede crosses models",
+TEST_CASE("two models on one worker: a failed forward of one fails only its requests, and supersede crosses models",
           "[serving][runtime][models]") {
   ServingFixture f;
   SecondModel b(f, 7);
