@@ -36,6 +36,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
+step "infill-render-slurm finds its infill-render and checks its input"
+/usr/bin/infill-render-slurm --help | grep -q 'as one job array'
+{ /usr/bin/infill-render-slurm "$work/no-job.json" 2>&1 || true; } | grep -q "job file $work/no-job.json does not exist"
+
 step "infill-engine --check"
 /usr/bin/infill-engine --check --journal off | tee "$work/check.json" | grep -q '"ok": true'
 grep -q '/usr/share/infill/models/infill-tiny' "$work/check.json"
