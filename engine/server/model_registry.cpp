@@ -127,9 +127,11 @@ void ModelRegistry::collect(ServiceMetrics& m) const {
   if (runtime_) {
     std::vector<std::string> ids;
     for (const Slot& slot : slots_) ids.push_back(slot.model->info().id);
-    for (WorkerMetrics& w : runtime_->worker_metrics()) m.workers.push_back({ids, std::move(w)});
-    int index = 0;
-    for (const WorkerLoad& l : runtime_->loads()) m.loads.push_back({m.workers.at(index).worker.device, index, l}), ++index;
+    const std::vector<WorkerLoad> loads = runtime_->loads();
+    for (WorkerMetrics& w : runtime_->worker_metrics()) {
+      m.loads.push_back({w.device, w.index, loads.at(static_cast<size_t>(w.index))});
+      m.workers.push_back({ids, std::move(w)});
+    }
     m.recent_requests = runtime_->request_metrics();
   }
   m.cache = store_->stats();

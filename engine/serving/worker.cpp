@@ -850,55 +850,59 @@ void Worker::run_step() {
     r.steps_left = left;
   }
 
-  // The batch by model, each model's requests in the scheduler's order.
-  std::vector<std::pair<const ServedModel*, std::vector<std::shared_ptr<Record>>>> groups;
+  // The batch by model, each model's requests and sessions in the scheduler's order.
+  struct ModelBatch {
+    const ServedModel* served;
+    std::vector<std::shared_ptr<Record>> records;
+    std::vector<StepSession*> sessions;
+    std::vector<uint64_t> ids;
+  };
+  std::vector<ModelBatch> groups;
   int64_t step_tokens = 0;
   double step_attention = 0;
   size_t batch_size = 0;
   for (uint64_t id : decision.advance) {
     auto& r = by_id.at(id);
-    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == r->served; });
-    if (g == groups.end()) g = groups.insert(groups.end(), {r->served, {}});
-    g->second.push_back(r);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const ModelBatch& x) { return x.served == r->served; });
+    if (g == groups.end()) g = groups.insert(groups.end(), ModelBatch{r->served, {}, {}, {}});
+    g->records.push_back(r);
+    g->sessions.push_back(r->session.get());
+    g->ids.push_back(id);
     const int64_t tokens = r->tokens * (r->session->guided() ? 2 : 1);
     step_tokens += tokens;
     step_attention += double(tokens) * double(r->total_tokens);
     ++batch_size;
   }
-  double pack_ms = 0;
+  const auto t2 = std::chrono::steady_clock::now();
   bool any_failed = false;
   std::vector<std::string> models_run;
-  for (auto& [served, batch] : groups) {
-    const auto g0 = std::chrono::steady_clock::now();
-    std::vector<StepSession*> sessions;
-    std::vector<uint64_t> ids;
-    for (auto& r : batch) {
-      sessions.push_back(r->session.get());
-      ids.push_back(r->req.id);
-    }
+  for (ModelBatch& g : groups) {
     bool failed = false;
     std::string error;
     at::Tensor rows;
     try {
-      pack_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - g0).count();
-      if (options_.before_step) options_.before_step(ids);
-      rows = served->model->forward(sessions);
+      if (options_.before_step) options_.before_step(g.ids);
+      rows = g.served->model->forward(g.sessions);
     } catch (...) {
       failed = true;
       error = exception_text(std::current_exception());
     }
     any_failed = any_failed || failed;
-    if (!failed) models_run.push_back(served->model->info().id);
+    if (!failed) models_run.push_back(g.served->model->info().id);
     const bool lost = failed && classify_device_fault(error) == DeviceFault::kLost;
     if (lost) error += "; worker " + std::to_string(options_.index) + " is out of service";
-    apply_rows(batch, failed, error, rows);
+    apply_rows(g.records, failed, error, rows);
     if (lost) {
-      take_out_of_service(served->model->device().name() + " failed: " + error);
+      take_out_of_service(g.served->model->device().name() + " failed: " + error);
       break;  // nothing more runs on this device
     }
   }
   const auto t4 = std::chrono::steady_clock::now();
   auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  // The cost model is per (model, device): only a round of one model is a sample of one.
+  const bool one_model = groups.size() == 1 && models_run.size() == 1;
+  const StepSample sample{double(step_tokens), double(batch_size), step_attention, ms(t0, t4)};
+  if (one_model) cost_of(groups.front().served).add(sample);  // may refit: outside the metrics lock
   std::lock_guard lock(metrics_mu_);
   WorkerMetrics& m = metrics_;
   if (any_failed) m.failed_steps += 1;
@@ -908,18 +912,13 @@ void Worker::run_step() {
   m.requests_advanced += batch_size;
   m.max_batch = std::max<int>(m.max_batch, static_cast<int>(batch_size));
   m.sched_ms_total += ms(t0, t1);
-  m.pack_ms_total += pack_ms;
-  m.step_ms_total += ms(t1, t4) - pack_ms;
+  m.pack_ms_total += ms(t1, t2);
+  m.step_ms_total += ms(t2, t4);
   // Trimmed in chunks: erasing the oldest sample every step would move 4096 of them each time.
   if (m.recent_steps.size() >= WorkerMetrics::kRecent + WorkerMetrics::kRecent / 4) {
     m.recent_steps.erase(m.recent_steps.begin(), m.recent_steps.end() - WorkerMetrics::kRecent);
   }
-  // The cost model is per (model, device): only single-model rounds are samples of one.
-  if (groups.size() == 1) {
-    const StepSample sample{double(step_tokens), double(batch_size), step_attention, ms(t0, t4)};
-    m.recent_steps.push_back(sample);
-    if (models_run.size() == 1) cost_of(groups.front().first).add(sample);
-  }
+  if (one_model) m.recent_steps.push_back(sample);
   m.count_step_seconds(ms(t0, t4) / 1000.0);
 }
 

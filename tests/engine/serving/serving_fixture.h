@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <atomic>
+#include <functional>
 #include <memory>
 
 #include "model/model.h"
@@ -29,6 +31,16 @@ inline PixelImage serving_picture(int shift) {
 // A cost model with made-up but plausible coefficients: tests never depend on timing.
 inline std::shared_ptr<const StepCostModel> fixed_cost_model() {
   return std::make_shared<const StepCostModel>(StepCostModel::plausible());
+}
+
+/// A WorkerOptions::may_step gate: no batched step until `n` requests are ready, then open for
+/// good, so that the first step packs them all whatever order they arrive in.
+inline std::function<bool(size_t)> step_when_ready(size_t n) {
+  auto opened = std::make_shared<std::atomic<bool>>(false);
+  return [opened, n](size_t ready) {
+    if (ready == n) *opened = true;
+    return opened->load();
+  };
 }
 
 struct ServingFixture {

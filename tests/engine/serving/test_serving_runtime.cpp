@@ -60,11 +60,7 @@ TEST_CASE("batched steps give each request the output it gets alone", "[serving]
   o.worker.token_budget = 4096;
   // No step until all four sessions are ready, so the first step packs them all: this test
   // is about packing, not about when requests arrive.
-  std::atomic<bool> opened{false};
-  o.worker.may_step = [&](size_t ready) {
-    if (ready == 4) opened = true;
-    return opened.load();
-  };
+  o.worker.may_step = infill::test::step_when_ready(4);
   auto rt = start(f, o);
   std::vector<ServingRequest> reqs;
   reqs.push_back(request(f, 1, ServingFixture::rect_mask(0, 0, 20, 16), 11, c));

@@ -36,6 +36,14 @@ struct SecondModel {
   }
 };
 
+// The fixture's model (a) and a second one (b) of the same architecture, as served models.
+struct TwoModels {
+  ServingFixture f;
+  SecondModel b{f, 7};
+  std::shared_ptr<const EditModel> model_a = std::make_shared<const DitEditModel>(f.model);
+  std::shared_ptr<const EditModel> model_b = std::make_shared<const DitEditModel>(b.model);
+};
+
 ServingRequest request(uint64_t id, std::shared_ptr<const EditModel> model, std::shared_ptr<const TemplateImage> tmpl,
                        const at::Tensor& mask, uint64_t seed, Collector& c) {
   ServingRequest r;
@@ -58,21 +66,18 @@ double max_abs_diff(const PixelImage& a, const PixelImage& b) {
 
 TEST_CASE("one worker serves two models: each round runs one forward per model, each edit as its model alone",
           "[serving][runtime][models]") {
-  ServingFixture f;
-  SecondModel b(f, 7);
-  auto model_a = std::make_shared<const DitEditModel>(f.model);
-  auto model_b = std::make_shared<const DitEditModel>(b.model);
+  TwoModels two;
+  ServingFixture& f = two.f;
+  const SecondModel& b = two.b;
+  const auto& model_a = two.model_a;
+  const auto& model_b = two.model_b;
   REQUIRE(model_a->info().id != model_b->info().id);
   Collector c;
   RuntimeOptions o;
   o.worker.policy = BatchingPolicy::kContinuous;
   o.worker.token_budget = 4096;
   // No step until all four sessions are ready: the first round holds both models.
-  std::atomic<bool> opened{false};
-  o.worker.may_step = [&](size_t ready) {
-    if (ready == 4) opened = true;
-    return opened.load();
-  };
+  o.worker.may_step = infill::test::step_when_ready(4);
   // Which ids each forward got: one call per model present in a round.
   std::mutex calls_mu;
   std::vector<std::vector<uint64_t>> forwards;
@@ -126,18 +131,15 @@ TEST_CASE("one worker serves two models: each round runs one forward per model, 
 
 TEST_CASE("two models on one worker: a failed forward of one fails only its requests, and supersede crosses models",
           "[serving][runtime][models]") {
-  ServingFixture f;
-  SecondModel b(f, 7);
-  auto model_a = std::make_shared<const DitEditModel>(f.model);
-  auto model_b = std::make_shared<const DitEditModel>(b.model);
+  TwoModels two;
+  ServingFixture& f = two.f;
+  const SecondModel& b = two.b;
+  const auto& model_a = two.model_a;
+  const auto& model_b = two.model_b;
   Collector c;
   RuntimeOptions o;
   o.worker.policy = BatchingPolicy::kContinuous;
-  std::atomic<bool> opened{false};
-  o.worker.may_step = [&](size_t ready) {
-    if (ready == 2) opened = true;
-    return opened.load();
-  };
+  o.worker.may_step = infill::test::step_when_ready(2);
   // Model a's forward fails once (request 1's); model b's in the same round goes on.
   std::atomic<bool> armed{true};
   o.worker.before_step = [&](std::span<const uint64_t> ids) {
