@@ -890,12 +890,14 @@ void Worker::run_step() {
     any_failed = any_failed || failed;
     if (!failed) models_run.push_back(g.served->model->info().id);
     const bool lost = failed && classify_device_fault(error) == DeviceFault::kLost;
-    if (lost) error += "; worker " + std::to_string(options_.index) + " is out of service";
-    apply_rows(g.records, failed, error, rows);
     if (lost) {
+      error += "; worker " + std::to_string(options_.index) + " is out of service";
+      // Out of service before any of its requests is reported failed: a client told of the
+      // failure finds /health already saying so.
       take_out_of_service(g.served->model->device().name() + " failed: " + error);
-      break;  // nothing more runs on this device
     }
+    apply_rows(g.records, failed, error, rows);
+    if (lost) break;  // nothing more runs on this device
   }
   const auto t4 = std::chrono::steady_clock::now();
   auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
@@ -991,8 +993,7 @@ void Worker::take_out_of_service(const std::string& fault) {
     std::lock_guard lock(fault_mu_);
     fault_ = fault;
   }
-  in_service_.store(false);
-  fail_all_out_of_service();
+  in_service_.store(false);  // the loop fails what it still holds at its next boundary
 }
 
 void Worker::fail_all_out_of_service() {

@@ -176,7 +176,8 @@ class Worker {
   void notify(const std::shared_ptr<Record>& r, std::function<void()> callback);
   void take_work(Record& r, double ms);
   void publish_load();
-  /// After a sticky device error: records why and fails every request the loop holds.
+  /// After a sticky device error: records why and leaves service; the loop then fails every
+  /// request it holds (fail_all_out_of_service) at its next boundary.
   void take_out_of_service(const std::string& fault);
   /// Fails every request the loop holds (active, waiting on a prepare) as out of service.
   void fail_all_out_of_service();
