@@ -84,7 +84,7 @@ Edit run_edit(infill::ServingRuntime& rt, uint64_t id, const std::shared_ptr<con
   r.client_id = 1;
   r.tmpl = tmpl;
   r.params = params;
-  r.encode_png = false;
+  r.encode_result = false;
   r.on_complete = [&done](const infill::RequestResult& result) { done.set_value(result); };
   if (infill::Status st = rt.submit(std::move(r)); !st.ok()) die("submit: " + st.to_string());
   const infill::RequestResult result = done.get_future().get();

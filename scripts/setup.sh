@@ -8,6 +8,7 @@ packages=(
   libtorch-dev
   libopenblas0-openmp   # without it libtorch falls back to reference BLAS (~25x slower)
   libopenimageio-dev
+  libgs-common          # a real ICC profile (ghostscript's srgb.icc) for the bit-depth tests
   libboost-dev
   catch2
   nlohmann-json3-dev

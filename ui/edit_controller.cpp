@@ -63,11 +63,11 @@ QString EditController::templateStateText() const {
   return tr("unknown");
 }
 
-void EditController::setImage(const QImage& image, const QString& source_path) {
+void EditController::setImage(const QImage& image, const QByteArray& file, const QString& name) {
   image_ = image;
-  source_path_ = source_path;
-  encoded_.clear();
-  if (source_path.isEmpty() && !image.isNull()) {
+  name_ = name;
+  encoded_ = file;
+  if (encoded_.isEmpty() && !image.isNull()) {
     QBuffer buffer(&encoded_);
     buffer.open(QIODevice::WriteOnly);
     image.save(&buffer, "PNG");
@@ -82,8 +82,8 @@ void EditController::setImage(const QImage& image, const QString& source_path) {
 
 void EditController::uploadTemplate() {
   if (image_.isNull()) return;
-  const QString name = source_path_.isEmpty() ? QStringLiteral("edited.png") : QFileInfo(source_path_).fileName();
-  template_tag_ = engine_->registerTemplate(source_path_, encoded_, name);
+  const QString name = name_.isEmpty() ? QStringLiteral("edited") : name_;
+  template_tag_ = engine_->registerTemplate(QString(), encoded_, name);
   emit templateStateChanged(templateStateText());
 }
 
@@ -306,6 +306,7 @@ void EditController::onFinished(quint64 tag, const EditOutcome& outcome) {
   }
   GenerationResult r = p.result;
   r.image = outcome.result;
+  r.file = outcome.result_file;
   r.engine_ms = outcome.engine_ms;
   r.live = p.live;
   r.latency_ms = p.live ? live_edit_clock_.elapsed() : p.clock.elapsed();

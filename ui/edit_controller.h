@@ -31,7 +31,8 @@ struct GenerationParams {
 
 /// One finished variation.
 struct GenerationResult {
-  QImage image;  ///< the template's size; outside the (feathered) mask, the template's pixels
+  QImage image;  ///< for display: the template's size; outside the (feathered) mask, the template's pixels
+  QByteArray file;  ///< the engine's result file, in the template's own format and depth
   QImage mask;   ///< the mask it was made with
   QString prompt;
   quint64 seed = 0;
@@ -55,9 +56,10 @@ class EditController : public QObject {
 
   EditController(EngineConnection* engine, MaskDocument* mask, QObject* parent = nullptr);
 
-  /// The picture edits start from. `source_path` (optional) is uploaded as is; otherwise the
-  /// image is uploaded as PNG. Registers it with the engine now or once connected.
-  void setImage(const QImage& image, const QString& source_path = {});
+  /// The picture edits start from: `image` as shown, `file` its encoded file at full depth
+  /// (what the engine is sent; an empty `file` sends `image` as PNG), `name` labels it.
+  /// Registers it with the engine now or once connected.
+  void setImage(const QImage& image, const QByteArray& file = {}, const QString& name = {});
   const QImage& image() const { return image_; }
   QString templateId() const { return template_.id; }
   /// "not registered", "uploading", "ready", "preparing", "prepared".
@@ -128,7 +130,7 @@ class EditController : public QObject {
   EngineConnection* engine_;
   MaskDocument* mask_;
   QImage image_;
-  QString source_path_;
+  QString name_;  // labels the uploads (the file name, or "edited")
   QByteArray encoded_;
   TemplateStatus template_;
   quint64 template_tag_ = 0;  // upload in flight

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ui/image_io.h"
+
 namespace infill::ui {
 
 namespace {
@@ -412,6 +414,8 @@ quint64 EngineConnection::submitEdit(const EditSubmission& edit) {
     r.edit_class = edit.edit_class;
     r.deadline_ms = edit.deadline_ms;
     r.preview_every_steps = static_cast<uint32_t>(std::max(0, edit.preview_every_steps));
+    // The result in the template's own format: a 16-bit or float picture stays one.
+    r.output_format = "template";
     if (edit.supersedes_tag != 0) {
       auto old = jobs_.find(edit.supersedes_tag);
       if (old != jobs_.end()) r.supersedes = old->second->id();
@@ -435,10 +439,12 @@ quint64 EngineConnection::submitEdit(const EditSubmission& edit) {
       out.engine_ms = d.total_ms;
       out.steps_run = static_cast<int>(d.steps_run);
       if (d.state == INFILL_JOB_DONE) {
-        out.result = decode_png(d.png.data(), d.png.size());
+        out.result_file = QByteArray(d.png.data(), static_cast<qsizetype>(d.png.size()));
+        const LoadedImage shown = decode_image_file(out.result_file, QStringLiteral("result of edit %1").arg(d.edit_id));
+        out.result = shown.image;
         if (out.result.isNull()) {
           out.state = INFILL_JOB_FAILED;
-          out.error = QStringLiteral("the engine's result of edit %1 is not a readable PNG").arg(d.edit_id);
+          out.error = QStringLiteral("the engine's result of edit %1 is not a readable image: %2").arg(d.edit_id).arg(shown.error);
         }
       } else if (d.error) {
         out.error = describe(*d.error);

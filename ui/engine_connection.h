@@ -84,7 +84,10 @@ struct EditSubmission {
 struct EditOutcome {
   quint64 edit_id = 0;
   infill_job_state state = INFILL_JOB_FAILED;
-  QImage result;  ///< DONE: the template's size, RGBA8888
+  QImage result;  ///< DONE: the template's size, RGBA8888, for display (decode_image_file)
+  /// DONE: the result file in the template's own format and depth (output_format
+  /// "template"): what Apply uploads and exports write.
+  QByteArray result_file;
   QString error;  ///< otherwise: why
   /// Otherwise: the SDK's code (INFILL_ERROR_ENGINE_LOST: the engine went away meanwhile).
   infill_error_code error_code = INFILL_ERROR_INTERNAL;
@@ -132,7 +135,7 @@ class EngineConnection : public QObject {
   int reconnectAttempts() const { return reconnect_attempts_; }
 
   /// Uploads a template: the file itself when `path` is given (the engine decodes it with
-  /// its own OpenImageIO), else `encoded` (e.g. a PNG). Returns a tag that
+  /// its own OpenImageIO), else `encoded` (the document's file at its own depth). Returns a tag that
   /// templateRegistered() / templateFailed() repeat.
   quint64 registerTemplate(const QString& path, const QByteArray& encoded, const QString& name);
   /// Asks for a template's state; answered by templateStatus().

@@ -41,16 +41,22 @@ constexpr int kMaxRecent = 8;
 const char* const kRecentKey = "recent_files";
 
 // Replacing the canvas image (applying a result) as one undo step.
+// The picture as shown and its file at full depth: what Apply and its undo swap.
+struct Picture {
+  QImage image;
+  QByteArray file;
+};
+
 class ImageChangeCommand : public QUndoCommand {
  public:
-  ImageChangeCommand(QImage before, QImage after, std::function<void(const QImage&)> set)
+  ImageChangeCommand(Picture before, Picture after, std::function<void(const Picture&)> set)
       : QUndoCommand(QObject::tr("Apply result")), before_(std::move(before)), after_(std::move(after)), set_(std::move(set)) {}
   void redo() override { set_(after_); }
   void undo() override { set_(before_); }
 
  private:
-  QImage before_, after_;
-  std::function<void(const QImage&)> set_;
+  Picture before_, after_;
+  std::function<void(const Picture&)> set_;
 };
 
 QString mask_path_for(const QString& image_path) {
@@ -103,7 +109,7 @@ MainWindow::MainWindow(QWidget* parent)
   connect(mask_, &MaskDocument::editCommitted, this, [this] { updateActions(); });
   connect(undo_, &QUndoStack::indexChanged, this, [this] { updateActions(); });
   connect(results_, &ResultsStrip::resultSelected, this, [this] { showSelectedResult(); });
-  connect(results_, &ResultsStrip::applyRequested, this, [this](int i) { applyResult(results_->result(i).image); });
+  connect(results_, &ResultsStrip::applyRequested, this, [this](int i) { applyResult(results_->result(i)); });
   connect(canvas_, &CanvasView::zoomChanged, this,
           [this](double z) { zoom_label_->setText(QStringLiteral("%1%").arg(qRound(z * 100))); });
   controller_->setParameters(params_->params());
@@ -257,7 +263,7 @@ void MainWindow::createActions() {
   });
   connect(makeAction(QStringLiteral("apply"), tr("&Apply result"), QKeySequence(tr("Ctrl+Shift+Return"))), &QAction::triggered,
           this, [this] {
-            if (const GenerationResult* r = results_->selectedResult()) applyResult(r->image);
+            if (const GenerationResult* r = results_->selectedResult()) applyResult(*r);
           });
   connect(makeAction(QStringLiteral("connect"), tr("C&onnect to engine...")), &QAction::triggered, this,
           &MainWindow::connectDialog);
@@ -483,10 +489,11 @@ void MainWindow::connectDialog() {
   connectEngine(o);
 }
 
-void MainWindow::setImageInternal(const QImage& image, const QString& source_path) {
+void MainWindow::setImageInternal(const QImage& image, const QByteArray& file) {
+  document_file_ = file;
   canvas_->setImage(image);
   canvas_->setComparison(QImage());
-  controller_->setImage(image, source_path);
+  controller_->setImage(image, file, QFileInfo(path_).fileName());
   updateActions();
 }
 
@@ -501,7 +508,7 @@ bool MainWindow::openImage(const QString& path) {
   path_ = path;
   mask_->reset(loaded.image.size());
   results_->clearResults();
-  setImageInternal(loaded.image, path);
+  setImageInternal(loaded.image, loaded.file);
   setWindowTitle(QStringLiteral("%1 - Infill").arg(QFileInfo(path).fileName()));
   showMessage(tr("Opened %1 (%2x%3, %4 channels, %5)")
                   .arg(QFileInfo(path).fileName()).arg(loaded.image.width()).arg(loaded.image.height())
@@ -573,20 +580,22 @@ void MainWindow::showSelectedResult() {
   updateActions();
 }
 
-void MainWindow::applyResult(const QImage& result) {
-  if (result.isNull() || result.size() != canvas_->image().size()) return;
-  const QImage before = canvas_->image();
-  const QImage after = result.convertToFormat(QImage::Format_RGBA8888);
-  undo_->push(new ImageChangeCommand(before, after, [this](const QImage& image) {
-    // The engine's template must follow the picture: the next edit starts from this one.
-    setImageInternal(image, QString());
+void MainWindow::applyResult(const GenerationResult& result) {
+  if (result.image.isNull() || result.image.size() != canvas_->image().size()) return;
+  const Picture before{canvas_->image(), document_file_};
+  const Picture after{result.image.convertToFormat(QImage::Format_RGBA8888), result.file};
+  undo_->push(new ImageChangeCommand(before, after, [this](const Picture& picture) {
+    // The engine's template must follow the picture: the next edit starts from this one, at
+    // the file's full depth (the engine's result file, never the 8-bit display).
+    setImageInternal(picture.image, picture.file);
   }));
   results_->setCurrentRow(-1);
   showMessage(tr("Result applied (Ctrl+Z to undo)"), false);
 }
 
-QString MainWindow::exportImage(const QImage& image, const QString& path, bool with_mask) {
-  QString error = save_image(image, path);
+QString MainWindow::exportImage(const QImage& image, const QByteArray& file, const QString& path, bool with_mask) {
+  // The file at full depth where there is one; the 8-bit picture only for images made here.
+  QString error = file.isEmpty() ? save_image(image, path) : save_image_file(file, path);
   if (!error.isEmpty()) return error;
   if (with_mask) {
     QString mask_error;
@@ -598,13 +607,14 @@ QString MainWindow::exportImage(const QImage& image, const QString& path, bool w
 void MainWindow::exportDialog(bool with_mask) {
   const GenerationResult* r = results_->selectedResult();
   const QImage image = r ? r->image : canvas_->image();
+  const QByteArray file = r ? r->file : document_file_;
   if (image.isNull()) return;
   const QFileInfo src(path_);
   const QString suggestion = src.dir().filePath(src.completeBaseName() + QStringLiteral("_infill.png"));
   const QString path = QFileDialog::getSaveFileName(this, with_mask ? tr("Export result and mask") : tr("Export result"),
                                                     suggestion, tr("PNG (*.png);;TIFF (*.tif *.tiff);;OpenEXR (*.exr)"));
   if (path.isEmpty()) return;
-  const QString error = exportImage(image, path, with_mask);
+  const QString error = exportImage(image, file, path, with_mask);
   if (error.isEmpty()) {
     showMessage(with_mask ? tr("Exported %1 and %2").arg(path, mask_path_for(path)) : tr("Exported %1").arg(path), false);
   } else {

@@ -37,9 +37,10 @@ class MainWindow : public QMainWindow {
 
   /// Writes `image` (PNG, TIFF, EXR by extension) and, with `with_mask`, the mask next to it
   /// as <name>_mask.png. Returns "" on success, else why.
-  QString exportImage(const QImage& image, const QString& path, bool with_mask);
+  /// Writes `file` (full depth) to `path`, or `image` when there is no file.
+  QString exportImage(const QImage& image, const QByteArray& file, const QString& path, bool with_mask);
   /// Puts a result into the canvas as one undoable step.
-  void applyResult(const QImage& result);
+  void applyResult(const GenerationResult& result);
 
   // Parts, for tests and for main().
   MaskDocument* maskDocument() const { return mask_; }
@@ -51,6 +52,8 @@ class MainWindow : public QMainWindow {
   QUndoStack* undoStack() const { return undo_; }
   QAction* action(const QString& name) const;
   QString currentPath() const { return path_; }
+  /// The picture's file at full depth: the opened file's bytes, or an applied result's.
+  QByteArray documentFile() const { return document_file_; }
 
  protected:
   void dragEnterEvent(QDragEnterEvent* event) override;
@@ -64,7 +67,7 @@ class MainWindow : public QMainWindow {
   void updateRecentMenu();
   void addRecent(const QString& path);
   void showMessage(const QString& text, bool error);
-  void setImageInternal(const QImage& image, const QString& source_path);
+  void setImageInternal(const QImage& image, const QByteArray& file);
   void updateActions();
   void selectTool(CanvasView::Tool tool);
   void changeBrushSize(double factor);
@@ -101,6 +104,7 @@ class MainWindow : public QMainWindow {
   QActionGroup* tools_ = nullptr;
   QList<QAction*> actions_;
   QString path_;
+  QByteArray document_file_;  // the picture's file at full depth (opened, or the applied result's)
   EngineOptions engine_options_;
 };
 

@@ -8,6 +8,9 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/util/Half.h>
+
+#include "pipeline/colour_transfer.h"
 
 namespace infill {
 namespace {
@@ -40,6 +43,12 @@ template <>
 struct Codec<float> {
   static float decode(float v) { return v; }
   static float encode(float v) { return v; }
+};
+
+template <>
+struct Codec<c10::Half> {
+  static float decode(c10::Half v) { return static_cast<float>(v); }
+  static c10::Half encode(float v) { return c10::Half(v); }  // round to nearest even
 };
 
 template <class T>
@@ -112,8 +121,13 @@ PixelImage composite(const PixelImage& original, const at::Tensor& generated_rgb
   if (!status.ok()) throw std::invalid_argument(status.message());
   PixelImage out = original;
   if (region.empty()) return out;
-  const at::Tensor rgb = generated_rgb.to(at::kCPU, at::kFloat).contiguous();
+  at::Tensor rgb = generated_rgb.to(at::kCPU, at::kFloat).contiguous();
   const at::Tensor a = alpha.to(at::kCPU, at::kFloat).contiguous();
+  if (out.scene_linear) {
+    // The model painted display-referred sRGB: back to the original's linear light.
+    rgb = rgb.clamp(0.0f, 1.0f).contiguous();
+    display_to_linear(rgb.data_ptr<float>(), rgb.size(1) * rgb.size(2), 1, rgb.size(1) * rgb.size(2));
+  }
   switch (out.format) {
     case PixelFormat::kU8:
       blend<uint8_t>(out, rgb.data_ptr<float>(), a.data_ptr<float>(), region);
@@ -123,6 +137,9 @@ PixelImage composite(const PixelImage& original, const at::Tensor& generated_rgb
       break;
     case PixelFormat::kF32:
       blend<float>(out, rgb.data_ptr<float>(), a.data_ptr<float>(), region);
+      break;
+    case PixelFormat::kF16:
+      blend<c10::Half>(out, rgb.data_ptr<float>(), a.data_ptr<float>(), region);
       break;
   }
   return out;

@@ -22,8 +22,9 @@ Status check_composite_inputs(const PixelImage& original, const at::Tensor& gene
                               const at::Tensor& alpha, const PixelRect& region);
 
 /// out = original * (1 - a) + generated * a per colour channel, in the original's format:
-/// u8 / u16 are rounded to nearest and clamped, f32 is not clamped (HDR originals keep their
-/// range). Where a == 0 (or a is NaN) the pixel is copied byte-for-byte; where a >= 1 it is the
+/// u8 / u16 are rounded to nearest and clamped, f16 rounded to nearest even, f32 and f16 not
+/// clamped (HDR originals keep their range). A scene_linear original gets the generated
+/// display-referred values through display_to_linear (colour_transfer.h) before the blend. Where a == 0 (or a is NaN) the pixel is copied byte-for-byte; where a >= 1 it is the
 /// generated value. The original's alpha channel is always kept. Grey originals (1 or 2
 /// channels) blend with the mean of the generated RGB. Generated values are clamped to [0, 1].
 /// generated_rgb: float [3, H, W], alpha: float [H, W], H x W the original's size. Inputs are

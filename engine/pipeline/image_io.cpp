@@ -14,6 +14,9 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+#include <c10/util/Half.h>
+
+#include "pipeline/colour_transfer.h"
 #ifdef INFILL_HAVE_OIIO
 #include <OpenImageIO/filesystem.h>
 #include <OpenImageIO/imageio.h>
@@ -35,6 +38,8 @@ OIIO::TypeDesc oiio_type(PixelFormat format) {
       return OIIO::TypeDesc::UINT16;
     case PixelFormat::kF32:
       return OIIO::TypeDesc::FLOAT;
+    case PixelFormat::kF16:
+      return OIIO::TypeDesc::HALF;
   }
   throw std::invalid_argument("unknown PixelFormat");
 }
@@ -89,7 +94,7 @@ Status check_image(const PixelImage& image, const std::string& what) {
                             " channels, expected 1 to 4");
   }
   if (image.format != PixelFormat::kU8 && image.format != PixelFormat::kU16 &&
-      image.format != PixelFormat::kF32) {
+      image.format != PixelFormat::kF32 && image.format != PixelFormat::kF16) {
     return invalid_argument(what + ": image has an unknown pixel format");
   }
   if (image.data.size() != image.expected_bytes()) {
@@ -110,6 +115,13 @@ OIIO::ImageSpec make_spec(const PixelImage& image, OIIO::TypeDesc format) {
   if (image.channels == 4) spec.alpha_channel = 3;
   spec.attribute("oiio:UnassociatedAlpha", 1);
   return spec;
+}
+
+// The source's ICC profile, for writers that store one (PNG, TIFF, JPEG); OpenEXR has none.
+void attach_icc_profile(OIIO::ImageSpec& spec, const PixelImage& image) {
+  if (image.icc_profile.empty()) return;
+  spec.attribute("ICCProfile", OIIO::TypeDesc(OIIO::TypeDesc::UINT8, static_cast<int>(image.icc_profile.size())),
+                 image.icc_profile.data());
 }
 
 OIIO::ImageSpec read_config() {
@@ -139,8 +151,20 @@ Result<PixelImage> read_opened(OIIO::ImageInput& input, const std::string& what,
   PixelFormat format = PixelFormat::kF32;
   if (spec.format.basetype == OIIO::TypeDesc::UINT8) format = PixelFormat::kU8;
   if (spec.format.basetype == OIIO::TypeDesc::UINT16) format = PixelFormat::kU16;
+  if (spec.format.basetype == OIIO::TypeDesc::HALF) format = PixelFormat::kF16;
   const int channels = std::min(spec.nchannels, kMaxChannels);
   PixelImage image = PixelImage::allocate(spec.width, spec.height, channels, format);
+  image.file_format = input.format_name();
+  if (const OIIO::ParamValue* icc = spec.find_attribute("ICCProfile");
+      icc && icc->type().basetype == OIIO::TypeDesc::UINT8 && icc->type().size() > 0) {
+    const auto* bytes = static_cast<const std::byte*>(icc->data());
+    image.icc_profile.assign(bytes, bytes + icc->type().size());
+  }
+  // OIIO names the colour space it assumes: "Linear" for OpenEXR and HDR, "sRGB" or nothing
+  // for integer formats. Integer samples are display-referred whatever a file claims.
+  const std::string colour_space = OIIO::Strutil::lower(spec.get_string_attribute("oiio:ColorSpace"));
+  image.scene_linear = (format == PixelFormat::kF32 || format == PixelFormat::kF16) &&
+                       (colour_space == "linear" || colour_space == "scene_linear" || colour_space == "lin_srgb");
   // One thread per read: callers decode on their own threads already, and OIIO 2.4's
   // internally parallel read_image fails now and then, with no message, when many threads
   // read at once.
@@ -209,6 +233,8 @@ size_t bytes_per_sample(PixelFormat format) {
       return 2;
     case PixelFormat::kF32:
       return 4;
+    case PixelFormat::kF16:
+      return 2;
   }
   throw std::invalid_argument("unknown PixelFormat");
 }
@@ -221,8 +247,18 @@ const char* pixel_format_name(PixelFormat format) {
       return "u16";
     case PixelFormat::kF32:
       return "f32";
+    case PixelFormat::kF16:
+      return "f16";
   }
   return "unknown";
+}
+
+ImageFileFormat native_file_format(const PixelImage& image) {
+  if (image.file_format == "png") return ImageFileFormat::kPng;
+  if (image.file_format == "tiff") return ImageFileFormat::kTiff;
+  if (image.file_format == "openexr") return ImageFileFormat::kExr;
+  const bool is_float = image.format == PixelFormat::kF32 || image.format == PixelFormat::kF16;
+  return is_float ? ImageFileFormat::kExr : ImageFileFormat::kPng;
 }
 
 size_t PixelImage::expected_bytes() const {
@@ -308,6 +344,103 @@ Result<PixelImage> decode_image(std::span<const std::byte> bytes,
   return result;
 }
 
+namespace {
+
+// Sample i of `image` as float (half and float as stored, integers scaled to [0, 1]).
+std::vector<float> samples_as_float(const PixelImage& image) {
+  const size_t n = static_cast<size_t>(image.pixel_count()) * image.channels;
+  std::vector<float> out(n);
+  const std::byte* src = image.data.data();
+  for (size_t i = 0; i < n; ++i) {
+    switch (image.format) {
+      case PixelFormat::kU8:
+        out[i] = static_cast<float>(reinterpret_cast<const uint8_t*>(src)[i]) / 255.0f;
+        break;
+      case PixelFormat::kU16:
+        out[i] = static_cast<float>(reinterpret_cast<const uint16_t*>(src)[i]) / 65535.0f;
+        break;
+      case PixelFormat::kF32:
+        out[i] = reinterpret_cast<const float*>(src)[i];
+        break;
+      case PixelFormat::kF16:
+        out[i] = static_cast<float>(c10::Half(reinterpret_cast<const uint16_t*>(src)[i], c10::Half::from_bits()));
+        break;
+    }
+  }
+  return out;
+}
+
+// Applies `convert` (linear_to_display or display_to_linear) to the colour of interleaved
+// float samples; grey goes through as R = G = B.
+void convert_colour(std::vector<float>& samples, const PixelImage& image,
+                    void (*convert)(float*, int64_t, int64_t, int64_t)) {
+  const int64_t pixels = image.pixel_count();
+  if (image.channels >= 3) {
+    convert(samples.data(), pixels, image.channels, 1);
+    return;
+  }
+  std::vector<float> rgb(static_cast<size_t>(pixels) * 3);
+  for (int64_t i = 0; i < pixels; ++i) rgb[3 * i] = rgb[3 * i + 1] = rgb[3 * i + 2] = samples[i * image.channels];
+  convert(rgb.data(), pixels, 3, 1);
+  for (int64_t i = 0; i < pixels; ++i) samples[i * image.channels] = rgb[3 * i];
+}
+
+bool is_float(PixelFormat format) { return format == PixelFormat::kF32 || format == PixelFormat::kF16; }
+
+// `image` in the samples `format` stores: nullopt when it can take them as they are.
+std::optional<PixelImage> converted_for(const PixelImage& image, ImageFileFormat format) {
+  if (format == ImageFileFormat::kTiff && image.format == PixelFormat::kF16) {
+    // OIIO 2.4's TIFF writer stores no half: float, which holds every half value exactly.
+    const std::vector<float> samples = samples_as_float(image);
+    PixelImage out = image;
+    out.format = PixelFormat::kF32;
+    out.data.resize(samples.size() * sizeof(float));
+    std::memcpy(out.data.data(), samples.data(), out.data.size());
+    return out;
+  }
+  if (format == ImageFileFormat::kTiff) return std::nullopt;
+  if (format == ImageFileFormat::kPng && !is_float(image.format)) return std::nullopt;
+  if (format == ImageFileFormat::kExr && is_float(image.format)) return std::nullopt;
+  std::vector<float> samples = samples_as_float(image);
+  PixelImage out = image;
+  if (format == ImageFileFormat::kPng) {
+    // Float into PNG: through the view transform when linear, then clamped to u16.
+    if (image.scene_linear) convert_colour(samples, image, linear_to_display);
+    out.format = PixelFormat::kU16;
+    out.scene_linear = false;
+    out.data.assign(out.expected_bytes(), std::byte{0});
+    auto* dst = reinterpret_cast<uint16_t*>(out.data.data());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const float v = samples[i] > 0.0f ? std::min(samples[i], 1.0f) : 0.0f;  // NaN -> 0
+      dst[i] = static_cast<uint16_t>(std::floor(v * 65535.0f + 0.5f));
+    }
+    return out;
+  }
+  // Integers into OpenEXR: linear light, as EXR readers expect (alpha is not a colour).
+  convert_colour(samples, image, display_to_linear);
+  out.format = PixelFormat::kF32;
+  out.scene_linear = true;
+  out.icc_profile.clear();
+  out.data.resize(samples.size() * sizeof(float));
+  std::memcpy(out.data.data(), samples.data(), out.data.size());
+  return out;
+}
+
+// Writes `image` through an opened-to-be `output` at `name`; OIIO's message on failure.
+bool write_through(OIIO::ImageOutput& output, const std::string& name, const PixelImage& image,
+                   const OIIO::ImageSpec& spec) {
+  bool ok = output.open(name, spec) && output.write_image(oiio_type(image.format), image.data.data());
+  return output.close() && ok;
+}
+
+OIIO::ImageSpec file_spec(const PixelImage& image) {
+  OIIO::ImageSpec spec = make_spec(image, oiio_type(image.format));
+  attach_icc_profile(spec, image);
+  return spec;
+}
+
+}  // namespace
+
 Status save_image(const std::string& path, const PixelImage& image) {
   INFILL_RETURN_IF_ERROR(check_image(image, "save " + path));
   const fs::path target(path);
@@ -321,11 +454,12 @@ Status save_image(const std::string& path, const PixelImage& image) {
     return invalid_argument("cannot save " + path + ": no image writer for extension \"" +
                             target.extension().string() + "\" (" + OIIO::geterror() + ")");
   }
+  std::optional<PixelImage> converted;
+  const std::string writer = output->format_name();
+  if (auto format = parse_image_file_format(writer == "openexr" ? "exr" : writer)) converted = converted_for(image, *format);
+  const PixelImage& stored = converted ? *converted : image;
   const fs::path temp = temp_sibling(target);
-  const OIIO::TypeDesc type = oiio_type(image.format);
-  bool ok = output->open(temp.string(), make_spec(image, type)) &&
-            output->write_image(type, image.data.data());
-  ok = output->close() && ok;
+  const bool ok = write_through(*output, temp.string(), stored, file_spec(stored));
   if (!ok) {
     std::string message = replace_all(one_line(output->geterror()), temp.string(), path);
     output.reset();
@@ -341,22 +475,42 @@ Status save_image(const std::string& path, const PixelImage& image) {
   return Status::success();
 }
 
+Result<std::vector<std::byte>> encode_image(const PixelImage& image, ImageFileFormat format) {
+  const std::string what = std::string("encode ") + image_file_format_name(format);
+  INFILL_RETURN_IF_ERROR(check_image(image, what));
+  if (format == ImageFileFormat::kPng) return encode_png(image);
+  OIIO::Filesystem::IOVecOutput sink;
+  const char* writer = format == ImageFileFormat::kExr ? "openexr" : "tiff";
+  auto output = OIIO::ImageOutput::create(writer, &sink);
+  if (!output) return Status(ErrorCode::kInternal, what + ": no writer: " + OIIO::geterror());
+  const std::optional<PixelImage> converted = converted_for(image, format);
+  const PixelImage& stored = converted ? *converted : image;
+  OIIO::ImageSpec spec = file_spec(stored);
+  // zip for TIFF (lossless, widely read); OpenEXR's default zip as well.
+  if (format == ImageFileFormat::kTiff) spec.attribute("compression", "zip");
+  const std::string name = format == ImageFileFormat::kExr ? "memory.exr" : "memory.tif";
+  if (!write_through(*output, name, stored, spec))
+    return Status(ErrorCode::kInternal, what + ": " + one_line(output->geterror()));
+  const auto& buffer = sink.buffer();
+  std::vector<std::byte> bytes(buffer.size());
+  std::memcpy(bytes.data(), buffer.data(), buffer.size());
+  return bytes;
+}
+
 Result<std::vector<std::byte>> encode_png(const PixelImage& image, int compression_level) {
   INFILL_RETURN_IF_ERROR(check_image(image, "encode png"));
   OIIO::Filesystem::IOVecOutput sink;
   auto output = OIIO::ImageOutput::create("png", &sink);
   if (!output)
     return Status(ErrorCode::kInternal, "encode png: no PNG writer: " + OIIO::geterror());
-  // PNG stores u8 or u16; OIIO converts float samples to u16 with clamping.
-  const OIIO::TypeDesc stored =
-      image.format == PixelFormat::kU8 ? OIIO::TypeDesc::UINT8 : OIIO::TypeDesc::UINT16;
-  OIIO::ImageSpec spec = make_spec(image, stored);
+  // PNG stores u8 or u16: float samples become u16 (converted_for).
+  const std::optional<PixelImage> converted = converted_for(image, ImageFileFormat::kPng);
+  const PixelImage& stored = converted ? *converted : image;
+  OIIO::ImageSpec spec = file_spec(stored);
   spec.attribute("png:compressionLevel", std::clamp(compression_level, 0, 9));
   spec.attribute("png:filter", kPngFilterUp);
-  bool ok = output->open("memory.png", spec) &&
-            output->write_image(oiio_type(image.format), image.data.data());
-  ok = output->close() && ok;
-  if (!ok) return Status(ErrorCode::kInternal, "encode png: " + one_line(output->geterror()));
+  if (!write_through(*output, "memory.png", stored, spec))
+    return Status(ErrorCode::kInternal, "encode png: " + one_line(output->geterror()));
   const auto& buffer = sink.buffer();
   std::vector<std::byte> bytes(buffer.size());
   std::memcpy(bytes.data(), buffer.data(), buffer.size());
@@ -381,6 +535,10 @@ Result<PixelImage> decode_image(std::span<const std::byte>, const std::string& n
 Status save_image(const std::string& path, const PixelImage&) { return no_image_files("image " + path); }
 
 Result<std::vector<std::byte>> encode_png(const PixelImage&, int) { return no_image_files("encode png"); }
+
+Result<std::vector<std::byte>> encode_image(const PixelImage&, ImageFileFormat format) {
+  return no_image_files(std::string("encode ") + image_file_format_name(format));
+}
 #endif
 
 at::Tensor to_rgb_tensor(const PixelImage& image) {
@@ -399,9 +557,16 @@ at::Tensor to_rgb_tensor(const PixelImage& image) {
                 [](uint16_t v) { return static_cast<float>(v) / 65535.0f; });
       break;
     case PixelFormat::kF32:
-      planarize(reinterpret_cast<const float*>(image.data.data()), image, planes,
-                [](float v) { return v > 0.0f ? std::min(v, 1.0f) : 0.0f; });  // NaN -> 0
+      planarize(reinterpret_cast<const float*>(image.data.data()), image, planes, [](float v) { return v; });
       break;
+    case PixelFormat::kF16:
+      planarize(reinterpret_cast<const uint16_t*>(image.data.data()), image, planes,
+                [](uint16_t v) { return static_cast<float>(c10::Half(v, c10::Half::from_bits())); });
+      break;
+  }
+  if (image.format == PixelFormat::kF32 || image.format == PixelFormat::kF16) {
+    if (image.scene_linear) linear_to_display(rgb.data_ptr<float>(), image.pixel_count(), 1, image.pixel_count());
+    rgb.nan_to_num_(0.0f).clamp_(0.0f, 1.0f);
   }
   return rgb;
 }

@@ -16,8 +16,8 @@ enum class ApiBody {
   kJson,            ///< a JSON object (responses: documented per route)
   kImage,           ///< an encoded image, raw or as the 'image' part of multipart/form-data
   kEditParameters,  ///< JSON edit parameters, or multipart/form-data with a 'mask' part
-  kJsonOrPng,       ///< JSON status, or the result PNG with Accept: image/png
-  kPng,
+  kJsonOrResult,    ///< JSON status, or the result file with Accept: image/*
+  kResult,          ///< the result file: PNG, TIFF or OpenEXR (the edit's output_format)
   kEventStream,     ///< text/event-stream (or a WebSocket after Upgrade)
   kPrometheusText,
 };
@@ -49,11 +49,12 @@ inline constexpr std::array<ApiOperation, 13> kApiOperations = {{
      ApiBody::kJson, 200, "404"},
     {"POST", "/v1/edits", "submitEdit", "Queue an edit; answered at once with its id", ApiBody::kEditParameters,
      ApiBody::kJson, 202, "400 404 413 415 429"},
-    {"GET", "/v1/edits/{id}", "getEdit", "An edit's state; its result PNG with Accept: image/png once done",
-     ApiBody::kNone, ApiBody::kJsonOrPng, 200, "404 409"},
+    {"GET", "/v1/edits/{id}", "getEdit", "An edit's state; its result file with Accept: image/* once done",
+     ApiBody::kNone, ApiBody::kJsonOrResult, 200, "404 409"},
     {"DELETE", "/v1/edits/{id}", "cancelEdit", "Cancel a live edit at its next step", ApiBody::kNone, ApiBody::kJson,
      200, "404 409"},
-    {"GET", "/v1/edits/{id}/result", "getEditResult", "The result PNG of a done edit", ApiBody::kNone, ApiBody::kPng, 200,
+    {"GET", "/v1/edits/{id}/result", "getEditResult",
+     "The result of a done edit: PNG, TIFF or OpenEXR as its output_format asked", ApiBody::kNone, ApiBody::kResult, 200,
      "404 409"},
     {"GET", "/v1/events", "streamEvents",
      "The client's events (queued, started, progress, preview, done, failed) as Server-Sent Events, or over a "

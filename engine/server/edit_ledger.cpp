@@ -172,7 +172,8 @@ std::optional<EditNote> EditLedger::complete(EditOutcome outcome) {
   if (e.finished) return note;  // reported twice: the first end stands
   e.state = outcome.state;
   e.status = outcome.state == RequestState::kDone ? Status() : std::move(outcome.status);
-  e.png = std::move(outcome.png);
+  e.result_file = std::move(outcome.result_file);
+  e.result_media_type = std::move(outcome.result_media_type);
   e.finished = true;
   e.finished_ms = now_ms();
   e.metrics = std::move(outcome.metrics);
@@ -203,7 +204,7 @@ nlohmann::json EditLedger::json_of(const EditRecord& e) {
   return j;
 }
 
-ApiReply EditLedger::status(uint64_t id, bool want_png) {
+ApiReply EditLedger::status(uint64_t id, bool want_result) {
   std::vector<uint64_t> forgotten;
   ApiReply reply;
   {
@@ -213,14 +214,14 @@ ApiReply EditLedger::status(uint64_t id, bool want_png) {
     if (it == edits_.end()) {
       reply = error_reply(404, "edit_not_found",
                           "edit " + std::to_string(id) + " is not known (never submitted, or its result expired)");
-    } else if (!want_png) {
+    } else if (!want_result) {
       reply = json_reply(200, json_of(it->second));
     } else if (it->second.state != RequestState::kDone) {
       reply = error_reply(409, "edit_not_done",
                           "edit " + std::to_string(id) + " is " + request_state_name(it->second.state) + ", not done");
     } else {
-      reply.content_type = "image/png";
-      reply.body = it->second.png;
+      reply.content_type = it->second.result_media_type;
+      reply.body = it->second.result_file;
     }
   }
   forget(forgotten);

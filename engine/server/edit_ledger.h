@@ -40,7 +40,8 @@ struct EditRecord {
   bool started = false;
   int steps_done = 0;
   int steps_total = 0;
-  std::string png;
+  std::string result_file;        ///< the encoded result (done only)
+  std::string result_media_type;  ///< its media type, e.g. "image/png"
   Status status;
   double submitted_ms = 0;
   bool finished = false;
@@ -74,7 +75,8 @@ struct EditOutcome {
   uint64_t id = 0;
   RequestState state = RequestState::kDone;
   Status status;
-  std::string png;
+  std::string result_file;        ///< done only: the encoded result
+  std::string result_media_type;  ///< its media type, e.g. "image/png"
   nlohmann::json metrics;
 };
 
@@ -117,8 +119,8 @@ class EditLedger {
   /// The edit's client, or "" when unknown.
   std::string client_of(uint64_t id) const;
 
-  /// `GET /v1/edits/{id}` (JSON) or its `/result` (PNG with `want_png`).
-  ApiReply status(uint64_t id, bool want_png);
+  /// `GET /v1/edits/{id}` (JSON) or its `/result` (the result file with `want_result`).
+  ApiReply status(uint64_t id, bool want_result);
   /// The slot of the runtime running live edit `id`, or the reply (404 unknown, 409 ended).
   std::variant<size_t, ApiReply> cancel_target(uint64_t id) const;
   /// (id, slot) of every live edit.

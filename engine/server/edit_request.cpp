@@ -49,7 +49,7 @@ std::variant<EditRequestFields, ApiReply> parse_edit_request(const json& p, std:
   EditRequestFields f;
   std::string cls_name, mask_b64;
   for (auto r : {str("template", f.template_id), str("prompt", f.prompt), str("class", cls_name),
-                 str("mask_png_base64", mask_b64), str("sampler", f.sampler), str("model", f.model),
+                 str("mask_png_base64", mask_b64), str("sampler", f.sampler), str("model", f.model), str("output_format", f.output_format),
                  num("seed", f.seed), num("steps", f.steps), num("strength", f.strength), num("guidance", f.guidance),
                  num("deadline_ms", f.deadline_ms), num("preview_every_steps", f.preview_every_steps),
                  num("supersedes", f.supersedes), num("halo_tokens", f.halo_tokens), num("feather_px", f.feather_px)}) {

@@ -21,6 +21,7 @@ struct EditRequestFields {
   std::string prompt;
   std::string model;  ///< "" = the default model
   std::string sampler;
+  std::string output_format;  ///< "" or "template" = the template's own (native_file_format)
   RequestClass cls = RequestClass::kInteractive;
   std::optional<double> seed, steps, strength, guidance, deadline_ms, preview_every_steps, supersedes, halo_tokens,
       feather_px;

@@ -225,7 +225,9 @@ Status EngineService::Impl::resume_journal() {
       }
       auto state = parse_request_state(je.final_state);
       ended.state = state.ok() ? *state : RequestState::kFailed;
-      ended.png = std::move(je.result_png);
+      ended.result_file = std::move(je.result_png);
+      const auto format = sniff_image_file_format(std::as_bytes(std::span<const char>(ended.result_file)));
+      ended.result_media_type = image_media_type(format.value_or(ImageFileFormat::kPng));
       if (ended.state != RequestState::kDone) ended.status = Status(error_code_from_name(je.error_code), je.error_message);
       ledger->restore(std::move(ended), age_ms);
       continue;
@@ -441,7 +443,9 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   req.cls = cls;
   if (f.deadline_ms) req.deadline_ms = *f.deadline_ms;
   req.preview_every_steps = f.preview_every_steps ? static_cast<int>(*f.preview_every_steps) : 0;
-  req.encode_png = true;
+  req.encode_result = true;
+  if (!f.output_format.empty() && f.output_format != "template")
+    req.result_format = parse_image_file_format(f.output_format);  // one of the table's choices
   if (Status check = model_used.check_schedule(req.params); !check.ok())
     return error_reply(400, "invalid_parameter", check.message());
 
@@ -526,7 +530,8 @@ void EngineService::Impl::on_complete(const RequestResult& r) {
   outcome.id = r.id;
   outcome.state = r.state;
   outcome.status = r.status;
-  outcome.png = bytes_to_string(r.png);
+  outcome.result_file = bytes_to_string(r.result_file);
+  outcome.result_media_type = image_media_type(r.result_format);
   outcome.metrics = request_metrics_json(r.metrics);
   if (done) {
     outcome.metrics["cache_mode"] = r.output.cache_mode;
@@ -555,10 +560,10 @@ void EngineService::Impl::on_complete(const RequestResult& r) {
   // The event after the commit: a client told "done" can count on the result surviving a
   // restart. The write runs on the journal's thread; this (worker) thread goes on.
   journal_writer->post(
-      [id = r.id, state = std::string(request_state_name(r.state)), png = done ? bytes_to_string(r.png) : std::string(),
+      [id = r.id, state = std::string(request_state_name(r.state)), file = done ? bytes_to_string(r.result_file) : std::string(),
        code = done ? std::string() : std::string(error_code_name(r.status.code())),
        message = done ? std::string() : r.status.message(), when = unix_now_ms()](JobJournal& j) {
-        return j.finish_edit(id, state, png, code, message, when);
+        return j.finish_edit(id, state, file, code, message, when);
       },
       [this, client = note->client, type, data = std::move(data)](Status st) mutable {
         if (!st.ok()) log_line(LogLevel::kError, "journal: " + st.message());
@@ -566,11 +571,11 @@ void EngineService::Impl::on_complete(const RequestResult& r) {
       });
 }
 
-ApiReply EngineService::edit_status(std::string_view id_text, bool want_png) {
+ApiReply EngineService::edit_status(std::string_view id_text, bool want_result) {
   if (!ready()) return impl_->not_ready();
   auto id = parse_id(id_text);
   if (!id) return invalid_id_reply(id_text);
-  return impl_->ledger->status(*id, want_png);
+  return impl_->ledger->status(*id, want_result);
 }
 
 ApiReply EngineService::cancel_edit(std::string_view id_text) {

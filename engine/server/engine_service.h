@@ -103,8 +103,9 @@ class EngineService {
   ApiReply template_status(std::string_view id) const;
   /// Validates, decodes the mask (on the pool) and queues the edit; replies 202 with its id.
   void submit_edit(EditSubmission submission, std::function<void(ApiReply)> done);
-  /// {"id","state",...}; the result as PNG with `want_png` when done (409 before).
-  ApiReply edit_status(std::string_view id, bool want_png);
+  /// {"id","state",...}; the result file with `want_result` when done (409 before), as the
+  /// edit's output_format asked (PNG, TIFF or OpenEXR; Content-Type says which).
+  ApiReply edit_status(std::string_view id, bool want_result);
   ApiReply cancel_edit(std::string_view id);
 
   /// Edits not yet finished.

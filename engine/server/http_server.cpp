@@ -404,8 +404,9 @@ awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& 
     }
     if (method == http::verb::get) {
       auto accept = req.find(http::field::accept);
-      const bool want_png = result || (accept != req.end() && sv(accept->value()).find("image/png") != std::string::npos);
-      co_return service->edit_status(rest, want_png);
+      // An Accept naming an image type asks for the result file, whatever format it is in.
+      const bool want_result = result || (accept != req.end() && sv(accept->value()).find("image/") != std::string::npos);
+      co_return service->edit_status(rest, want_result);
     }
     co_return service->cancel_edit(rest);  // DELETE: the route table allows nothing else here
   }

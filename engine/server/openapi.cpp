@@ -67,15 +67,25 @@ json request_body(ApiBody body) {
   }
 }
 
+// The result file, in each of the formats output_format can ask for.
+json result_content() {
+  json content = json::object();
+  for (const char* type : {"image/png", "image/tiff", "image/x-exr"})
+    content[type] = {{"schema", {{"type", "string"}, {"contentMediaType", type}}}};
+  return content;
+}
+
 json ok_content(ApiBody body, const std::string& schema_name) {
   const json object_schema = {{"$ref", "#/components/schemas/" + schema_name}};
   switch (body) {
     case ApiBody::kNone: return nullptr;
     case ApiBody::kJson: return {{"application/json", {{"schema", object_schema}}}};
-    case ApiBody::kJsonOrPng:
-      return {{"application/json", {{"schema", object_schema}}},
-              {"image/png", {{"schema", {{"type", "string"}, {"contentMediaType", "image/png"}}}}}};
-    case ApiBody::kPng: return {{"image/png", {{"schema", {{"type", "string"}, {"contentMediaType", "image/png"}}}}}};
+    case ApiBody::kJsonOrResult: {
+      json content = result_content();
+      content["application/json"] = {{"schema", object_schema}};
+      return content;
+    }
+    case ApiBody::kResult: return result_content();
     case ApiBody::kEventStream: return {{"text/event-stream", {{"schema", {{"type", "string"}}}}}};
     case ApiBody::kPrometheusText: return {{"text/plain", {{"schema", {{"type", "string"}}}}}};
     default: return nullptr;

@@ -44,6 +44,10 @@ nlohmann::json TemplateRegistry::json_locked(const Record& t) const {
           {"model_height", t.tmpl->model_height},
           {"format", pixel_format_name(t.tmpl->pixels.format)},
           {"channels", t.tmpl->pixels.channels},
+          {"file_format", t.tmpl->pixels.file_format},
+          {"result_format", image_file_format_name(native_file_format(t.tmpl->pixels))},
+          {"colour", t.tmpl->pixels.scene_linear ? "scene_linear" : "display"},
+          {"icc_profile_bytes", t.tmpl->pixels.icc_profile.size()},
           {"state", state},
           {"edits_waiting", t.waiting}};
 }

@@ -15,6 +15,7 @@
 
 #include "common/status.h"
 #include "pipeline/edit_session.h"
+#include "pipeline/image_io.h"
 #include "serving/request_state.h"
 #include "serving/serving_metrics.h"
 
@@ -35,7 +36,9 @@ struct RequestResult {
   RequestState state = RequestState::kFailed;  ///< done, failed, cancelled or expired
   Status status;                 ///< ok for done; otherwise why (names the stage / input)
   EditOutput output;             ///< done only
-  std::vector<std::byte> png;    ///< done only, when ServingRequest::encode_png
+  /// done only, when ServingRequest::encode_result: the result file in `result_format`.
+  std::vector<std::byte> result_file;
+  ImageFileFormat result_format = ImageFileFormat::kPng;
   RequestMetrics metrics;
   std::vector<RequestLifecycle::Entry> history;  ///< every transition, ms since runtime start
 };
@@ -59,7 +62,10 @@ struct ServingRequest {
   std::optional<double> deadline_ms;
   /// End as expired instead of finishing late once the deadline has passed.
   bool expire_at_deadline = false;
-  bool encode_png = true;
+  /// Encode the result on the task pool (RequestResult::result_file): as `result_format`, or
+  /// in the template's own format (native_file_format) when that is empty.
+  bool encode_result = true;
+  std::optional<ImageFileFormat> result_format;
   /// 0 = no previews; k = a preview every k steps.
   int preview_every_steps = 0;
   std::function<void(const RequestProgress&)> on_progress;

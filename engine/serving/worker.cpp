@@ -290,7 +290,7 @@ void Worker::take_work(Record& r, double ms) {
 }
 
 void Worker::complete(const std::shared_ptr<Record>& r, RequestState state, Status status, EditOutput output,
-                      std::vector<std::byte> png) {
+                      std::vector<std::byte> result_file, ImageFileFormat result_format) {
   auto result = std::make_shared<RequestResult>();
   const double now = now_ms();
   {
@@ -331,7 +331,8 @@ void Worker::complete(const std::shared_ptr<Record>& r, RequestState state, Stat
   result->state = state;
   result->status = std::move(status);
   result->output = std::move(output);
-  result->png = std::move(png);
+  result->result_file = std::move(result_file);
+  result->result_format = result_format;
   {
     std::lock_guard lock(metrics_mu_);
     recent_requests_.push_back(m);
@@ -537,16 +538,17 @@ void Worker::finish(const std::shared_ptr<Record>& r) {
       complete(r, RequestState::kFailed, out.status());
       return;
     }
-    std::vector<std::byte> png;
-    if (r->req.encode_png) {
-      auto encoded = encode_png(out->image);
+    std::vector<std::byte> file;
+    const ImageFileFormat format = r->req.result_format.value_or(native_file_format(out->image));
+    if (r->req.encode_result) {
+      auto encoded = encode_image(out->image, format);
       if (!encoded.ok()) {
         complete(r, RequestState::kFailed, encoded.status());
         return;
       }
-      png = std::move(*encoded);
+      file = std::move(*encoded);
     }
-    complete(r, RequestState::kDone, {}, std::move(*out), std::move(png));
+    complete(r, RequestState::kDone, {}, std::move(*out), std::move(file), format);
     if (r->streamed) {
       // What this stream's reads took steers the next plans (a running mean over edits).
       const double ms = r->streamed->mean_slab_read_ms();

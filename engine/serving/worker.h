@@ -171,7 +171,7 @@ class Worker {
   void finish(const std::shared_ptr<Record>& r);
   /// Moves `r` to a terminal state (first caller wins), accounts for it and posts on_complete.
   void complete(const std::shared_ptr<Record>& r, RequestState state, Status status, EditOutput output = {},
-                std::vector<std::byte> png = {});
+                std::vector<std::byte> result_file = {}, ImageFileFormat result_format = ImageFileFormat::kPng);
   /// Runs a client callback of `r` on the pool after every earlier one of `r` has run.
   void notify(const std::shared_ptr<Record>& r, std::function<void()> callback);
   void take_work(Record& r, double ms);

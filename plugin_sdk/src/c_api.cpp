@@ -65,6 +65,8 @@ constexpr size_t kTemplateInfoSizeV1 = sizeof(infill_template_info);
 constexpr size_t kEditParamsSizeV1 = offsetof(infill_edit_params, model);
 // API 1.1 added infill_edit_params.model: read it only from callers whose struct holds it.
 constexpr size_t kEditParamsSizeWithModel = offsetof(infill_edit_params, model) + sizeof(const char*);
+// API 1.2 added infill_edit_params.output_format; older callers get PNG, as they were told.
+constexpr size_t kEditParamsSizeWithOutputFormat = offsetof(infill_edit_params, output_format) + sizeof(const char*);
 
 infill_error* to_c(Error e) { return new infill_error{std::move(e)}; }
 
@@ -249,6 +251,11 @@ Result<json> edit_json(const infill_edit_params& p) {
     return out_of_range("feather_px", std::to_string(p.feather_px), "< 0 = the default");
   if (p.feather_px >= 0) j["feather_px"] = p.feather_px;
   if (p.struct_size >= kEditParamsSizeWithModel && p.model && *p.model) j["model"] = p.model;
+  const char* format = p.struct_size >= kEditParamsSizeWithOutputFormat ? p.output_format : nullptr;
+  if (format && *format && !infill::protocol::is_choice(edit_parameter("output_format"), format))
+    return bad("output_format is \"" + std::string(format) + "\", expected one of " +
+               std::string(edit_parameter("output_format").choices) + " (NULL or \"\" = png)");
+  j["output_format"] = format && *format ? format : "png";
   return j;
 }
 
@@ -702,6 +709,12 @@ infill_error* infill_job_result(const infill_job* job, const void** png, size_t*
     *png_size = j.result_png.size();
     return nullptr;
   });
+}
+
+const char* infill_job_result_media_type(const infill_job* job) {
+  if (!job || !job->job) return "";
+  std::lock_guard lock(job->job->mu);
+  return job->job->state == INFILL_JOB_DONE ? job->job->result_media_type.c_str() : "";
 }
 
 const infill_error* infill_job_error(const infill_job* job) {

@@ -346,7 +346,9 @@ void ClientCore::fetch_result_and_finish(const std::shared_ptr<Job>& job, const 
     finish(job, INFILL_JOB_FAILED, response_error(*http_, *r, "fetching the result of edit " + std::to_string(job->id)));
     return;
   }
-  finish(job, INFILL_JOB_DONE, std::nullopt, std::move(r->body), info);
+  DoneInfo with_type = info;
+  with_type.media_type = r->content_type;
+  finish(job, INFILL_JOB_DONE, std::nullopt, std::move(r->body), with_type);
 }
 
 Status ClientCore::reconcile() {
@@ -401,6 +403,7 @@ void ClientCore::finish(const std::shared_ptr<Job>& job_ref, infill_job_state st
     std::lock_guard lock(job->mu);
     job->state = state;
     job->result_png = std::move(png);
+    job->result_media_type = state == INFILL_JOB_DONE ? info.media_type : std::string();
     job->cache_mode = info.cache_mode;
     if (error) job->error = std::make_unique<infill_error>(infill_error{std::move(*error)});
     err = job->error.get();
@@ -410,7 +413,7 @@ void ClientCore::finish(const std::shared_ptr<Job>& job_ref, infill_job_state st
     infill_done d{sizeof(infill_done), job->id, state, err,
                   state == INFILL_JOB_DONE ? job->result_png.data() : nullptr,
                   state == INFILL_JOB_DONE ? job->result_png.size() : 0, info.steps_run, info.total_ms,
-                  job->cache_mode.c_str(), info.prompt_truncated ? 1 : 0};
+                  job->cache_mode.c_str(), info.prompt_truncated ? 1 : 0, job->result_media_type.c_str()};
     cb.on_done(cb.user_data, &d);
   }
   {

@@ -55,7 +55,8 @@ struct Job {
   uint32_t steps_done = 0;
   uint32_t steps_total = 0;
   bool finished = false;  // on_done has returned
-  std::string result_png;
+  std::string result_png;         // the result file, whatever its format
+  std::string result_media_type;  // its Content-Type; infill_done.media_type points here
   std::string cache_mode;  // of the result; infill_done.cache_mode points here
   std::unique_ptr<infill_error> error;
 
@@ -82,6 +83,7 @@ struct DoneInfo {
   double total_ms = 0;
   std::string cache_mode;  ///< "" when the engine did not say
   bool prompt_truncated = false;
+  std::string media_type;  ///< of the result file (its Content-Type)
 };
 
 class ClientCore {

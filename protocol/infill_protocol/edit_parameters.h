@@ -53,7 +53,7 @@ struct EditParameter {
 // g++ 12 warns about every omitted field all the same (GCC bug 96868), hence the pragma.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-inline constexpr std::array<EditParameter, 16> kEditParameters = {{
+inline constexpr std::array<EditParameter, 17> kEditParameters = {{
     {.name = "template", .job_name = "template", .type = ParamType::kString, .clients = kApi | kSdk | kJobFile,
      .description = "the template: its id from POST /v1/templates (job files: an image path)"},
     {.name = "prompt", .job_name = "prompt", .type = ParamType::kString, .max_length = 1000,
@@ -87,6 +87,9 @@ inline constexpr std::array<EditParameter, 16> kEditParameters = {{
     {.name = "feather_px", .job_name = "feather", .type = ParamType::kNumber, .min = 0, .max = 256, .has_default = true,
      .default_value = 4, .clients = kApi | kSdk | kJobFile | kEditor,
      .description = "inward feather of the composite at the mask's edge, in pixels"},
+    {.name = "output_format", .type = ParamType::kEnum, .choices = "template|png|tiff|exr", .clients = kApi | kSdk,
+     .description = "the result's file format; default template: the template's own (PNG, TIFF or OpenEXR; else PNG "
+                    "for 8/16-bit and OpenEXR for float templates)"},
     {.name = "mask_png_base64", .type = ParamType::kString, .clients = kApi,
      .description = "the mask as base64 PNG (or a 'mask' file part, or mask_rect)"},
     {.name = "mask_rect", .type = ParamType::kRectangle, .clients = kApi | kSdk,

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/server/server_fixture.h"
+#include "support/random_image.h"
 #include "support/step_gate.h"
 #include "support/tiny_flux2.h"
 #include "infill/infill_client.h"
@@ -1099,5 +1100,81 @@ TEST_CASE("sdk: infill_client_cancel_edit cancels an edit by id from another cli
   CHECK(zero.code == INFILL_ERROR_INVALID_ARGUMENT);
   infill_job_release(job);
   infill_client_destroy(watcher);
+  infill_client_destroy(c);
+}
+
+TEST_CASE("sdk: output_format brings a 16-bit template back at its depth, callers older than 1.2 get PNG", "[sdk][engine][depth]") {
+  ServerFixture f;
+  namespace ic = infill::client;
+  ic::ClientOptions o;
+  o.endpoint = unix_endpoint(f);
+  o.client_name = "depth";
+  ic::Client client(o);
+  const PixelImage deep = infill::test::random_image(64, 48, 3, PixelFormat::kU16, 77);
+  auto tiff = encode_image(deep, ImageFileFormat::kTiff);
+  REQUIRE(tiff.ok());
+  const ic::TemplateInfo t = client.upload_template(infill::test::to_string(*tiff), "plate.tif");
+  CHECK(t.format == "u16");
+
+  auto run = [&](const std::string& format) {
+    ic::EditRequest req;
+    req.template_id = t.id;
+    req.mask_rect = {{16, 16, 24, 16}};
+    req.steps = 2;
+    req.output_format = format;
+    std::string media_type;
+    req.on_done = [&](const ic::DoneEvent& e) { media_type.assign(e.media_type); };
+    ic::Job job = client.submit(req);
+    REQUIRE(job.wait(60000));
+    REQUIRE(job.state() == INFILL_JOB_DONE);
+    CHECK(job.result_media_type() == media_type);
+    return std::make_pair(media_type, job.result_png());
+  };
+  const auto [tiff_type, tiff_file] = run("template");
+  CHECK(tiff_type == "image/tiff");
+  auto back = decode_image(infill::test::bytes_of(tiff_file), "result", 1 << 20);
+  REQUIRE(back.ok());
+  REQUIRE(back->format == PixelFormat::kU16);
+  // Outside the mask rectangle: the upload's 16-bit samples, bit for bit.
+  const auto* a = reinterpret_cast<const uint16_t*>(deep.data.data());
+  const auto* b = reinterpret_cast<const uint16_t*>(back->data.data());
+  int64_t kept_bad = 0;
+  for (int y = 0; y < 48; ++y)
+    for (int x = 0; x < 64; ++x)
+      if (!(x >= 16 && x < 40 && y >= 16 && y < 32))
+        for (int c = 0; c < 3; ++c) kept_bad += a[(y * 64 + x) * 3 + c] != b[(y * 64 + x) * 3 + c];
+  CHECK(kept_bad == 0);
+  CHECK(run("").first == "image/png");  // the SDK's default
+  CHECK(run("exr").first == "image/x-exr");
+
+  // A caller compiled against API 1.1 (its struct ends before output_format): a PNG.
+  infill_client_options co;
+  infill_client_options_init(&co);
+  const std::string endpoint = unix_endpoint(f);
+  co.endpoint = endpoint.c_str();
+  infill_client* c = nullptr;
+  REQUIRE(infill_client_create(&co, &c) == nullptr);
+  infill_edit_params p;
+  infill_edit_params_init(&p);
+  p.struct_size = offsetof(infill_edit_params, output_format);
+  p.output_format = "exr";  // beyond the caller's struct: never read
+  p.template_id = t.id.c_str();
+  p.mask_rect[0] = 8;
+  p.mask_rect[1] = 8;
+  p.mask_rect[2] = 8;
+  p.mask_rect[3] = 8;
+  p.steps = 1;
+  infill_job* job = nullptr;
+  REQUIRE(infill_client_submit_edit(c, &p, &job) == nullptr);
+  REQUIRE(infill_job_wait(job, 60000) == nullptr);
+  CHECK(std::string(infill_job_result_media_type(job)) == "image/png");
+  infill_job_release(job);
+
+  p.struct_size = sizeof p;
+  p.output_format = "jpeg";
+  Err bad(infill_client_submit_edit(c, &p, nullptr));
+  CHECK(bad.code == INFILL_ERROR_INVALID_ARGUMENT);
+  CHECK(bad.contains("output_format is \"jpeg\""));
+  CHECK(bad.contains("template|png|tiff|exr"));
   infill_client_destroy(c);
 }

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "support/catch.h"
@@ -34,6 +35,16 @@ inline CommandOutput run_command(const std::string& command) {
 inline void require_tool_or_skip(const std::string& tool, const std::string& package) {
   if (run_command("command -v " + tool + " >/dev/null 2>&1").exit_code == 0) return;
   const std::string message = "SKIPPED: " + tool + " not found (Debian package " + package + ", installed by scripts/setup.sh)";
+  WARN(message);
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::exit(4);
+}
+
+/// Returns when the file at `path` (a data file of Debian package `package`) exists;
+/// otherwise reports it and exits with ctest's skip code 4, as require_tool_or_skip.
+inline void require_package_file_or_skip(const std::string& path, const std::string& package) {
+  if (std::filesystem::exists(path)) return;
+  const std::string message = "SKIPPED: " + path + " not found (Debian package " + package + ", installed by scripts/setup.sh)";
   WARN(message);
   std::fprintf(stderr, "%s\n", message.c_str());
   std::exit(4);

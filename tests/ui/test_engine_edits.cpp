@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <QBuffer>
 #include <QElapsedTimer>
 #include <QFile>
 #include <QFileInfo>
@@ -61,7 +62,7 @@ struct Session {
     REQUIRE(loaded.error.isEmpty());
     image = loaded.image;
     mask.reset(image.size());
-    controller.setImage(image, path);
+    controller.setImage(image, loaded.file, path);
     REQUIRE(wait_until([&] { return !controller.templateId().isEmpty(); }, 30000));
   }
 };
@@ -139,6 +140,64 @@ TEST_CASE("Generate streams progress and previews and the result differs only in
   }
   CHECK(changed_outside == 0);
   CHECK(changed_inside > 500);
+}
+
+TEST_CASE("A 16-bit picture stays 16-bit: the result file keeps every bit outside the mask and exports at its depth",
+          "[ui][engine][depth]") {
+  Session s;
+  // The picture at 16 bits, with low bits no 8-bit path could keep.
+  QImage deep = s.image.convertToFormat(QImage::Format_RGBA64);
+  for (int y = 0; y < deep.height(); ++y) {
+    auto* row = reinterpret_cast<QRgba64*>(deep.scanLine(y));
+    for (int x = 0; x < deep.width(); ++x)
+      row[x] = QRgba64::fromRgba64(row[x].red() ^ quint16((x * 7 + y) & 0xff), row[x].green() ^ quint16(y & 0x7f),
+                                   row[x].blue(), 65535);
+  }
+  QByteArray file;
+  {
+    QBuffer buffer(&file);
+    buffer.open(QIODevice::WriteOnly);
+    REQUIRE(deep.save(&buffer, "PNG"));
+  }
+  const infill::ui::LoadedImage shown = infill::ui::decode_image_file(file, QStringLiteral("deep.png"));
+  REQUIRE(shown.error.isEmpty());
+  CHECK(shown.pixel_type == QStringLiteral("uint16"));
+  const QString before = s.controller.templateId();
+  s.controller.setImage(shown.image, shown.file, QStringLiteral("deep.png"));
+  REQUIRE(wait_until([&] { return !s.controller.templateId().isEmpty() && s.controller.templateId() != before; }, 30000));
+  s.mask.fillRect(QRectF(96, 64, 64, 48));
+  infill::ui::GenerationParams p;
+  p.seed = 2;
+  p.steps = 4;
+  s.controller.setParameters(p);
+  std::vector<GenerationResult> results;
+  QObject::connect(&s.controller, &EditController::resultArrived, [&](const GenerationResult& r) { results.push_back(r); });
+  QString last_message;
+  QObject::connect(&s.controller, &EditController::message, [&](const QString& m, bool) { last_message = m; });
+  REQUIRE(s.controller.generate());
+  REQUIRE(wait_until([&] { return !results.empty() || !s.controller.busy(); }, 180000));
+  INFO(last_message.toStdString());
+  REQUIRE(results.size() == 1);
+  const QImage result = QImage::fromData(results[0].file, "PNG");
+  REQUIRE(result.format() == QImage::Format_RGBA64);  // a 16-bit PNG came back
+  REQUIRE(result.size() == deep.size());
+  const QImage painted = s.mask.mask();
+  int changed_inside = 0, changed_outside = 0;
+  for (int y = 0; y < deep.height(); ++y) {
+    const auto* a = reinterpret_cast<const QRgba64*>(deep.constScanLine(y));
+    const auto* b = reinterpret_cast<const QRgba64*>(result.constScanLine(y));
+    for (int x = 0; x < deep.width(); ++x) {
+      if (a[x] == b[x]) continue;
+      if (painted.constScanLine(y)[x] > 0) ++changed_inside;
+      else ++changed_outside;
+    }
+  }
+  CHECK(changed_outside == 0);
+  CHECK(changed_inside > 500);
+  // Exported as TIFF from the result file: still 16 bits.
+  const QString tiff = s.dir.filePath(QStringLiteral("deep_result.tif"));
+  REQUIRE(infill::ui::save_image_file(results[0].file, tiff).isEmpty());
+  CHECK(infill::ui::load_image(tiff).pixel_type == QStringLiteral("uint16"));
 }
 
 TEST_CASE("Live mode turns three quick strokes into superseded edits and one final result", "[ui][engine][live]") {
@@ -295,9 +354,10 @@ TEST_CASE("A remote engine over TCP is used with its token and refused without i
   MaskDocument mask;
   EditController controller(&engine, &mask);
   const QString path = source_path(QStringLiteral("resources/jobs/dusk_256.png"));
-  const QImage image = infill::ui::load_image(path).image;
+  const infill::ui::LoadedImage loaded = infill::ui::load_image(path);
+  const QImage image = loaded.image;
   mask.reset(image.size());
-  controller.setImage(image, path);
+  controller.setImage(image, loaded.file, path);
   REQUIRE(wait_until([&] { return !controller.templateId().isEmpty(); }, 30000));
   mask.fillRect(QRectF(64, 64, 64, 64));
   infill::ui::GenerationParams p;

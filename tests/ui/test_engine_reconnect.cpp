@@ -119,11 +119,12 @@ struct Editing {
   }
   void open(const QString& relative) {
     const QString path = source_path(relative);
-    image = infill::ui::load_image(path).image;
+    const infill::ui::LoadedImage loaded = infill::ui::load_image(path);
+    image = loaded.image;
     REQUIRE_FALSE(image.isNull());
     mask.reset(image.size());
     mask.fillRect(QRectF(80, 80, 64, 48));
-    controller.setImage(image, path);
+    controller.setImage(image, loaded.file, path);
   }
   // Generate once; the result, which must differ from the image only inside the mask.
   void generate_and_check(int steps) {

@@ -138,12 +138,12 @@ TEST_CASE("Export writes the result and on request the mask as a separate PNG", 
   REQUIRE(window.openImage(source_path(QStringLiteral("resources/jobs/hills_256.png"))));
   window.maskDocument()->fillRect(QRectF(10, 20, 30, 40));
   const QString out = dir.filePath(QStringLiteral("result.tif"));
-  REQUIRE(window.exportImage(window.canvas()->image(), out, true).isEmpty());
+  REQUIRE(window.exportImage(window.canvas()->image(), window.documentFile(), out, true).isEmpty());
   CHECK(QFileInfo::exists(out));
   const QImage mask(dir.filePath(QStringLiteral("result_mask.png")));
   REQUIRE(!mask.isNull());
   CHECK(mask.convertToFormat(QImage::Format_Grayscale8) == window.maskDocument()->mask());
-  REQUIRE(window.exportImage(window.canvas()->image(), dir.filePath(QStringLiteral("plain.png")), false).isEmpty());
+  REQUIRE(window.exportImage(window.canvas()->image(), {}, dir.filePath(QStringLiteral("plain.png")), false).isEmpty());
   CHECK_FALSE(QFileInfo::exists(dir.filePath(QStringLiteral("plain_mask.png"))));
 }
 
@@ -168,6 +168,7 @@ TEST_CASE("Applying a result puts it into the canvas as one undoable step", "[ui
   for (int y = 10; y < 60; ++y)
     for (int x = 10; x < 60; ++x) r.image.setPixelColor(x, y, QColor(20, 200, 40));
   r.seed = 5;
+  r.file = QByteArrayLiteral("the engine's result file");  // what the next upload and exports use
   window.results()->addResult(r);
   window.results()->setCurrentRow(0);
   CHECK(window.action(QStringLiteral("apply"))->isEnabled());
@@ -175,9 +176,11 @@ TEST_CASE("Applying a result puts it into the canvas as one undoable step", "[ui
   window.action(QStringLiteral("apply"))->trigger();
   CHECK(window.canvas()->image() == r.image);
   CHECK(window.controller()->image() == r.image);  // the next edit starts from the result
+  CHECK(window.documentFile() == r.file);  // at the result file's depth, not the display's
   CHECK(window.undoStack()->count() == undo_before + 1);
   window.undoStack()->undo();
   CHECK(window.canvas()->image() == original);
+  CHECK(window.documentFile() == infill::ui::load_image(source_path(QStringLiteral("resources/jobs/hills_256.png"))).file);
   window.undoStack()->undo();  // and the mask step before it
   CHECK(window.maskDocument()->isEmpty());
   window.undoStack()->redo();

@@ -70,7 +70,8 @@ class EmbeddedBackend final : public RenderBackend {
     r.cls = RequestClass::kBatch;
     // The run's deadline is enforced by the runner; the runtime orders by submission.
     r.deadline_ms = 24.0 * 3600 * 1000;
-    r.encode_png = true;
+    r.encode_result = true;
+    r.result_format = parse_image_file_format(edit.output_format).value_or(ImageFileFormat::kPng);
     r.on_progress = [cb = events.on_progress](const RequestProgress& p) {
       if (cb) cb(p.id, p.steps_done, p.steps_total);
     };
@@ -80,7 +81,7 @@ class EmbeddedBackend final : public RenderBackend {
       o.steps_run = res.output.steps_run;
       o.used_cache = res.output.used_cache;
       switch (res.state) {
-        case RequestState::kDone: o.png = res.png; break;
+        case RequestState::kDone: o.file = res.result_file; break;
         case RequestState::kCancelled:
           o.status = res.status.ok() ? Status(ErrorCode::kCancelled, "cancelled") : res.status;
           o.failure = RenderFailure::kCancelled;

@@ -350,10 +350,11 @@ Result<Job> parse_job(const std::string& text, const std::string& path) {
     }
     get_table_int(c, find(e, ptr, defaults, "halo"), "halo", 1, edit.halo);
     get_table_number(c, find(e, ptr, defaults, "feather"), "feather", 4.0, "pixels, ", edit.feather);
-    get_string(c, find(e, ptr, defaults, "output"), "", "an output path pattern ending in .png", edit.output);
+    get_string(c, find(e, ptr, defaults, "output"), "", "an output path pattern ending in .png, .tif or .exr", edit.output);
     if (c.failed()) break;
     if (edit.output.value.empty()) {
-      c.fail(edit.output.pointer, "is missing", "an output path pattern ending in .png, e.g. \"out/{name}_{seed}.png\"");
+      c.fail(edit.output.pointer, "is missing",
+             "an output path pattern ending in .png, .tif or .exr, e.g. \"out/{name}_{seed}.png\"");
       break;
     }
     if (Status s = check_output_pattern(edit.output.value); !s.ok()) {
@@ -361,13 +362,10 @@ Result<Job> parse_job(const std::string& text, const std::string& path) {
              "text with the tokens {item}, {seed}, {name} (optionally {item:04})");
       break;
     }
-    {
-      const fs::path ext = fs::path(edit.output.value).extension();
-      if (ext != ".png" && ext != ".PNG") {
-        c.fail(edit.output.pointer, "is " + json(edit.output.value).dump(),
-               "a pattern ending in .png (the job hash is stored in the PNG)");
-        break;
-      }
+    if (!output_file_format(edit.output.value)) {
+      c.fail(edit.output.pointer, "is " + json(edit.output.value).dump(),
+             "a pattern ending in .png, .tif, .tiff or .exr (the result's format, which stores the job hash)");
+      break;
     }
     edit.output.value = absolute_from(job.dir, edit.output.value);
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/hash.h"
+#include "output_pattern.h"
 
 namespace infill::render {
 namespace {
@@ -76,6 +77,7 @@ Result<std::vector<ResolvedItem>> resolve_items(const Job& job, const BackendInf
     x.sampler = e.sampler.value.empty() ? info.default_sampler : e.sampler.value;
     x.halo = e.halo.value;
     x.feather = e.feather.value;
+    x.output_format = output_file_format(it.output).value_or("png");
     const nlohmann::json canonical = {
         {"hash", "infill-job-hash/1"}, {"model", info.model_id},       {"template_sha256", e.template_sha256},
         {"mask_sha256", e.mask_sha256}, {"prompt", x.prompt},          {"seed", x.seed},

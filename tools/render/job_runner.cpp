@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "exit_codes.h"
-#include "png_text.h"
+#include "output_stamp.h"
 
 namespace infill::render {
 namespace fs = std::filesystem;
@@ -32,7 +32,7 @@ constexpr auto kCancelWait = std::chrono::seconds(30);
 }  // namespace
 
 bool output_up_to_date(const std::string& path, const std::string& hash) {
-  const auto stamped = read_png_text(path, kHashKeyword);
+  const auto stamped = read_output_stamp(path, kHashKeyword);
   return stamped && *stamped == hash;
 }
 
@@ -220,7 +220,7 @@ RunReport JobRunner::run(const std::vector<ResolvedItem>& items, const RunOption
         continue;
       }
       if (failure_code) continue;
-      auto stamped = add_png_text(out.png, {{kHashKeyword, item.hash}, {kCanonicalKeyword, item.canonical}});
+      auto stamped = stamp_output(out.file, {{kHashKeyword, item.hash}, {kCanonicalKeyword, item.canonical}});
       Status written = stamped.ok() ? write_atomically(item.output, *stamped) : stamped.status();
       if (!written.ok()) {
         protocol_.error("item " + std::to_string(item.number) + ": " + written.message());

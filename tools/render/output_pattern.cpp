@@ -1,6 +1,8 @@
 #include "output_pattern.h"
 
+#include <cctype>
 #include <cstdio>
+#include <filesystem>
 
 namespace infill::render {
 namespace {
@@ -62,6 +64,15 @@ std::string expand_output_pattern(const std::string& pattern, const OutputTokens
         else out += tokens.name;
       });
   return out;
+}
+
+std::optional<std::string> output_file_format(const std::string& path) {
+  std::string extension = std::filesystem::path(path).extension().string();
+  for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (extension == ".png") return "png";
+  if (extension == ".tif" || extension == ".tiff") return "tiff";
+  if (extension == ".exr") return "exr";
+  return std::nullopt;
 }
 
 }  // namespace infill::render

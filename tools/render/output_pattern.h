@@ -5,6 +5,7 @@
 /// a colon zero-pads: {item:04} -> 0007. Nothing else may appear in braces. Pure functions.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
@@ -21,5 +22,9 @@ struct OutputTokens {
 Status check_output_pattern(const std::string& pattern);
 /// Expands a pattern that passed check_output_pattern.
 std::string expand_output_pattern(const std::string& pattern, const OutputTokens& tokens);
+
+/// The result format an output path asks for by its extension, in any case: "png" (.png),
+/// "tiff" (.tif, .tiff) or "exr" (.exr); nullopt for any other.
+std::optional<std::string> output_file_format(const std::string& path);
 
 }  // namespace infill::render

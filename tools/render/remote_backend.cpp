@@ -93,6 +93,7 @@ class RemoteBackend final : public RenderBackend {
       r.deadline_ms = kEditDeadlineMs;
       r.halo_tokens = edit.halo;
       r.feather_px = edit.feather;
+      r.output_format = edit.output_format;
       // Full recompute is a property of the embedded engine; a remote engine always caches.
       const uint64_t id = edit.id;
       r.on_progress = [cb = events.on_progress, id](const infill_progress& p) {
@@ -103,8 +104,8 @@ class RemoteBackend final : public RenderBackend {
         o.id = id;
         o.steps_run = static_cast<int>(e.steps_run);
         if (e.state == INFILL_JOB_DONE) {
-          o.png.resize(e.png.size());
-          std::memcpy(o.png.data(), e.png.data(), e.png.size());
+          o.file.resize(e.png.size());
+          std::memcpy(o.file.data(), e.png.data(), e.png.size());
           o.used_cache = true;
         } else {
           const infill_error_code code = e.error ? e.error->code() : INFILL_ERROR_EDIT_FAILED;

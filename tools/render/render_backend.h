@@ -47,6 +47,8 @@ struct RenderEdit {
   int halo = 1;
   double feather = 4.0;
   bool use_cache = true;  ///< false: recompute every token at every step (the baseline)
+  /// The result's file format: "png", "tiff" or "exr" (from the output's extension).
+  std::string output_format = "png";
 };
 
 /// How an edit failed, which decides the exit code.
@@ -62,7 +64,7 @@ struct RenderOutcome {
   uint64_t id = 0;
   Status status;                  ///< ok, or what failed (names the input)
   RenderFailure failure = RenderFailure::kInternal;  ///< when !status.ok()
-  std::vector<std::byte> png;     ///< the result, when ok
+  std::vector<std::byte> file;    ///< the result file in the edit's output_format, when ok
   int steps_run = 0;
   bool used_cache = false;
 };

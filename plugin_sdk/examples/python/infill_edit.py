@@ -71,7 +71,8 @@ class EditParams(ctypes.Structure):
                 ("halo_tokens", c_i32), ("feather_px", c_double),
                 ("on_progress", PROGRESS_FN), ("on_preview", PREVIEW_FN), ("on_done", DONE_FN),
                 ("user_data", c_void_p),
-                ("model", c_char_p)]  # API 1.1
+                ("model", c_char_p),  # API 1.1
+                ("output_format", c_char_p)]  # API 1.2
 
 
 JOB_STATES = {1: "queued", 2: "running", 3: "done", 4: "failed", 5: "cancelled", 6: "expired"}
@@ -189,6 +190,9 @@ def main():
         params.steps = args.steps
         params.seed = args.seed
         params.model = args.model.encode() if args.model else None
+        # The result in the format the output file's name asks for (16-bit and float kept).
+        extension = os.path.splitext(args.out)[1].lower().lstrip(".")
+        params.output_format = {"tif": b"tiff", "tiff": b"tiff", "exr": b"exr"}.get(extension, b"png")
         params.preview_every_steps = 2
 
         finished = threading.Event()

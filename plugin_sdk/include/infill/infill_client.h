@@ -42,7 +42,7 @@ extern "C" {
 /// 1.1: infill_edit_params.model; infill_client_cancel_edit; infill_model_info.free_text and
 /// .family; infill_done.cache_mode and .prompt_truncated.
 #define INFILL_CLIENT_API_VERSION_MAJOR 1
-#define INFILL_CLIENT_API_VERSION_MINOR 1
+#define INFILL_CLIENT_API_VERSION_MINOR 2
 #define INFILL_CLIENT_API_VERSION \
   ((uint32_t)((INFILL_CLIENT_API_VERSION_MAJOR << 16) | INFILL_CLIENT_API_VERSION_MINOR))
 
@@ -323,8 +323,9 @@ typedef struct infill_done {
   /// NULL when state is DONE; otherwise why. Owned by the job: the same object
   /// infill_job_error returns, valid while a handle of the job lives (else during the callback).
   const infill_error* error;
-  /// state DONE: the result, a PNG of the template's size; every pixel outside the mask is
-  /// the template's own. Otherwise NULL / 0.
+  /// state DONE: the result file, of the template's size; every pixel outside the mask is
+  /// the template's own, at its depth. A PNG unless infill_edit_params.output_format asked for
+  /// another format (or for the template's own): media_type says which. Otherwise NULL / 0.
   const void* png;
   size_t png_size;
   uint32_t steps_run;
@@ -335,6 +336,9 @@ typedef struct infill_done {
   /// 1 when the prompt was longer than the model's text encoder reads and was cut, as the
   /// model's own pipeline cuts it. (Added in 1.1.)
   int prompt_truncated;
+  /// The result file's media type: "image/png", "image/tiff" or "image/x-exr"; "" when not
+  /// DONE. (Added in 1.2: test struct_size.)
+  const char* media_type;
 } infill_done;
 
 typedef void (*infill_progress_fn)(void* user_data, const infill_progress* progress);
@@ -395,6 +399,11 @@ typedef struct infill_edit_params {
   /// "unknown_model", whose message lists the ids it serves. Read only when the caller's
   /// struct_size covers it (callers compiled against API 1.0 get the default model).
   const char* model;
+
+  /// API 1.2. The result's file format: "template" (the template's own: PNG, TIFF or
+  /// OpenEXR, so 16-bit and float images come back at their depth), "png", "tiff" or "exr";
+  /// NULL or "" = "png". Callers compiled against API 1.0 or 1.1 get PNG.
+  const char* output_format;
 } infill_edit_params;
 
 /// Sets struct_size and every default (no mask, no callbacks, halo and feather = -1).
@@ -431,10 +440,14 @@ INFILL_CLIENT_API infill_error* infill_client_cancel_edit(infill_client* client,
 /// Blocks until on_done has returned (NULL) or `timeout_ms` passed (INFILL_ERROR_TIMEOUT).
 /// UINT32_MAX waits without limit. Must not be called from a callback of an unfinished job.
 INFILL_CLIENT_API infill_error* infill_job_wait(infill_job* job, uint32_t timeout_ms);
-/// The result PNG of a DONE job; owned by the job (valid until infill_job_release).
+/// The result file of a DONE job (a PNG unless output_format asked otherwise; see
+/// infill_job_result_media_type); owned by the job (valid until infill_job_release).
 /// INFILL_ERROR_CONFLICT when the job is not DONE.
 INFILL_CLIENT_API infill_error* infill_job_result(const infill_job* job, const void** png,
                                                   size_t* png_size);
+/// The media type of a DONE job's result ("image/png", "image/tiff", "image/x-exr"); "" while
+/// it is not DONE or for a NULL job. Owned by the job. (Added in 1.2.)
+INFILL_CLIENT_API const char* infill_job_result_media_type(const infill_job* job);
 /// Why an ended job did not finish DONE; NULL while running or when DONE. Owned by the job.
 INFILL_CLIENT_API const infill_error* infill_job_error(const infill_job* job);
 /// Writes the result PNG of a DONE job to a file.

@@ -118,7 +118,8 @@ struct DoneEvent {
   uint64_t edit_id = 0;
   infill_job_state state = INFILL_JOB_FAILED;
   std::optional<Error> error;
-  std::string_view png;  ///< valid during the callback only
+  std::string_view png;         ///< the result file; valid during the callback only
+  std::string_view media_type;  ///< its format: "image/png", "image/tiff", "image/x-exr"
   uint32_t steps_run = 0;
   double total_ms = 0;
 };
@@ -144,6 +145,7 @@ struct EditRequest {
   int32_t halo_tokens = -1;
   double feather_px = -1;
   std::string model;  ///< an infill_model_info id; "" = the engine's default model
+  std::string output_format;  ///< "template", "png", "tiff", "exr"; "" = png
   std::function<void(const infill_progress&)> on_progress;
   std::function<void(const infill_preview&)> on_preview;
   std::function<void(const DoneEvent&)> on_done;
@@ -173,7 +175,8 @@ class Job {
     detail::check(e);
     return true;
   }
-  /// The result PNG; throws the job's error when it did not finish DONE.
+  /// The result file (a PNG unless output_format asked otherwise); throws the job's error
+  /// when it did not finish DONE.
   std::string result_png() const {
     const void* png = nullptr;
     size_t size = 0;
@@ -186,6 +189,8 @@ class Job {
     }
     return std::string(static_cast<const char*>(png), size);
   }
+  /// The result file's media type ("image/png", ...); "" until DONE.
+  std::string result_media_type() const { return infill_job_result_media_type(job_.get()); }
   /// The job's error once it ended other than DONE.
   std::optional<Error> error() const {
     const infill_error* e = infill_job_error(job_.get());
@@ -308,6 +313,7 @@ class Client {
     p.halo_tokens = r.halo_tokens;
     p.feather_px = r.feather_px;
     p.model = r.model.empty() ? nullptr : r.model.c_str();
+    p.output_format = r.output_format.empty() ? nullptr : r.output_format.c_str();
     // Owned by the C library's on_done call: freed there, which comes exactly once.
     auto* ctx = new Callbacks{r.on_progress, r.on_preview, r.on_done};
     p.on_progress = ctx->on_progress ? &Client::progress_trampoline : nullptr;
@@ -352,6 +358,7 @@ class Client {
       e.state = d->state;
       if (d->error) e.error = Error::copy_of(d->error);
       e.png = std::string_view(static_cast<const char*>(d->png), d->png_size);
+      if (d->media_type) e.media_type = d->media_type;
       e.steps_run = d->steps_run;
       e.total_ms = d->total_ms;
       ctx->on_done(e);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/util/Half.h>
 
 #include "pipeline/composite.h"
 
@@ -26,6 +27,9 @@ double sample(const PixelImage& image, int64_t pixel, int c) {
       return reinterpret_cast<const uint16_t*>(image.data.data())[i] / 65535.0;
     case PixelFormat::kF32:
       return reinterpret_cast<const float*>(image.data.data())[i];
+    case PixelFormat::kF16:
+      return static_cast<float>(
+          c10::Half(reinterpret_cast<const uint16_t*>(image.data.data())[i], c10::Half::from_bits()));
   }
   return 0;
 }
@@ -35,10 +39,22 @@ bool same_pixel_bytes(const PixelImage& a, const PixelImage& b, int64_t pixel) {
   return std::memcmp(a.data.data() + pixel * px, b.data.data() + pixel * px, px) == 0;
 }
 
-// Quantisation step of a format in [0, 1] units (0 for float).
+// Quantisation step of a format in [0, 1] units (0 for float; half: its step at 2, the
+// largest value random_image makes).
 double quantum(PixelFormat format) {
-  return format == PixelFormat::kU8 ? 1.0 / 255 : format == PixelFormat::kU16 ? 1.0 / 65535 : 0.0;
+  switch (format) {
+    case PixelFormat::kU8: return 1.0 / 255;
+    case PixelFormat::kU16: return 1.0 / 65535;
+    case PixelFormat::kF16: return 2.0 / 1024;
+    case PixelFormat::kF32: return 0.0;
+  }
+  return 0.0;
 }
+
+bool is_float(PixelFormat format) { return format == PixelFormat::kF32 || format == PixelFormat::kF16; }
+
+// IEC 61966-2-1's decoding curve: the independent reference for display_to_linear.
+double srgb_to_linear(double v) { return v <= 0.04045 ? v / 12.92 : std::pow((v + 0.055) / 1.055, 2.4); }
 
 }  // namespace
 
@@ -54,7 +70,7 @@ TEST_CASE("composite keeps alpha-0 pixels bit-identical and blends the rest", "[
   auto a = alpha.accessor<float, 2>();
   auto g = generated.accessor<float, 3>();
 
-  for (PixelFormat format : {PixelFormat::kU8, PixelFormat::kU16, PixelFormat::kF32}) {
+  for (PixelFormat format : {PixelFormat::kU8, PixelFormat::kU16, PixelFormat::kF32, PixelFormat::kF16}) {
     for (int channels : {1, 2, 3, 4}) {
       INFO("format " << pixel_format_name(format) << " channels " << channels);
       const PixelImage original = random_image(w, h, channels, format, 100 + channels);
@@ -84,8 +100,7 @@ TEST_CASE("composite keeps alpha-0 pixels bit-identical and blends the rest", "[
             const double gen =
                 colour == 3 ? g[c][y][x] : (double(g[0][y][x]) + g[1][y][x] + g[2][y][x]) / 3.0;
             const double expected = sample(original, p, c) * (1.0 - a[y][x]) + gen * a[y][x];
-            const double clamped =
-                format == PixelFormat::kF32 ? expected : std::clamp(expected, 0.0, 1.0);
+            const double clamped = is_float(format) ? expected : std::clamp(expected, 0.0, 1.0);
             worst = std::max(worst, std::abs(sample(out, p, c) - clamped));
           }
         }
@@ -97,6 +112,43 @@ TEST_CASE("composite keeps alpha-0 pixels bit-identical and blends the rest", "[
       CHECK(worst <= quantum(format) / 2 + 1e-6);
     }
   }
+}
+
+TEST_CASE("composite into scene-linear half pixels: generated sRGB becomes linear light, the rest keeps its bits", "[composite]") {
+  const int w = 9, h = 6;
+  at::manual_seed(3);
+  const at::Tensor generated = at::rand({3, h, w});
+  at::Tensor alpha = at::zeros({h, w});
+  alpha.narrow(0, 2, 3).narrow(1, 3, 4).fill_(1.0f);
+  PixelImage original = random_image(w, h, 4, PixelFormat::kF16, 9, -0.25f, 40.0f);  // HDR highlights
+  original.scene_linear = true;
+  original.file_format = "openexr";
+  // Values no arithmetic would keep: infinity and a NaN with a payload, outside the mask.
+  auto* bits = reinterpret_cast<uint16_t*>(original.data.data());
+  bits[0] = 0x7C00;  // +inf
+  bits[1] = 0x7E01;  // NaN
+  const PixelImage out = composite(original, generated, alpha);
+  REQUIRE(out.format == PixelFormat::kF16);
+  CHECK(out.scene_linear);
+  auto g = generated.accessor<float, 3>();
+  double worst = 0;
+  int64_t kept_bad = 0;
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      const int64_t p = int64_t{y} * w + x;
+      if (alpha[y][x].item<float>() == 0.0f) {
+        kept_bad += !same_pixel_bytes(original, out, p);
+        continue;
+      }
+      for (int c = 0; c < 3; ++c) {
+        // Relative to the value: half keeps 11 significant bits; OCIO's curve within 1e-4.
+        const double expected = srgb_to_linear(g[c][y][x]);
+        worst = std::max(worst, std::abs(sample(out, p, c) - expected) / std::max(expected, 1e-2));
+      }
+      CHECK(sample(out, p, 3) == sample(original, p, 3));  // alpha is not a colour
+    }
+  CHECK(kept_bad == 0);
+  CHECK(worst <= 2e-3);
 }
 
 TEST_CASE("composite with alpha 1 gives the generated values", "[composite]") {

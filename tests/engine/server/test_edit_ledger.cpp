@@ -38,7 +38,8 @@ EditOutcome ended(uint64_t id, RequestState state, std::string png = {}) {
   EditOutcome o;
   o.id = id;
   o.state = state;
-  o.png = std::move(png);
+  o.result_file = std::move(png);
+  o.result_media_type = "image/png";
   o.metrics = {{"steps_run", 3}};
   if (state != RequestState::kDone) o.status = Status(ErrorCode::kCancelled, "edit cancelled");
   return o;

@@ -78,7 +78,7 @@ inline std::future<RequestResult> submit(ServingRuntime& rt, uint64_t id, std::s
   r.tmpl = std::move(tmpl);
   r.params = std::move(params);
   r.on_complete = [done](const RequestResult& result) { done->set_value(result); };
-  r.encode_png = false;  // the tests compare pixels; builds without OpenImageIO encode none
+  r.encode_result = false;  // the tests compare pixels; builds without OpenImageIO encode none
   REQUIRE(rt.submit(std::move(r)).ok());
   return done->get_future();
 }

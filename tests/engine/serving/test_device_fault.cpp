@@ -33,7 +33,7 @@ ServingRequest request(const ServingFixture& f, uint64_t id, Collector& c) {
   r.client_id = 1;
   r.tmpl = f.templates[0];
   r.params = f.params(ServingFixture::rect_mask(8, 8, 16, 16), id);
-  r.encode_png = false;
+  r.encode_result = false;
   r.on_complete = c.callback();
   return r;
 }

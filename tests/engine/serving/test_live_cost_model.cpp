@@ -81,7 +81,7 @@ TEST_CASE("a worker refits its model's step cost from the steps it runs", "[serv
       r.client_id = 1;
       r.tmpl = f.templates[0];
       r.params = f.params(ServingFixture::rect_mask(0, 0, size, std::min(size, 48)), r.id);
-      r.encode_png = false;
+      r.encode_result = false;
       r.on_complete = [&](const RequestResult& res) {
         std::lock_guard lock(mu);
         states[res.id] = res.state;

@@ -102,7 +102,7 @@ TEST_CASE("batched steps give each request the output it gets alone", "[serving]
     REQUIRE(r.state == RequestState::kDone);
     CHECK(r.metrics.steps_run == 4);
     CHECK(r.metrics.steps_dropped == 0);
-    CHECK_FALSE(r.png.empty());
+    CHECK_FALSE(r.result_file.empty());
     // The pool thread's share of the post-processing time: positive, within the whole.
     CHECK(r.metrics.post_work_ms > 0);
     CHECK(r.metrics.post_work_ms <= r.metrics.post_ms);
@@ -348,7 +348,7 @@ TEST_CASE("stress: 1000 requests with random cancels and supersedes", "[serving]
       r.client_id = rng() % 8;
       r.params.schedule.steps = 2 + static_cast<int>(rng() % 3);
       r.cls = static_cast<RequestClass>(1 + rng() % 3);
-      r.encode_png = rng() % 4 == 0;
+      r.encode_result = rng() % 4 == 0;
       if (!submitted.empty() && rng() % 6 == 0) r.supersedes = submitted[rng() % submitted.size()];
       const Status s = rt->submit(std::move(r));
       if (s.ok()) submitted.push_back(id);

@@ -32,7 +32,7 @@ RequestResult edit_through_worker(const ServingFixture& f, std::shared_ptr<Activ
   r.client_id = 1;
   r.tmpl = f.templates[0];
   r.params = params;
-  r.encode_png = false;
+  r.encode_result = false;
   r.on_complete = c.callback();
   REQUIRE((*rt)->submit(std::move(r)).ok());
   REQUIRE((*rt)->drain(60000));

@@ -144,6 +144,12 @@ TEST_CASE("job file: output patterns are checked and must not collide", "[render
   require_job_error(pattern("out/{seed}.jpg"), f, "/edits/0/output", "ending in .png");
   require_job_error(pattern("out/same.png", "[1, 2]"), f, "/edits/0/output", "its own file");
   CHECK(pattern("out/{seed}.png", "[1, 2]").ok());
+  CHECK(pattern("out/{seed}.tif", "[1, 2]").ok());
+  CHECK(pattern("out/{seed}.EXR", "[1, 2]").ok());
+  CHECK(output_file_format("a/b.TIFF") == "tiff");
+  CHECK(output_file_format("a/b.exr") == "exr");
+  CHECK(output_file_format("a/b.png") == "png");
+  CHECK_FALSE(output_file_format("a/b.jpg").has_value());
 
   CHECK(check_output_pattern("a/{item:04}_{seed}_{name}.png").ok());
   CHECK_FALSE(check_output_pattern("{item:x}").ok());

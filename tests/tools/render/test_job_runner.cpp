@@ -61,7 +61,7 @@ class ScriptedBackend final : public RenderBackend {
       o.status = Status(ErrorCode::kInternal, "scripted failure of edit " + std::to_string(edit.id));
       o.failure = it->second;
     } else {
-      o.png = file_bytes(kGolden + "/hills_128_mask.png");
+      o.file = file_bytes(kGolden + "/hills_128_mask.png");
     }
     events.on_complete(std::move(o));
     return {};

@@ -3,7 +3,9 @@
 #include "support/catch.h"
 
 #include <c10/core/InferenceMode.h>
+#include <c10/util/Half.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -12,6 +14,7 @@
 
 #include "image_metrics.h"
 #include "job_items.h"
+#include "output_stamp.h"
 #include "pipeline/image_io.h"
 #include "png_text.h"
 #include "render_process.h"
@@ -145,6 +148,71 @@ TEST_CASE("infill-render: outputs already up to date are skipped, --force redoes
   }
   RenderRun changed = run_render(g.args(), g.dir.file("run6"));
   CHECK(count_lines_starting(changed.out, "Saved: ") == 2);
+}
+
+TEST_CASE("infill-render: 16-bit TIFF, half and float EXR plates keep their depth outside the mask, outputs stamped",
+          "[render][cli][depth]") {
+  if (!have_binary()) return;
+  GoldenDir g;
+  auto hills = load_image(kGolden + "/hills_128.png", int64_t{1} << 24);
+  auto mask = load_image(kGolden + "/hills_128_mask.png", int64_t{1} << 24);
+  REQUIRE(hills.ok());
+  REQUIRE(mask.ok());
+  REQUIRE(hills->format == PixelFormat::kU8);
+  REQUIRE(mask->channels == 1);
+  // The same picture at three depths (the float ones as linear light, values up to 3).
+  const size_t n = hills->data.size();
+  const auto* u8 = reinterpret_cast<const uint8_t*>(hills->data.data());
+  PixelImage u16 = PixelImage::allocate(hills->width, hills->height, hills->channels, PixelFormat::kU16);
+  PixelImage f16 = PixelImage::allocate(hills->width, hills->height, hills->channels, PixelFormat::kF16);
+  PixelImage f32 = PixelImage::allocate(hills->width, hills->height, hills->channels, PixelFormat::kF32);
+  for (size_t i = 0; i < n; ++i) {
+    reinterpret_cast<uint16_t*>(u16.data.data())[i] = static_cast<uint16_t>(u8[i] * 257 + i % 251);
+    reinterpret_cast<uint16_t*>(f16.data.data())[i] = c10::Half(u8[i] / 85.0f).x;
+    reinterpret_cast<float*>(f32.data.data())[i] = u8[i] / 85.0f + 1e-7f * float(i % 7);
+  }
+  REQUIRE(save_image(g.dir.file("plate16.tif"), u16).ok());
+  REQUIRE(save_image(g.dir.file("plate_half.exr"), f16).ok());
+  REQUIRE(save_image(g.dir.file("plate_float.exr"), f32).ok());
+  std::ofstream(g.job()) << R"({"format": "infill-job/1", "defaults": {"steps": 4, "mask": "hills_128_mask.png", "seeds": [5]},
+    "edits": [{"name": "tiff16", "template": "plate16.tif", "output": "out/{name}.tif"},
+              {"name": "half", "template": "plate_half.exr", "output": "out/{name}.exr"},
+              {"name": "float", "template": "plate_float.exr", "output": "out/{name}.EXR"}]})";
+  const RenderRun r = run_render(g.args(), g.dir.file("run"));
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(count_lines_starting(r.out, "Saved: ") == 3);
+  const auto* m = reinterpret_cast<const uint8_t*>(mask->data.data());
+  struct Expected {
+    const char* output;
+    const PixelImage* input;
+    const char* file_format;
+  };
+  for (const Expected& e : {Expected{"out/tiff16.tif", &u16, "tiff"}, Expected{"out/half.exr", &f16, "openexr"},
+                            Expected{"out/float.EXR", &f32, "openexr"}}) {
+    INFO(e.output);
+    auto out = load_image(g.dir.file(e.output), int64_t{1} << 24);
+    REQUIRE(out.ok());
+    CHECK(out->file_format == e.file_format);
+    REQUIRE(out->format == e.input->format);
+    REQUIRE(out->channels == e.input->channels);
+    const size_t px = out->channels * bytes_per_sample(out->format);
+    int64_t kept_bad = 0, changed_inside = 0;
+    for (int64_t p = 0; p < out->pixel_count(); ++p) {
+      const bool same = std::memcmp(out->data.data() + p * px, e.input->data.data() + p * px, px) == 0;
+      if (m[p] == 0) kept_bad += !same;
+      else changed_inside += !same;
+    }
+    CHECK(kept_bad == 0);
+    CHECK(changed_inside > 0);
+    CHECK(render::read_output_stamp(g.dir.file(e.output), render::kHashKeyword).has_value());
+    CHECK(render::read_output_stamp(g.dir.file(e.output), render::kCanonicalKeyword).value_or("").find("\"seed\":5") !=
+          std::string::npos);
+  }
+  // The stamp inside TIFF and EXR outputs makes a rerun skip them.
+  const RenderRun again = run_render(g.args(), g.dir.file("run2"));
+  CHECK(again.code == 0);
+  CHECK(count_lines_starting(again.out, "Skipped: ") == 3);
 }
 
 TEST_CASE("infill-render: --items runs a slice, bad ranges exit 2", "[render][cli][items]") {
