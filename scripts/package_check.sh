@@ -91,6 +91,22 @@ if dpkg -s libinfill-dev >/dev/null 2>&1; then
   engine_pid=""
 fi
 
+if dpkg -s infill-krita >/dev/null 2>&1; then
+  step "the Krita plug-in where Krita looks for it, and its zip for Krita's importer"
+  [ -f /usr/share/krita/pykrita/infill_krita.desktop ]
+  for f in __init__ docker layer_io repaint infill_client; do
+    python3 -c "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])" "/usr/share/krita/pykrita/infill_krita/$f.py"
+  done
+  zip=$(ls "$build"/packages/infill-krita-*.zip)
+  python3 - "$zip" <<'PY'
+import sys, zipfile
+names = set(zipfile.ZipFile(sys.argv[1]).namelist())
+need = {"infill_krita.desktop", "infill_krita/__init__.py", "infill_krita/infill_client.py", "infill_krita/docker.py"}
+missing = need - names
+sys.exit(f"{sys.argv[1]} lacks {sorted(missing)}" if missing else 0)
+PY
+fi
+
 step "removing ${names[*]}"
 "${sudo_cmd[@]}" apt-get purge -y -q "${names[@]}" >/dev/null
 left=0

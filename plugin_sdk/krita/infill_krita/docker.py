@@ -1,0 +1,222 @@
+"""The Infill docker: prompt, seed, steps, strength, live mode, engine and token; progress,
+previews and cancel while the engine denoises; results as new layers above the active one.
+
+Threading: the docker lives on Krita's GUI thread, where every document call is made. The
+SDK's callbacks arrive on its own thread and only emit the Bridge's signals, which Qt queues
+to the GUI thread.
+"""
+import os
+
+from PyQt5.QtCore import QObject, QTimer, pyqtSignal
+from PyQt5.QtGui import QPixmap
+from PyQt5.QtWidgets import (QCheckBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
+                             QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from krita import DockWidget, Krita
+
+from . import layer_io
+from .repaint import Repaint, Settings, infill_client
+
+LIVE_LAYER = "Infill (live)"
+SETTINGS_GROUP = "infill"
+
+
+class Bridge(QObject):
+    """The SDK's callbacks, carried to the GUI thread. The first argument is the edit's serial."""
+    progress = pyqtSignal(int, int, int)
+    preview = pyqtSignal(int, bytes, int)
+    done = pyqtSignal(int, str, str, bytes, str)
+
+
+class InfillDocker(DockWidget):
+    def __init__(self):
+        super().__init__()
+        self.setWindowTitle("Infill")
+        self.bridge = Bridge()
+        self.bridge.progress.connect(self._on_progress)
+        self.bridge.preview.connect(self._on_preview)
+        self.bridge.done.connect(self._on_done)
+        self._client = None
+        self._client_key = None
+        self._serial = 0
+        self._edits = {}  # serial -> Repaint, until its result is in
+        self._live_job_id = 0
+        self._live_signature = None
+        self.results = []  # layers added, for the status line and tests
+
+        root = QWidget(self)
+        form = QFormLayout()
+        k = Krita.instance()
+        self.endpoint = QLineEdit(k.readSetting(SETTINGS_GROUP, "endpoint", ""))
+        self.endpoint.setPlaceholderText("the local engine")
+        self.endpoint.setToolTip("unix:/path/engine.sock or http://host:port; empty: the local engine")
+        self.token = QLineEdit(k.readSetting(SETTINGS_GROUP, "token", ""))
+        self.token.setEchoMode(QLineEdit.Password)
+        self.token.setToolTip("The engine's bearer token (remote engines over TCP)")
+        self.prompt = QLineEdit()
+        self.prompt.setPlaceholderText("what to paint into the selection")
+        self.seed = QSpinBox()
+        self.seed.setRange(0, 2**31 - 1)
+        self.steps = QSpinBox()
+        self.steps.setRange(0, 1000)
+        self.steps.setSpecialValueText("model default")
+        self.strength = QDoubleSpinBox()
+        self.strength.setRange(0.05, 1.0)
+        self.strength.setSingleStep(0.05)
+        self.strength.setValue(1.0)
+        self.live = QCheckBox("Live: repaint as the selection changes")
+        form.addRow("Engine", self.endpoint)
+        form.addRow("Token", self.token)
+        form.addRow("Prompt", self.prompt)
+        form.addRow("Seed", self.seed)
+        form.addRow("Steps", self.steps)
+        form.addRow("Strength", self.strength)
+        self.generate_button = QPushButton("Repaint selection")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.generate_button)
+        buttons.addWidget(self.cancel_button)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.preview = QLabel()
+        self.preview.setMinimumHeight(96)
+        self.status = QLabel("")
+        self.status.setWordWrap(True)
+        layout = QVBoxLayout(root)
+        layout.addLayout(form)
+        layout.addWidget(self.live)
+        layout.addLayout(buttons)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.preview)
+        layout.addWidget(self.status)
+        layout.addStretch(1)
+        self.setWidget(root)
+
+        self.generate_button.clicked.connect(lambda: self.generate())
+        self.cancel_button.clicked.connect(self.cancel)
+        self.live.toggled.connect(self._live_toggled)
+        self.live_timer = QTimer(self)
+        self.live_timer.setInterval(300)
+        self.live_timer.timeout.connect(lambda: self.live_tick())
+
+    # Krita calls this when the active canvas changes; the docker reads the active document
+    # when it acts, so there is nothing to follow.
+    def canvasChanged(self, canvas):
+        pass
+
+    def client(self):
+        """The engine connection for the current endpoint and token (one per docker)."""
+        key = (self.endpoint.text().strip(), self.token.text().strip())
+        if self._client is None or key != self._client_key:
+            if self._client is not None:
+                self._client.close()
+            k = Krita.instance()
+            k.writeSetting(SETTINGS_GROUP, "endpoint", key[0])
+            k.writeSetting(SETTINGS_GROUP, "token", key[1])
+            # One client name per Krita process: the engine supersedes and limits per client,
+            # so two painters (or two Kritas) never cancel each other's edits.
+            self._client = infill_client.Client(endpoint=key[0] or None, token=key[1] or None,
+                                                client_name=f"krita-{os.getpid()}")
+            self._client_key = key
+        return self._client
+
+    def settings(self, live=False):
+        return Settings(prompt=self.prompt.text().strip(), seed=self.seed.value(), steps=self.steps.value(),
+                        strength=self.strength.value(), live=live, preview_every_steps=1)
+
+    def generate(self, document=None, node=None, live=False):
+        """Repaints the selection of `node` (default: the active layer of the active document).
+        Returns the edit's serial, or 0 with the reason in the status line."""
+        document = document or Krita.instance().activeDocument()
+        node = node or (document.activeNode() if document else None)
+        try:
+            repaint = Repaint(Krita.instance(), self.client(), document, node, self.settings(live))
+            self._serial += 1
+            serial = self._serial
+            b = self.bridge
+            job = repaint.start(
+                supersedes=self._live_job_id if live else 0,
+                on_progress=lambda done, total: b.progress.emit(serial, done, total),
+                on_preview=lambda png, steps: b.preview.emit(serial, png, steps),
+                on_done=lambda state, error, data, media: b.done.emit(serial, state, str(error or ""), data, media))
+        except (layer_io.LayerError, infill_client.InfillError) as e:
+            self.status.setText(str(e))
+            return 0
+        self._edits[serial] = repaint
+        if live:
+            self._live_job_id = job.id
+        self.cancel_button.setEnabled(True)
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.status.setText(f"Edit {job.id} queued on {self._client.endpoint}")
+        return serial
+
+    def cancel(self):
+        for repaint in list(self._edits.values()):
+            if repaint.job is not None:
+                try:
+                    repaint.job.cancel()
+                except infill_client.InfillError as e:
+                    self.status.setText(str(e))
+
+    def busy(self):
+        return bool(self._edits)
+
+    def _live_toggled(self, on):
+        self._live_signature = None
+        if on:
+            self.live_timer.start()
+        else:
+            self.live_timer.stop()
+
+    def live_tick(self, document=None, node=None):
+        """Live mode: a new edit, superseding the last, when the selection changed since."""
+        document = document or Krita.instance().activeDocument()
+        if document is None or document.selection() is None:
+            return 0
+        s = document.selection()
+        signature = (s.x(), s.y(), s.width(), s.height(), hash(bytes(s.pixelData(s.x(), s.y(), s.width(), s.height()))))
+        if signature == self._live_signature:
+            return 0
+        self._live_signature = signature
+        return self.generate(document, node, live=True)
+
+    def _on_progress(self, serial, done, total):
+        if serial != self._serial:
+            return  # an older edit of this docker, superseded or cancelled
+        self.progress.setRange(0, max(1, total))
+        self.progress.setValue(done)
+
+    def _on_preview(self, serial, png, steps_done):
+        if serial != self._serial:
+            return
+        pixmap = QPixmap()
+        if pixmap.loadFromData(png, "PNG"):
+            self.preview.setPixmap(pixmap.scaledToHeight(96))
+
+    def _on_done(self, serial, state, error, data, media_type):
+        repaint = self._edits.pop(serial, None)
+        self.cancel_button.setEnabled(bool(self._edits))
+        if repaint is None:
+            return
+        if state != "done":
+            if serial == self._serial:
+                self.status.setText(f"Edit {state}: {error}" if error else f"Edit {state}")
+            return
+        try:
+            if repaint.settings.live:
+                # Live mode keeps one result layer, replaced by each newer stroke's.
+                for n in repaint.node.parentNode().childNodes():
+                    if n.name() == LIVE_LAYER:
+                        n.remove()
+            layer = repaint.finish(data, media_type)
+            if repaint.settings.live:
+                layer.setName(LIVE_LAYER)
+        except layer_io.LayerError as e:
+            self.status.setText(str(e))
+            return
+        self.results.append(layer)
+        if serial == self._serial:
+            self.progress.setValue(self.progress.maximum())
+            self.status.setText(f"Added layer \"{layer.name()}\"")

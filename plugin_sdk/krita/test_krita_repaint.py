@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Drives the Krita plug-in inside Debian's Krita (kritarunner, headless) against a real
+infill-engine: the build's random model on a private Unix socket.
+
+For a paint layer at each colour depth Krita has (8 and 16-bit integer, 16 and 32-bit float)
+krita_repaint_check.py selects a rectangle and repaints it through the plug-in's code and
+libinfill_client. Checks per depth: the result comes back in the layer's own format (TIFF for
+integers, OpenEXR for floats); a new layer lands above the original, in the same colour space;
+outside the selection it equals the original byte for byte; inside it equals the engine's result
+for that request and differs from the original; no selection is refused with a clear message.
+Exit 0 passed, 1 failed, 4 skipped (kritarunner missing: Debian package krita)."""
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SKIP = 4
+
+
+def http_get(sock_path, target):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    try:
+        s.connect(sock_path)
+        s.sendall(f"GET {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while True:
+            part = s.recv(65536)
+            if not part:
+                break
+            answer += part
+        return answer.decode(errors="replace")
+    finally:
+        s.close()
+
+
+def wait_healthy(sock_path, engine, deadline_s):
+    end = time.time() + deadline_s
+    while time.time() < end:
+        if engine.poll() is not None:
+            raise SystemExit(f"infill-engine exited with {engine.returncode} while starting")
+        try:
+            if http_get(sock_path, "/health").startswith("HTTP/1.1 200"):
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"infill-engine did not answer /health within {deadline_s} s")
+
+
+def check_docker(c):
+    """The docker's Repaint selection: one edit, done, its layer added, progress at the end."""
+    if "exception" in c:
+        return [f"docker: {c['exception']}"]
+    checks = {
+        "idle": c["idle"],
+        "one edit done": c["states"] == ["done"],
+        "layer added": c["result_layers"] == ["Infill"],
+        "progress at its end": c["progress"][0] == c["progress"][1] > 0,
+        "status": c["status"].startswith("Added layer"),
+    }
+    return [f"docker: {name} ({c})" for name, ok in checks.items() if not ok]
+
+
+def check_live(c, who):
+    """A live painter's strokes: each supersedes its own last; the final one is done, none failed."""
+    if "exception" in c:
+        return [f"{who}: {c['exception']}"]
+    checks = {
+        "idle": c["idle"],
+        "every stroke submitted": all(c["serials"]),
+        "final stroke done": bool(c["states"]) and c["states"][-1] == "done",
+        "nothing failed": "failed" not in c["states"] and "expired" not in c["states"],
+        "one live layer": c["live_layers"] == 1,
+    }
+    return [f"{who}: {name} ({c})" for name, ok in checks.items() if not ok]
+
+
+def write_png(path, width, height):
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    rows = b"".join(b"\0" + bytes((x * 3 + y * 5 + c * 70) & 255 for x in range(width) for c in range(3))
+                    for y in range(height))
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def live_painters(args, env, work):
+    """Two Kritas and a third client (an SDK client, as the editor connects) live painting on
+    one engine at once: nobody's final stroke may be cancelled by another's."""
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
+    import infill_client
+    failures, runs = [], []
+    for i in range(2):
+        out = os.path.join(work, f"live{i}.jsonl")
+        e = dict(env, INFILL_TEST_MODE="live", INFILL_TEST_OUT=out)
+        log = open(os.path.join(work, f"kritarunner-live{i}.log"), "w")
+        runs.append((subprocess.Popen([args.kritarunner, "-s", "krita_repaint_check", "-f", "main"], stdout=log,
+                                      stderr=subprocess.STDOUT, env=e), out, log))
+    png = os.path.join(work, "editor.png")
+    write_png(png, 64, 48)
+    states = []
+    with infill_client.Client(endpoint=env["INFILL_TEST_ENDPOINT"], client_name="infill-editor",
+                              library=args.library) as editor:
+        tid = editor.upload(open(png, "rb").read(), "editor.png")["id"]
+        last, jobs = 0, []
+        deadline = time.time() + 240
+        # Strokes until both Kritas are done, so that they overlap the Kritas' own.
+        while any(p.poll() is None for p, _, _ in runs) and time.time() < deadline:
+            job = editor.submit(tid, mask_rect=(8 + len(jobs) % 16, 8, 24, 16), steps=2, edit_class="live",
+                                supersedes=last, output_format="png")
+            jobs.append(job)
+            last = job.id
+            time.sleep(0.3)
+        for job in jobs:
+            job.wait(120000)
+            states.append(job.state)
+    for p, out, log in runs:
+        try:
+            p.wait(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            failures.append("a live Krita did not finish in time")
+        log.close()
+    for i, (_, out, _) in enumerate(runs):
+        cases = []
+        if os.path.exists(out):
+            with open(out) as f:
+                cases = [json.loads(line) for line in f if line.strip()]
+        if len(cases) != 1:
+            failures.append(f"live Krita {i}: no result (log {work}/kritarunner-live{i}.log)")
+            continue
+        print(json.dumps(cases[0]), flush=True)
+        failures += check_live(cases[0], f"live Krita {i}")
+    print(json.dumps({"case": "editor-client", "states": states}), flush=True)
+    if not states or states[-1] != "done" or "failed" in states:
+        failures.append(f"editor client: {states}")
+    return failures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--library", required=True, help="libinfill_client.so of the build")
+    ap.add_argument("--kritarunner", default=shutil.which("kritarunner"))
+    ap.add_argument("--work-dir", required=True)
+    args = ap.parse_args()
+    if not args.kritarunner:
+        print("SKIPPED: kritarunner not found (Debian package krita, installed by scripts/setup.sh)", flush=True)
+        return SKIP
+
+    shutil.rmtree(args.work_dir, ignore_errors=True)
+    os.makedirs(args.work_dir)
+    work = args.work_dir
+    sock_dir = tempfile.mkdtemp(prefix="infill-krita-")  # short: Unix socket paths are limited
+    sock = os.path.join(sock_dir, "engine.sock")
+    env = dict(os.environ)
+    # Krita writes its settings and resource database under $HOME: a private one per run.
+    env.update(HOME=work, XDG_CONFIG_HOME=os.path.join(work, "config"), XDG_DATA_HOME=os.path.join(work, "data"),
+               XDG_CACHE_HOME=os.path.join(work, "cache"), XDG_RUNTIME_DIR=sock_dir, QT_QPA_PLATFORM="offscreen")
+    env.pop("INFILL_ENDPOINT", None)
+    log = open(os.path.join(work, "engine.log"), "w")
+    engine = subprocess.Popen([args.engine, "--model", args.model, "--socket", sock, "--journal", "off",
+                               "--no-calibrate", "--threads", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    failures = []
+    try:
+        wait_healthy(sock, engine, 60)
+        out = os.path.join(work, "cases.jsonl")
+        env.update(INFILL_TEST_ENDPOINT="unix:" + sock, INFILL_TEST_OUT=out, INFILL_CLIENT_LIBRARY=args.library,
+                   PYTHONPATH=os.pathsep.join([HERE, os.path.join(HERE, "..", "python")]),
+                   # Krita's embedded Python takes its prefix from the first python3 on PATH: the
+                   # system's, whose dist-packages hold PyQt5, not a pyenv or venv interpreter's.
+                   PATH="/usr/bin:/bin:" + env.get("PATH", ""))
+        krita_log = os.path.join(work, "kritarunner.log")
+        with open(krita_log, "w") as kl:
+            rc = subprocess.run([args.kritarunner, "-s", "krita_repaint_check", "-f", "main"], stdout=kl,
+                                stderr=subprocess.STDOUT, env=env, timeout=540).returncode
+        cases = []
+        if os.path.exists(out):
+            with open(out) as f:
+                cases = [json.loads(line) for line in f if line.strip()]
+        if len(cases) != 5:
+            failures.append(f"kritarunner exited {rc} with {len(cases)} of 5 cases; its log: {krita_log}")
+        expected_type = {"U8": "image/tiff", "U16": "image/tiff", "F16": "image/x-exr", "F32": "image/x-exr"}
+        for c in cases:
+            print(json.dumps(c), flush=True)
+            if c.get("case") == "docker":
+                failures += check_docker(c)
+                continue
+            d = c.get("depth", "?")
+            if "exception" in c:
+                failures.append(f"{d}: {c['exception']}")
+                continue
+            checks = {
+                "no selection refused": "Nothing is selected" in c["no_selection_error"],
+                "finished": c["finished"],
+                "result format": c["media_type"] == expected_type[d],
+                # Krita lists the global selection as a "Selection Mask" node beside the layers.
+                "layer above the original": [n for n in c["layers"] if n != "Selection Mask"] == ["Background", "Infill"],
+                "same depth": c["layer_depth"] == d,
+                "same profile": c["layer_profile"] == c["profile"],
+                "outside kept": c["kept_bad"] == 0,
+                "inside changed": c["changed_inside"] > 0,
+                "inside is the engine's result": c["inside_bad"] == 0,
+            }
+            failures += [f"{d}: {name}" for name, ok in checks.items() if not ok]
+        failures += live_painters(args, env, work)
+    finally:
+        engine.terminate()
+        try:
+            code = engine.wait(30)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            code = engine.wait()
+        if code != 0:
+            failures.append(f"infill-engine exited {code}")
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    for f in failures:
+        print("FAILED:", f, flush=True)
+    print("krita plug-in:", "failed" if failures else "passed", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
