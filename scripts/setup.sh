@@ -28,7 +28,7 @@ packages=(
   # infill-render-slurm's test: a one-node Slurm cluster with its own MUNGE key.
   slurm-wlm munge
   # The GIMP 2.10 plug-in (plugin_sdk/gimp/) and its batch-mode test.
-  libgimp2.0-dev gimp
+  libgimp2.0-dev libtiff-dev gimp
   # The Krita 5 plug-in (plugin_sdk/krita/) and its headless test (kritarunner, PyQt5).
   krita python3-pyqt5
   # The Qt 6 editor (ui/) and its screenshot test under a virtual X server.

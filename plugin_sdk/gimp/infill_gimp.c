@@ -27,6 +27,8 @@
 
 #include <infill/infill_client.h>
 
+#include "tiff_pixels.h"
+
 #define PLUG_IN_PROC "plug-in-infill-repaint"
 #define PLUG_IN_BINARY "infill-repaint"
 #define PLUG_IN_ROLE "infill-repaint"
@@ -318,6 +320,150 @@ static gchar* encode_layer(gint32 drawable, gint w, gint h, gsize* png_size, gch
   return png;
 }
 
+/* How deep a layer's pixels travel to the engine: 8-bit images as 8-bit PNG, 16-bit integer ones
+ * as 16-bit TIFF, the rest (32-bit integer, half, float, double) as float TIFF, all perceptual
+ * (R'G'B'), which the engine reads as display-referred whatever the image's linear or gamma
+ * storage. */
+typedef enum { DEPTH_U8, DEPTH_U16, DEPTH_FLOAT } LayerDepth;
+
+static LayerDepth layer_depth(gint32 image) {
+  switch (gimp_image_get_precision(image)) {
+    case GIMP_PRECISION_U8_LINEAR:
+    case GIMP_PRECISION_U8_GAMMA:
+      return DEPTH_U8;
+    case GIMP_PRECISION_U16_LINEAR:
+    case GIMP_PRECISION_U16_GAMMA:
+      return DEPTH_U16;
+    default:
+      return DEPTH_FLOAT;
+  }
+}
+
+static const Babl* deep_format(gint32 drawable, gboolean alpha, LayerDepth depth) {
+  const char* name = depth == DEPTH_U16 ? (alpha ? "R'G'B'A u16" : "R'G'B' u16")
+                                        : (alpha ? "R'G'B'A float" : "R'G'B' float");
+  if (gimp_drawable_is_rgb(drawable)) return babl_format_with_space(name, gimp_drawable_get_format(drawable));
+  return babl_format(name);
+}
+
+/* A private temporary file name ending in `suffix`; g_free it and unlink the file. */
+static gchar* temp_path(const char* suffix, gchar** error) {
+  GError* gerror = NULL;
+  gchar* path = NULL;
+  gchar* pattern = g_strconcat("infill-XXXXXX", suffix, NULL);
+  int fd = g_file_open_tmp(pattern, &path, &gerror);
+  g_free(pattern);
+  if (fd < 0) {
+    *error = g_strdup_printf("cannot create a temporary file: %s", gerror->message);
+    g_clear_error(&gerror);
+    return NULL;
+  }
+  close(fd);
+  return path;
+}
+
+/* The layer's pixels as a 16-bit or float TIFF; NULL and *error set on failure. */
+static gchar* encode_deep_layer(gint32 drawable, gint w, gint h, LayerDepth depth, gsize* size, gchar** error) {
+  gboolean alpha = gimp_drawable_has_alpha(drawable);
+  TiffPixels p = {w, h, alpha ? 4 : 3, depth == DEPTH_FLOAT, NULL};
+  gsize bytes = (gsize)w * h * p.channels * (p.is_float ? 4 : 2);
+  GeglBuffer* buffer;
+  gchar* path;
+  gchar* data = NULL;
+  GError* gerror = NULL;
+
+  p.data = g_try_malloc(bytes);
+  if (!p.data) {
+    *error = g_strdup_printf("out of memory reading the %dx%d layer", w, h);
+    return NULL;
+  }
+  buffer = gimp_drawable_get_buffer(drawable);
+  gegl_buffer_get(buffer, GEGL_RECTANGLE(0, 0, w, h), 1.0, deep_format(drawable, alpha, depth), p.data,
+                  GEGL_AUTO_ROWSTRIDE, GEGL_ABYSS_NONE);
+  g_object_unref(buffer);
+  path = temp_path(".tif", error);
+  if (path) {
+    *error = tiff_pixels_write(path, &p);
+    if (!*error && !g_file_get_contents(path, &data, size, &gerror)) {
+      *error = g_strdup_printf("reading back the layer's TIFF: %s", gerror->message);
+      g_clear_error(&gerror);
+    }
+    unlink(path);
+    g_free(path);
+  }
+  g_free(p.data);
+  return *error ? (g_free(data), NULL) : data;
+}
+
+/* The engine's 16-bit or float TIFF result as a new layer above `drawable`: a copy of the layer
+ * whose pixels inside the selection (`mask` > 0, layer coordinates) are the result's, so every
+ * pixel outside it keeps the layer's own bytes at the image's precision. */
+static gint32 add_deep_result_layer(gint32 image, gint32 drawable, const guchar* mask, LayerDepth depth,
+                                    const void* file, size_t file_size, const char* prompt, gchar** error) {
+  gint w = gimp_drawable_width(drawable), h = gimp_drawable_height(drawable);
+  gboolean alpha = gimp_drawable_has_alpha(drawable);
+  TiffPixels r = {0, 0, 0, FALSE, NULL};
+  GError* gerror = NULL;
+  gchar* path = temp_path(".tif", error);
+  gint32 layer = -1;
+  gint ox, oy, x, y;
+  gsize pixel_bytes;
+  gchar* name;
+  GeglBuffer* buffer;
+  const Babl* format = deep_format(drawable, alpha, depth);
+
+  if (!path) return -1;
+  if (!g_file_set_contents(path, file, (gssize)file_size, &gerror)) {
+    *error = g_strdup_printf("writing the engine's result to %s: %s", path, gerror->message);
+    g_clear_error(&gerror);
+  } else {
+    *error = tiff_pixels_read(path, &r);
+  }
+  unlink(path);
+  g_free(path);
+  if (*error) return -1;
+  if (r.width != w || r.height != h || r.channels != (alpha ? 4 : 3) || r.is_float != (depth == DEPTH_FLOAT)) {
+    *error = g_strdup_printf("the engine's result is %dx%d with %d %s channels, the layer %dx%d with %d %s channels",
+                             r.width, r.height, r.channels, r.is_float ? "float" : "16-bit", w, h, alpha ? 4 : 3,
+                             depth == DEPTH_FLOAT ? "float" : "16-bit");
+    g_free(r.data);
+    return -1;
+  }
+  pixel_bytes = (gsize)r.channels * (r.is_float ? 4 : 2);
+  gimp_drawable_offsets(drawable, &ox, &oy);
+  name = prompt && prompt[0] ? g_strdup_printf("Infill: %s", prompt) : g_strdup("Infill");
+  gimp_image_undo_group_start(image);
+  layer = gimp_layer_copy(drawable);
+  if (layer != -1 && gimp_image_insert_layer(image, layer, gimp_item_get_parent(drawable),
+                                             gimp_image_get_item_position(image, drawable))) {
+    gimp_item_set_name(layer, name);
+    gimp_layer_set_offsets(layer, ox, oy);
+    buffer = gimp_drawable_get_buffer(layer);
+    for (y = 0; y < h; ++y) {
+      for (x = 0; x < w;) {
+        gint start;
+        if (!mask[(gsize)y * w + x]) {
+          ++x;
+          continue;
+        }
+        for (start = x; x < w && mask[(gsize)y * w + x]; ++x) {
+        }
+        gegl_buffer_set(buffer, GEGL_RECTANGLE(start, y, x - start, 1), 0, format,
+                        r.data + ((gsize)y * w + start) * pixel_bytes, GEGL_AUTO_ROWSTRIDE);
+      }
+    }
+    g_object_unref(buffer); /* flushes the tiles to GIMP */
+    gimp_drawable_update(layer, 0, 0, w, h);
+  } else {
+    *error = g_strdup("GIMP refused the new layer");
+    layer = -1;
+  }
+  gimp_image_undo_group_end(image);
+  g_free(name);
+  g_free(r.data);
+  return layer;
+}
+
 /* The selection under the layer (w x h at the layer's offsets) as 8-bit grey: 0 = keep,
  * 255 = regenerate. Sets *any to whether a pixel is selected. */
 static guchar* read_mask(gint32 image, gint ox, gint oy, gint w, gint h, gboolean* any) {
@@ -413,6 +559,7 @@ static gint32 repaint(gint32 image, gint32 drawable, const RepaintValues* v, gch
   gint32 layer = -1;
   int watch_fd = -1;
   guint64 seed;
+  LayerDepth depth = DEPTH_U8;
 
   *error = NULL;
   if (!gimp_item_is_layer(drawable)) {
@@ -452,7 +599,9 @@ static gint32 repaint(gint32 image, gint32 drawable, const RepaintValues* v, gch
   if (*error) goto out;
 
   gimp_progress_set_text("Infill: uploading the layer");
-  png = encode_layer(drawable, w, h, &png_size, error);
+  depth = layer_depth(image);
+  png = depth == DEPTH_U8 ? encode_layer(drawable, w, h, &png_size, error)
+                          : encode_deep_layer(drawable, w, h, depth, &png_size, error);
   if (!png) goto out;
   infill_template_info_init(&tmpl);
   e = infill_client_upload_template(client, png, png_size, gimp_item_get_name(drawable), &tmpl);
@@ -476,6 +625,8 @@ static gint32 repaint(gint32 image, gint32 drawable, const RepaintValues* v, gch
    * class's 5 s: keep its priority and allow ten minutes. */
   params.edit_class = INFILL_CLASS_INTERACTIVE;
   params.deadline_ms = 600000.0;
+  /* Deeper layers come back as TIFF at the depth they were sent (API 1.2). */
+  params.output_format = depth == DEPTH_U8 ? "png" : "tiff";
   e = infill_client_submit_edit(client, &params, &job);
   if (e) {
     *error = take_error("the engine refused the edit", e);
@@ -517,7 +668,8 @@ static gint32 repaint(gint32 image, gint32 drawable, const RepaintValues* v, gch
       goto out;
     }
     gimp_progress_set_text("Infill: adding the result layer");
-    layer = add_result_layer(image, drawable, result, result_size, v->prompt, error);
+    layer = depth == DEPTH_U8 ? add_result_layer(image, drawable, result, result_size, v->prompt, error)
+                              : add_deep_result_layer(image, drawable, mask, depth, result, result_size, v->prompt, error);
   }
   gimp_progress_update(1.0);
 

@@ -7,7 +7,8 @@ runs Script-Fu that loads a small PNG, selects a rectangle and calls plug-in-inf
 Checks:
   - the image gains one layer, named "Infill", above the original and at its offsets;
   - the new layer equals the original outside the selection and differs inside it, for an RGB
-    layer with offsets and for a greyscale layer with alpha;
+    layer with offsets, a greyscale layer with alpha, and 16-bit integer and 32-bit float linear
+    images (compared at that depth, through uncompressed TIFF exports);
   - error cases end with a clear message and GIMP still exits 0: no selection, a prompt word
     the model does not know, an engine that is not running;
   - killing the plug-in mid-edit, as GIMP's progress cancel button does, cancels the edit on
@@ -91,6 +92,25 @@ def http_get(sock_path, path, timeout=2.0):
         return answer.decode(errors="replace")
     finally:
         s.close()
+
+
+def read_tiff(path):
+    """An uncompressed TIFF as GIMP's file-tiff-save writes it (compression 0) ->
+    (w, h, channels, bits, is_float, bytes)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    order = "<" if data[:2] == b"II" else ">"
+    (ifd,) = struct.unpack(order + "I", data[4:8])
+    (count,) = struct.unpack(order + "H", data[ifd:ifd + 2])
+    tags = {}
+    for i in range(count):
+        tag, kind, n, value = struct.unpack(order + "HHI4s", data[ifd + 2 + 12 * i:ifd + 14 + 12 * i])
+        size = {3: 2, 4: 4}.get(kind, 1)
+        raw = value if n * size <= 4 else data[struct.unpack(order + "I", value)[0]:][:n * size]
+        tags[tag] = list(struct.unpack(order + ("H" if size == 2 else "I" if size == 4 else "B") * n, raw[:n * size]))
+    assert tags.get(259, [1])[0] == 1, f"{path}: compressed ({tags[259]})"
+    strips = b"".join(data[o:o + c] for o, c in zip(tags[273], tags[279]))
+    return (tags[256][0], tags[257][0], tags[277][0], tags[258][0], tags.get(339, [1])[0] == 3, strips)
 
 
 def wait_healthy(sock_path, engine, deadline_s):
@@ -255,6 +275,31 @@ def main():
     (file-pnm-save RUN-NONINTERACTIVE image result {out("grey_after.pgm")} "grey_after.pgm" 1))
   (gimp-image-delete image))"""
 
+        # 1c. Deeper images: 16-bit integer and 32-bit float linear, blurred so that every bit
+        #     carries detail. The plug-in sends them as TIFF at that depth; outside the
+        #     selection the new layer keeps the original's samples exactly.
+        def deep_case(precision, tag):
+            return f"""
+(let* ((image (car (gimp-file-load RUN-NONINTERACTIVE {scheme_string(image_in)} "in.png")))
+       (layer (car (gimp-image-get-active-layer image))))
+  (gimp-image-convert-precision image {precision})
+  (plug-in-gauss RUN-NONINTERACTIVE image layer 3 3 0)
+  (gimp-context-set-feather FALSE)
+  (gimp-image-select-rectangle image CHANNEL-OP-REPLACE {x} {y} {w} {h})
+  (let* ((result (car {repaint("image", "layer", "", endpoint)})))
+    ; file-tiff-save writes the image, not the drawable it is given: each layer goes out as the
+    ; only layer of an image of the same precision.
+    (define (export-alone drawable path)
+      (let* ((alone (car (gimp-image-new-with-precision {W} {H} RGB {precision})))
+             (copy (car (gimp-layer-new-from-drawable drawable alone))))
+        (gimp-image-insert-layer alone copy 0 0)
+        (file-tiff-save RUN-NONINTERACTIVE alone copy path "layer.tif" 0)
+        (gimp-image-delete alone)))
+    (export-alone layer {out(tag + "_before.tif")})
+    (export-alone result {out(tag + "_after.tif")}))
+  (gimp-image-delete image))"""
+        deep_cases = {"u16": deep_case("PRECISION-U16-GAMMA", "u16"), "float": deep_case("PRECISION-FLOAT-LINEAR", "float")}
+
         # 2. Errors: each batch command fails on its own; GIMP goes on to the next one.
         no_selection = f"""
 (let* ((image (car (gimp-file-load RUN-NONINTERACTIVE {scheme_string(image_in)} "in.png")))
@@ -273,7 +318,7 @@ def main():
   {repaint("image", "layer", "", "unix:" + os.path.join(sock_dir, "nobody.sock"))})"""
 
         cmd = [args.gimp, "-i", "-d", "-f", "--no-interface", "--console-messages"]
-        for script in (ok_case, grey_case, no_selection, bad_word, unreachable):
+        for script in (ok_case, grey_case, *deep_cases.values(), no_selection, bad_word, unreachable):
             cmd += ["-b", script]
         cmd += ["-b", "(gimp-quit 0)"]
         t0 = time.time()
@@ -334,6 +379,25 @@ def main():
                 failures.append(f"grey: only {inside} of {w * h} pixels inside the selection changed")
         except (OSError, IndexError):
             failures.append("the greyscale repaint did not finish (no grey_info.txt)")
+
+        # The deeper images.
+        for tag, (bits, is_float) in (("u16", (16, False)), ("float", (32, True))):
+            try:
+                bw, bh, bc, bb, bf, before = read_tiff(os.path.join(work, tag + "_before.tif"))
+                aw, ah, ac, ab, af, after = read_tiff(os.path.join(work, tag + "_after.tif"))
+            except (OSError, KeyError, AssertionError, struct.error) as e:
+                failures.append(f"{tag}: the repaint did not finish or its TIFF is unreadable ({e})")
+                continue
+            if (bw, bh, bb, bf) != (W, H, bits, is_float) or (aw, ah, ac, ab, af) != (bw, bh, bc, bb, bf):
+                failures.append(f"{tag}: layers exported as {bw}x{bh}x{bc} {bb}-bit ({bf}) and "
+                                f"{aw}x{ah}x{ac} {ab}-bit ({af}), expected {W}x{H} {bits}-bit")
+                continue
+            inside, outside = changed_pixels(before, after, bc * bits // 8, RECT)
+            print(f"{tag}: {inside} pixels changed inside the selection ({w * h}), {outside} outside")
+            if outside:
+                failures.append(f"{tag}: {outside} pixels outside the selection changed")
+            if inside < w * h // 4:
+                failures.append(f"{tag}: only {inside} of {w * h} pixels inside the selection changed")
 
         # The errors: a message each, the procedure failed, GIMP went on.
         for what, text in (("no selection", "select the region to repaint first"),
