@@ -96,8 +96,8 @@ def write_png(path, width, height):
 
 
 def live_painters(args, env, work):
-    """Two Kritas and a third client (an SDK client, as the editor connects) live painting on
-    one engine at once: nobody's final stroke may be cancelled by another's."""
+    """Two Kritas, the editor (its EditController, when --editor-test is given) and an SDK client
+    live painting on one engine at once: nobody's final stroke may be cancelled by another's."""
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
     import infill_client
     failures, runs = [], []
@@ -107,10 +107,16 @@ def live_painters(args, env, work):
         log = open(os.path.join(work, f"kritarunner-live{i}.log"), "w")
         runs.append((subprocess.Popen([args.kritarunner, "-s", "krita_repaint_check", "-f", "main"], stdout=log,
                                       stderr=subprocess.STDOUT, env=e), out, log))
+    editor_run = None
+    if args.editor_test:
+        editor_log = open(os.path.join(work, "editor-live.log"), "w")
+        editor_run = subprocess.Popen([args.editor_test, "[krita-peer]"], stdout=editor_log, stderr=subprocess.STDOUT,
+                                      env=env)
+        runs.append((editor_run, None, editor_log))
     png = os.path.join(work, "editor.png")
     write_png(png, 64, 48)
     states = []
-    with infill_client.Client(endpoint=env["INFILL_TEST_ENDPOINT"], client_name="infill-editor",
+    with infill_client.Client(endpoint=env["INFILL_TEST_ENDPOINT"], client_name="sdk-painter",
                               library=args.library) as editor:
         tid = editor.upload(open(png, "rb").read(), "editor.png")["id"]
         last, jobs = 0, []
@@ -132,7 +138,13 @@ def live_painters(args, env, work):
             p.kill()
             failures.append("a live Krita did not finish in time")
         log.close()
+    if editor_run is not None:
+        print(json.dumps({"case": "editor", "exit": editor_run.returncode}), flush=True)
+        if editor_run.returncode != 0:
+            failures.append(f"the editor's live painting failed (exit {editor_run.returncode}, log {work}/editor-live.log)")
     for i, (_, out, _) in enumerate(runs):
+        if out is None:
+            continue
         cases = []
         if os.path.exists(out):
             with open(out) as f:
@@ -142,9 +154,9 @@ def live_painters(args, env, work):
             continue
         print(json.dumps(cases[0]), flush=True)
         failures += check_live(cases[0], f"live Krita {i}")
-    print(json.dumps({"case": "editor-client", "states": states}), flush=True)
+    print(json.dumps({"case": "sdk-client", "states": states}), flush=True)
     if not states or states[-1] != "done" or "failed" in states:
-        failures.append(f"editor client: {states}")
+        failures.append(f"SDK client: {states}")
     return failures
 
 
@@ -155,6 +167,8 @@ def main():
     ap.add_argument("--library", required=True, help="libinfill_client.so of the build")
     ap.add_argument("--kritarunner", default=shutil.which("kritarunner"))
     ap.add_argument("--work-dir", required=True)
+    ap.add_argument("--editor-test", default=None,
+                    help="infill_tests_ui: its hidden [krita-peer] test live paints as the editor beside the Kritas")
     args = ap.parse_args()
     if not args.kritarunner:
         print("SKIPPED: kritarunner not found (Debian package krita, installed by scripts/setup.sh)", flush=True)

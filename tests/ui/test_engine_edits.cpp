@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include <catch2/catch.hpp>
@@ -377,4 +378,48 @@ TEST_CASE("A remote engine over TCP is used with its token and refused without i
 
   engine_process.terminate();
   CHECK(engine_process.waitForFinished(20000));
+}
+
+// Hidden: run by plugin_sdk/krita/test_krita_repaint.py (ctest krita.repaint_at_every_depth)
+// beside two Kritas live painting on the engine at $INFILL_TEST_ENDPOINT. The editor live
+// paints four strokes; its last stroke's result must come, whatever the others do.
+TEST_CASE("The editor live paints beside other clients of one engine", "[.][krita-peer]") {
+  const char* endpoint = std::getenv("INFILL_TEST_ENDPOINT");
+  REQUIRE(endpoint);
+  ui_app();
+  EngineConnection engine;
+  infill::ui::EngineOptions o;
+  o.endpoint = QString::fromUtf8(endpoint);
+  o.auto_start = false;
+  engine.connectToEngine(o);
+  REQUIRE(wait_until([&] { return engine.state() == EngineConnection::State::Connected; }, 60000));
+  MaskDocument mask;
+  EditController controller(&engine, &mask);
+  const infill::ui::LoadedImage loaded = infill::ui::load_image(source_path(QStringLiteral("resources/jobs/hills_256.png")));
+  REQUIRE(loaded.error.isEmpty());
+  mask.reset(loaded.image.size());
+  controller.setImage(loaded.image, loaded.file, QStringLiteral("hills_256.png"));
+  REQUIRE(wait_until([&] { return !controller.templateId().isEmpty(); }, 60000));
+  infill::ui::GenerationParams p;
+  p.steps = 2;
+  controller.setParameters(p);
+  controller.setLiveMode(true);
+  std::vector<GenerationResult> results;
+  QObject::connect(&controller, &EditController::resultArrived, [&](const GenerationResult& r) { results.push_back(r); });
+  const infill::ui::BrushShape brush{30, 0.8};
+  for (int i = 0; i < 4; ++i) {
+    mask.beginStroke(QPointF(40 + 40 * i, 60), brush, false);
+    mask.continueStroke(QPointF(60 + 40 * i, 180));
+    mask.endStroke();
+    REQUIRE(wait_until([&] { return controller.liveStats().submitted == i + 1; }, 10000));
+    infill::test::pump(100);
+  }
+  REQUIRE(wait_until([&] {
+    const auto& st = controller.liveStats();
+    return st.results + st.superseded + st.stale == 4;
+  }, 240000));
+  const auto& st = controller.liveStats();
+  INFO("results " << st.results << ", superseded " << st.superseded << ", stale " << st.stale);
+  REQUIRE(!results.empty());
+  CHECK(results.back().mask == mask.mask());  // the last stroke's edit was not cancelled by anyone
 }

@@ -5,11 +5,14 @@
 #include <c10/core/InferenceMode.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "http_test_client.h"
 #include "server_fixture.h"
 #include "support/catch.h"
+#include "support/command_output.h"
 #include "support/random_image.h"
 
 using namespace infill;
@@ -134,4 +137,25 @@ TEST_CASE("output_format asks for another format: a float EXR template as a 16-b
   CHECK(bad.status == 400);
   CHECK(bad.body.find("output_format") != std::string::npos);
   CHECK(bad.body.find("template|png|tiff|exr") != std::string::npos);
+}
+
+TEST_CASE("an ICC profile uploaded with a 16-bit TIFF template comes back with the result", "[server][depth][icc]") {
+  const char* profile_path = "/usr/share/color/icc/ghostscript/srgb.icc";
+  require_package_file_or_skip(profile_path, "libgs-common");
+  std::ifstream in(profile_path, std::ios::binary);
+  const std::string profile((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ServerFixture f;
+  PixelImage input = random_image(kW, kH, 3, PixelFormat::kU16, 31);
+  input.icc_profile.resize(profile.size());
+  std::memcpy(input.icc_profile.data(), profile.data(), profile.size());
+  auto file = encode_image(input, ImageFileFormat::kTiff);
+  REQUIRE(file.ok());
+  const Submitted s = edit_file(f, to_string(*file), "profiled.tif");
+  CHECK(s.status["icc_profile_bytes"] == profile.size());
+  REQUIRE(s.result.status == 200);
+  auto out = decode_image(bytes_of(s.result.body), "result", 1 << 20);
+  REQUIRE(out.ok());
+  const bool same_profile = out->icc_profile == input.icc_profile;
+  CHECK(same_profile);
+  check_outside_kept(input, *out);
 }

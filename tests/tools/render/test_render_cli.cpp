@@ -150,7 +150,7 @@ TEST_CASE("infill-render: outputs already up to date are skipped, --force redoes
   CHECK(count_lines_starting(changed.out, "Saved: ") == 2);
 }
 
-TEST_CASE("infill-render: 16-bit TIFF, half and float EXR plates keep their depth outside the mask, outputs stamped",
+TEST_CASE("infill-render: 16-bit PNG and TIFF, half and float EXR plates keep their depth outside the mask, outputs stamped",
           "[render][cli][depth]") {
   if (!have_binary()) return;
   GoldenDir g;
@@ -172,23 +172,26 @@ TEST_CASE("infill-render: 16-bit TIFF, half and float EXR plates keep their dept
     reinterpret_cast<float*>(f32.data.data())[i] = u8[i] / 85.0f + 1e-7f * float(i % 7);
   }
   REQUIRE(save_image(g.dir.file("plate16.tif"), u16).ok());
+  REQUIRE(save_image(g.dir.file("plate16.png"), u16).ok());
   REQUIRE(save_image(g.dir.file("plate_half.exr"), f16).ok());
   REQUIRE(save_image(g.dir.file("plate_float.exr"), f32).ok());
   std::ofstream(g.job()) << R"({"format": "infill-job/1", "defaults": {"steps": 4, "mask": "hills_128_mask.png", "seeds": [5]},
-    "edits": [{"name": "tiff16", "template": "plate16.tif", "output": "out/{name}.tif"},
+    "edits": [{"name": "png16", "template": "plate16.png", "output": "out/{name}.png"},
+              {"name": "tiff16", "template": "plate16.tif", "output": "out/{name}.tif"},
               {"name": "half", "template": "plate_half.exr", "output": "out/{name}.exr"},
               {"name": "float", "template": "plate_float.exr", "output": "out/{name}.EXR"}]})";
   const RenderRun r = run_render(g.args(), g.dir.file("run"));
   INFO(r.err);
   REQUIRE(r.code == 0);
-  CHECK(count_lines_starting(r.out, "Saved: ") == 3);
+  CHECK(count_lines_starting(r.out, "Saved: ") == 4);
   const auto* m = reinterpret_cast<const uint8_t*>(mask->data.data());
   struct Expected {
     const char* output;
     const PixelImage* input;
     const char* file_format;
   };
-  for (const Expected& e : {Expected{"out/tiff16.tif", &u16, "tiff"}, Expected{"out/half.exr", &f16, "openexr"},
+  for (const Expected& e : {Expected{"out/png16.png", &u16, "png"}, Expected{"out/tiff16.tif", &u16, "tiff"},
+                            Expected{"out/half.exr", &f16, "openexr"},
                             Expected{"out/float.EXR", &f32, "openexr"}}) {
     INFO(e.output);
     auto out = load_image(g.dir.file(e.output), int64_t{1} << 24);
@@ -212,7 +215,7 @@ TEST_CASE("infill-render: 16-bit TIFF, half and float EXR plates keep their dept
   // The stamp inside TIFF and EXR outputs makes a rerun skip them.
   const RenderRun again = run_render(g.args(), g.dir.file("run2"));
   CHECK(again.code == 0);
-  CHECK(count_lines_starting(again.out, "Skipped: ") == 3);
+  CHECK(count_lines_starting(again.out, "Skipped: ") == 4);
 }
 
 TEST_CASE("infill-render: --items runs a slice, bad ranges exit 2", "[render][cli][items]") {
