@@ -18,13 +18,16 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import time
 import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "support"))
+from engine_process import http_get, wait_healthy  # noqa: E402  (after the search path)
 
 W, H = 64, 48
 RECT = (16, 12, 24, 16)  # x, y, w, h of the selection
@@ -62,38 +65,6 @@ def read_pnm(path):
     return w, h, channels, data[pos + 1:pos + 1 + w * h * channels]
 
 
-def changed_pixels(before, after, channels, rect):
-    """(inside, outside): pixels of two W x H images that differ inside / outside rect."""
-    x, y, w, h = rect
-    inside = outside = 0
-    for py in range(H):
-        for px in range(W):
-            i = (py * W + px) * channels
-            if before[i:i + channels] != after[i:i + channels]:
-                if x <= px < x + w and y <= py < y + h:
-                    inside += 1
-                else:
-                    outside += 1
-    return inside, outside
-
-
-def http_get(sock_path, path, timeout=2.0):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        s.connect(sock_path)
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
-        answer = b""
-        while True:
-            part = s.recv(65536)
-            if not part:
-                break
-            answer += part
-        return answer.decode(errors="replace")
-    finally:
-        s.close()
-
-
 def read_tiff(path):
     """An uncompressed TIFF as GIMP's file-tiff-save writes it (compression 0) ->
     (w, h, channels, bits, is_float, bytes)."""
@@ -113,18 +84,19 @@ def read_tiff(path):
     return (tags[256][0], tags[257][0], tags[277][0], tags[258][0], tags.get(339, [1])[0] == 3, strips)
 
 
-def wait_healthy(sock_path, engine, deadline_s):
-    end = time.time() + deadline_s
-    while time.time() < end:
-        if engine.poll() is not None:
-            raise SystemExit(f"infill-engine exited with {engine.returncode} while starting")
-        try:
-            if http_get(sock_path, "/health").startswith("HTTP/1.1 200"):
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"infill-engine did not answer /health within {deadline_s} s")
+def changed_pixels(before, after, channels, rect):
+    """(inside, outside): pixels of two W x H images that differ inside / outside rect."""
+    x, y, w, h = rect
+    inside = outside = 0
+    for py in range(H):
+        for px in range(W):
+            i = (py * W + px) * channels
+            if before[i:i + channels] != after[i:i + channels]:
+                if x <= px < x + w and y <= py < y + h:
+                    inside += 1
+                else:
+                    outside += 1
+    return inside, outside
 
 
 def processes_of(binary):

@@ -112,6 +112,22 @@ def docker_case(krita, endpoint, live_strokes):
         doc.setSelection(selection)
         if not live_strokes:
             case["serial"] = docker.generate(doc, node)
+            case["idle_after_first"] = wait_idle(docker, 300)
+            case["progress_after_first"] = [docker.progress.value(), docker.progress.maximum()]
+            case["preview_shown"] = docker.preview.pixmap() is not None and not docker.preview.pixmap().isNull()
+            # Cancel: a long edit, stopped once its first step reported progress.
+            from PyQt5.QtCore import QCoreApplication
+            import time
+            docker.steps.setValue(1000)
+            started = []
+            docker.bridge.progress.connect(lambda serial, done, total: started.append(done))
+            docker.generate(doc, node)
+            end = time.time() + 120
+            while not started and time.time() < end:
+                QCoreApplication.processEvents()
+                time.sleep(0.01)
+            case["cancel_after_progress"] = bool(started)
+            docker.cancel()
         else:
             for i in range(live_strokes):
                 moved = Selection()

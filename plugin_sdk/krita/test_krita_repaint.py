@@ -13,57 +13,30 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "support"))
+from engine_process import wait_healthy  # noqa: E402  (after the search path)
 SKIP = 4
 
 
-def http_get(sock_path, target):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(5)
-    try:
-        s.connect(sock_path)
-        s.sendall(f"GET {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
-        answer = b""
-        while True:
-            part = s.recv(65536)
-            if not part:
-                break
-            answer += part
-        return answer.decode(errors="replace")
-    finally:
-        s.close()
-
-
-def wait_healthy(sock_path, engine, deadline_s):
-    end = time.time() + deadline_s
-    while time.time() < end:
-        if engine.poll() is not None:
-            raise SystemExit(f"infill-engine exited with {engine.returncode} while starting")
-        try:
-            if http_get(sock_path, "/health").startswith("HTTP/1.1 200"):
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"infill-engine did not answer /health within {deadline_s} s")
-
-
 def check_docker(c):
-    """The docker's Repaint selection: one edit, done, its layer added, progress at the end."""
+    """The docker's Repaint selection: an edit done with a preview shown and its layer added,
+    then a long one cancelled from the docker once it reported progress."""
     if "exception" in c:
         return [f"docker: {c['exception']}"]
     checks = {
-        "idle": c["idle"],
-        "one edit done": c["states"] == ["done"],
+        "idle": c["idle"] and c["idle_after_first"],
+        "first edit done, the second cancelled": c["states"] == ["done", "cancelled"],
         "layer added": c["result_layers"] == ["Infill"],
-        "progress at its end": c["progress"][0] == c["progress"][1] > 0,
-        "status": c["status"].startswith("Added layer"),
+        "a preview shown": c["preview_shown"],
+        "progress at its end": c["progress_after_first"][0] == c["progress_after_first"][1] > 0,
+        "cancelled while running": c["cancel_after_progress"],
+        "status says so": c["status"].startswith("Edit cancelled"),
     }
     return [f"docker: {name} ({c})" for name, ok in checks.items() if not ok]
 
