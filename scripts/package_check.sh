@@ -97,7 +97,7 @@ if dpkg -s infill-krita >/dev/null 2>&1; then
   for f in __init__ docker layer_io repaint infill_client; do
     python3 -c "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])" "/usr/share/krita/pykrita/infill_krita/$f.py"
   done
-  zip=$(ls "$build"/packages/infill-krita-*.zip)
+  zip=$(ls "$build"/plugin_sdk/krita/infill-krita-*.zip)
   python3 - "$zip" <<'PY'
 import sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
