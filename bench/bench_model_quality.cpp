@@ -15,13 +15,16 @@
 //   cached_vs_full_ssim      SSIM over the mask's box between a cached edit and the full
 //                            recompute, same seed (old: cached; new: template_keyed, prompt_keyed
 //                            with the entry of a first stroke, the left half of the mask, as live
-//                            painting makes it; prompt_keyed_template_trajectory with the entry
-//                            of the template's own trajectory, the baseline)
+//                            painting makes it; prompt_keyed_same_mask with the entry of a stroke
+//                            on the whole mask, the like-for-like control of the stroke's effect;
+//                            prompt_keyed_template_trajectory with the entry of the template's own
+//                            trajectory, the baseline)
 //   unmasked_identical       share of edits whose pixels outside the mask equal the template's
 // and writes a contact sheet (template | mask | old | new template-keyed | new prompt-keyed).
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -166,6 +169,16 @@ int main(int argc, char** argv) {
       "Edits held-out and outside pictures with the new model (default: the bundled infill-tiny-2) and the old\n"
       "one (infill-tiny, single-word prompts) in the same run and prints JSON: codec PSNR, blockiness at 8 and 16\n"
       "px, prompt adherence, unmasked pixels identical, cached against full recompute (SSIM) per cache mode.\n";
+  // A flag's number, or exit 2 naming the flag and what was expected (not std::stoi's exception).
+  auto number = [&](const std::string& flag, const std::string& text, double min) {
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !(v >= min)) {
+      std::cerr << "Error: " << flag << " is \"" << text << "\", expected a number >= " << min << "\n" << usage;
+      std::exit(2);
+    }
+    return v;
+  };
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -179,14 +192,14 @@ int main(int argc, char** argv) {
     const std::string v = argv[i + 1];
     if (a == "--model") new_dir = v;
     else if (a == "--old-model") old_dir = v;
-    else if (a == "--edits") edits = std::stoi(v);
-    else if (a == "--outside-edits") outside_edits = std::stoi(v);
+    else if (a == "--edits") edits = static_cast<int>(number(a, v, 1));
+    else if (a == "--outside-edits") outside_edits = static_cast<int>(number(a, v, 0));
     else if (a == "--outside-package") outside_package = v;
     else if (a == "--sheet") sheet = v;
-    else if (a == "--seed") seed = std::stoull(v);
-    else if (a == "--threads") threads = std::stoi(v);
+    else if (a == "--seed") seed = static_cast<uint64_t>(number(a, v, 0));
+    else if (a == "--threads") threads = static_cast<int>(number(a, v, 1));
     else if (a == "--phrasings") phrasings = v;
-    else if (a == "--guidance") guidance = std::stod(v);
+    else if (a == "--guidance") guidance = number(a, v, 0);
     else {
       std::cerr << "Error: unknown option " << a << "\n" << usage;
       return 2;
@@ -327,10 +340,11 @@ int main(int argc, char** argv) {
         EditParams first_stroke = params;
         first_stroke.mask = left_half(c.mask);
         auto stroke_prepare = model.create_prompt_prepare(*tmpl, first_stroke, entry);
+        auto same_mask_prepare = model.create_prompt_prepare(*tmpl, params, entry);
         EditParams no_stroke = params;
         no_stroke.mask = at::Tensor();
         auto template_prepare = model.create_prompt_prepare(*tmpl, no_stroke, nullptr);
-        for (const auto* made : {&stroke_prepare, &template_prepare}) {
+        for (const auto* made : {&stroke_prepare, &same_mask_prepare, &template_prepare}) {
           if (!made->ok()) {
             std::cerr << "Error: " << made->status().message() << "\n";
             return 5;
@@ -338,6 +352,7 @@ int main(int argc, char** argv) {
         }
         modes.push_back({"template_keyed", {entry, nullptr}});
         modes.push_back({"prompt_keyed", {entry, run_prepare(std::move(*stroke_prepare))}});
+        modes.push_back({"prompt_keyed_same_mask", {entry, run_prepare(std::move(*same_mask_prepare))}});
         modes.push_back({"prompt_keyed_template_trajectory", {entry, run_prepare(std::move(*template_prepare))}});
       } else {
         modes.push_back({"cached", {entry, nullptr}});
@@ -370,7 +385,9 @@ int main(int argc, char** argv) {
           t.ssim += train::ssim(box_of(rgb, box), box_of(full_rgb, box));
           ++t.ssim_edits;
         }
-        if (i < sheet_rows.size() && mode != "full" && mode != "prompt_keyed_template_trajectory") sheet_rows[i].push_back(rgb);
+        if (i < sheet_rows.size() && mode != "full" && mode != "prompt_keyed_template_trajectory" &&
+            mode != "prompt_keyed_same_mask")
+          sheet_rows[i].push_back(rgb);
       }
       if ((i + 1) % 16 == 0) std::cerr << "bench_model_quality: " << m.label << " " << i + 1 << "/" << cases.size() << " edits\n";
     }
