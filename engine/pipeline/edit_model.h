@@ -112,6 +112,9 @@ class EditModel {
   /// Blocks per step of this model's cache entries (the load plan's unit); 0 when its edits
   /// cannot stream an entry from the disk tier (the worker then reads the entry whole).
   virtual int streamable_blocks() const { return 0; }
+  /// How many leading blocks of a streamed edit the model can recompute on all tokens instead
+  /// of loading (the load plan's recompute prefix is capped here; 0: every block loads).
+  virtual int max_recompute_blocks() const { return streamable_blocks(); }
   /// Sets up an edit that streams the entry of cache_key(), found only in the disk tier,
   /// while it steps: blocks [recompute_blocks, streamable_blocks()) read their K/V as the step
   /// reaches them (the I/O overlapping the blocks before), the blocks before run on all

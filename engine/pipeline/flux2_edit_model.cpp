@@ -207,6 +207,26 @@ Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session(std::shared_
   return std::unique_ptr<StepSession>(std::make_unique<Flux2StepSession>(std::move(session), truncated));
 }
 
+int Flux2EditModel::streamable_blocks() const { return parts_.transformer->config().depth(); }
+
+Result<std::unique_ptr<StepSession>> Flux2EditModel::create_streamed_session(std::shared_ptr<const TemplateImage> tmpl,
+                                                                             const EditParams& params,
+                                                                             std::shared_ptr<StreamedKvSource> streamed,
+                                                                             int recompute_blocks) const {
+  if (!streamed) return invalid_argument("a streamed edit needs its streamed source");
+  if (recompute_blocks != 0) {
+    return invalid_argument("model " + name() + " loads every block of a streamed entry; " +
+                            std::to_string(recompute_blocks) + " recomputed blocks were asked (expected 0)");
+  }
+  bool truncated = false;
+  INFILL_ASSIGN_OR_RETURN(Flux2EditParams p, session_params(parts_, *empty_prompt_, params, resolved_steps(params), truncated));
+  Flux2Cache cache;
+  cache.template_keyed_streamed = std::move(streamed);
+  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2EditSession> session,
+                          Flux2EditSession::create(parts_.transformer, parts_.codec, std::move(tmpl), p, std::move(cache)));
+  return std::unique_ptr<StepSession>(std::make_unique<Flux2StepSession>(std::move(session), truncated));
+}
+
 Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prepare(std::shared_ptr<const TemplateImage> tmpl,
                                                                     const EditParams& params) const {
   ActivationKey key = cache_key(*tmpl, params);

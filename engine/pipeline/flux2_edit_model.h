@@ -58,6 +58,14 @@ class Flux2EditModel final : public EditModel {
   Result<std::unique_ptr<StepSession>> create_session(std::shared_ptr<const TemplateImage> tmpl, const EditParams& params,
                                                       std::shared_ptr<const ActivationEntry> entry,
                                                       std::shared_ptr<const ActivationEntry> prompt_entry) const override;
+  /// A template-keyed entry in the disk tier streams block by block; FLUX.2's joint blocks
+  /// cannot switch from all tokens to the masked ones mid-network, so every block loads.
+  int streamable_blocks() const override;
+  int max_recompute_blocks() const override { return 0; }
+  Result<std::unique_ptr<StepSession>> create_streamed_session(std::shared_ptr<const TemplateImage> tmpl,
+                                                               const EditParams& params,
+                                                               std::shared_ptr<StreamedKvSource> streamed,
+                                                               int recompute_blocks) const override;
   Result<std::unique_ptr<StepPrepare>> create_prepare(std::shared_ptr<const TemplateImage> tmpl,
                                                       const EditParams& params) const override;
   Result<std::unique_ptr<StepPrepare>> create_prompt_prepare(std::shared_ptr<const TemplateImage> tmpl,

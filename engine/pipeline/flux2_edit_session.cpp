@@ -23,9 +23,10 @@ const char* flux2_cache_mode_name(Flux2CacheMode mode) {
 
 namespace {
 
-Status check_entry(const ActivationEntry* entry, const char* which, int steps, const Flux2Config& cfg, int64_t tokens) {
-  if (entry == nullptr) return {};
-  const ActivationLayout& l = entry->layout();
+Status check_layout(const ActivationLayout* layout, const char* which, int steps, const Flux2Config& cfg,
+                    int64_t tokens) {
+  if (layout == nullptr) return {};
+  const ActivationLayout& l = *layout;
   if (l.steps != steps || l.blocks != cfg.depth() || l.tokens != tokens || l.hidden != cfg.hidden_size) {
     return invalid_argument(std::string("the ") + which + " cache entry (steps " + std::to_string(l.steps) + ", blocks " +
                             std::to_string(l.blocks) + ", tokens " + std::to_string(l.tokens) + ", hidden " +
@@ -113,43 +114,48 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   s->masked_positions_ = idx + s->text_rows_;
   s->masked_positions_text_ = at::cat({at::arange(s->text_rows_, at::kLong), s->masked_positions_});
 
-  INFILL_RETURN_IF_ERROR(check_entry(cache.prompt_keyed.get(), "prompt-keyed", s->sampler_->steps(), cfg, sequence));
-  INFILL_RETURN_IF_ERROR(check_entry(cache.template_keyed.get(), "template-keyed", s->sampler_->steps(), cfg, sequence));
+  if (cache.template_keyed_streamed && (cache.template_keyed || cache.prompt_keyed || record != nullptr)) {
+    return invalid_argument("a streamed template-keyed entry is read alone (no resident entry, no recording)");
+  }
+  const auto layout_of = [](const ActivationEntry* e) { return e ? &e->layout() : nullptr; };
+  INFILL_RETURN_IF_ERROR(check_layout(layout_of(cache.prompt_keyed.get()), "prompt-keyed", s->sampler_->steps(), cfg, sequence));
+  INFILL_RETURN_IF_ERROR(check_layout(layout_of(cache.template_keyed.get()), "template-keyed", s->sampler_->steps(), cfg, sequence));
+  INFILL_RETURN_IF_ERROR(check_layout(cache.template_keyed_streamed ? &cache.template_keyed_streamed->layout() : nullptr,
+                                      "streamed template-keyed", s->sampler_->steps(), cfg, sequence));
   s->cache_ = std::move(cache);
   s->record_ = record;
   if (record != nullptr) s->cache_.prompt_keyed.reset();  // recording one: the prompted segment is computed whole
   s->mode_ = record != nullptr              ? Flux2CacheMode::kOff
              : s->cache_.prompt_keyed     ? Flux2CacheMode::kPromptKeyed
-             : s->cache_.template_keyed ? Flux2CacheMode::kTemplateKeyed
-                                        : Flux2CacheMode::kOff;
+             : s->cache_.template_keyed || s->cache_.template_keyed_streamed ? Flux2CacheMode::kTemplateKeyed
+                                                                               : Flux2CacheMode::kOff;
   if (s->mode_ == Flux2CacheMode::kPromptKeyed) {
     s->kv_ = std::make_unique<EntryKvSource>(s->cache_.prompt_keyed, s->step_, s->cache_.prompt_keyed_resident);
   }
-  if (s->mode_ == Flux2CacheMode::kTemplateKeyed) {
+  if (s->mode_ == Flux2CacheMode::kTemplateKeyed && s->cache_.template_keyed) {
     s->kv_ = std::make_unique<EntryKvSource>(s->cache_.template_keyed, s->step_, s->cache_.template_keyed_resident);
   }
-  // The null-prompt half of guidance is prompt-keyed on the template-keyed entry.
-  s->null_cached_ = s->guided_ && s->cache_.template_keyed != nullptr;
+  // The null-prompt half of guidance is prompt-keyed on the template-keyed entry (a streamed
+  // one serves both halves: each block's slabs stay until the next step's reads).
+  s->null_cached_ = s->guided_ && (s->cache_.template_keyed != nullptr || s->cache_.template_keyed_streamed != nullptr);
   if (s->null_cached_) {
     s->null_kv_ = std::make_unique<EntryKvSource>(s->cache_.template_keyed, s->step_, s->cache_.template_keyed_resident);
   }
   return s;
 }
 
-void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, const ActivationEntry* entry,
-                                     bool compute_text, EntryKvSource* kv) const {
+void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, KvSource* kv, bool compute_text) const {
   s = Flux2Segment{};
   s.timestep = sampler_->model_timestep(step_) / 1000.0;
   s.guidance = params_.guidance;
   const at::Tensor& idx = tokens_.indices;
-  if (entry == nullptr) {  // every token: text, image, reference
+  if (kv == nullptr) {  // every token: text, image, reference
     s.txt = text;
     s.txt_ids = text_ids_;
     s.img = at::cat({flux2_with_mask(x_, mask_rows_), flux2_with_mask(clean_, no_mask_rows_)});
     s.img_ids = image_ids_;
     return;
   }
-  kv->set_step(step_);
   s.kv = kv;
   s.sequence_length = text_rows_ + 2 * grid_h_ * grid_w_;
   s.img = flux2_with_mask(x_.index_select(0, idx), mask_rows_.index_select(0, idx));
@@ -166,17 +172,19 @@ void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, co
 }
 
 std::span<Flux2Segment> Flux2EditSession::segments() {
-  const ActivationEntry* entry = mode_ == Flux2CacheMode::kPromptKeyed     ? cache_.prompt_keyed.get()
-                                 : mode_ == Flux2CacheMode::kTemplateKeyed ? cache_.template_keyed.get()
-                                                                           : nullptr;
-  build_segment(segments_[0], params_.prompt, entry, mode_ == Flux2CacheMode::kTemplateKeyed, kv_.get());
+  StreamedKvSource* streamed = cache_.template_keyed_streamed.get();
+  if (streamed != nullptr) streamed->start_step(step_, 0);  // the reads overlap this step's blocks
+  if (kv_) kv_->set_step(step_);
+  if (null_kv_) null_kv_->set_step(step_);
+  KvSource* source = mode_ == Flux2CacheMode::kOff ? nullptr : streamed ? static_cast<KvSource*>(streamed) : kv_.get();
+  build_segment(segments_[0], params_.prompt, source, mode_ == Flux2CacheMode::kTemplateKeyed);
   if (record_ != nullptr) {
     record_->set_step(step_);
     segments_[0].sink = record_;
   }
   if (!guided_) return {segments_, 1};
-  build_segment(segments_[1], params_.null_prompt, null_cached_ ? cache_.template_keyed.get() : nullptr, false,
-                null_kv_.get());
+  KvSource* null_source = !null_cached_ ? nullptr : streamed ? static_cast<KvSource*>(streamed) : null_kv_.get();
+  build_segment(segments_[1], params_.null_prompt, null_source, false);
   return {segments_, 2};
 }
 
@@ -201,6 +209,8 @@ Status Flux2EditSession::apply(const at::Tensor& prediction, int next_step) {
     return invalid_argument("prediction has " + std::to_string(prediction.size(0)) + " rows, expected " +
                             std::to_string(prediction_rows()));
   }
+  // A slab that could not be read gave zeros to the forward: the step is void.
+  if (cache_.template_keyed_streamed) INFILL_RETURN_IF_ERROR(cache_.template_keyed_streamed->status());
   const at::Tensor& idx = tokens_.indices;
   const int64_t m = idx.size(0);
   // The masked rows of one segment's prediction: its first rows when cached, else the image
@@ -245,6 +255,7 @@ Result<EditOutput> Flux2EditSession::finish() const {
   out.total_tokens = grid_h_ * grid_w_;
   out.used_cache = mode_ != Flux2CacheMode::kOff && tokens_.count() > 0;
   out.cache_mode = flux2_cache_mode_name(mode_);
+  out.streamed_cache = cache_.template_keyed_streamed != nullptr;
   if (tokens_.count() == 0) {
     out.steps_run = 0;
     out.image = tmpl_->pixels;

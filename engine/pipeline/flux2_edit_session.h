@@ -40,6 +40,7 @@
 #include "pipeline/edit_session.h"
 #include "pipeline/mask.h"
 #include "pipeline/sampler.h"
+#include "pipeline/streamed_kv.h"
 #include "pipeline/template_image.h"
 
 namespace infill {
@@ -72,6 +73,10 @@ struct Flux2Cache {
   std::shared_ptr<const ActivationEntry> template_keyed;  ///< recorded under the empty prompt
   /// Their copies on the transformer's GPU (the device tier), when there: read instead.
   std::shared_ptr<const DeviceKvEntry> prompt_keyed_resident, template_keyed_resident;
+  /// The template-keyed entry when it is only in the disk tier: streamed block by block as
+  /// each step reaches it (every block loads; FLUX.2 recomputes none). Used instead of
+  /// template_keyed, with no prompt-keyed entry.
+  std::shared_ptr<StreamedKvSource> template_keyed_streamed;
 };
 
 class Flux2EditSession {
@@ -112,9 +117,9 @@ class Flux2EditSession {
 
  private:
   Flux2EditSession() = default;
-  // The segment of one text under `entry` (null: every token is computed).
-  void build_segment(Flux2Segment& s, const at::Tensor& text, const ActivationEntry* entry, bool compute_text,
-                     EntryKvSource* kv) const;
+  // The segment of one text reading its cached K/V from `kv` (null: every token is computed);
+  // the caller has set `kv` to this step.
+  void build_segment(Flux2Segment& s, const at::Tensor& text, KvSource* kv, bool compute_text) const;
   int64_t rows_of(const Flux2Segment& s) const;
 
   std::shared_ptr<const Flux2Transformer> model_;

@@ -469,6 +469,7 @@ bool Worker::create_streamed_session(const std::shared_ptr<Record>& r, const Act
   int recompute = 0;
   for (BlockLoadChoice choice : plan.choices) recompute += choice == BlockLoadChoice::kRecompute;
   if (options_.force_recompute_blocks) recompute = std::clamp(options_.force_recompute_blocks(blocks), 0, blocks);
+  recompute = std::min(recompute, model.max_recompute_blocks());  // FLUX.2: every block loads
   auto streamed = std::make_shared<StreamedKvSource>(store_, key, *layout);
   auto session = model.create_streamed_session(r->tmpl, r->req.params, streamed, recompute);
   if (!session.ok() && session.status().code() == ErrorCode::kUnimplemented) return false;
