@@ -154,7 +154,7 @@ TEST_CASE("FLUX.2 edit: a step whose inputs equal the prepare run's gives the un
   CHECK(max_diff(other_latent, uncached_latent) < max_diff(other_latent, empty_cached_latent));
 
   // A prompt-keyed entry wins over a template-keyed one.
-  Flux2Cache both{prompt_keyed.prompt_keyed, template_keyed.template_keyed, nullptr, nullptr};
+  Flux2Cache both{prompt_keyed.prompt_keyed, template_keyed.template_keyed, nullptr, nullptr, nullptr};
   REQUIRE(run_edit(model, codec, tmpl, params, both, &mode).ok());
   CHECK(mode == Flux2CacheMode::kPromptKeyed);
 }
@@ -423,7 +423,7 @@ TEST_CASE("FLUX.2 edit: a prompt-keyed entry recorded from a stroke gives that s
   REQUIRE(guided.ok());
   CHECK((*guided)->tokens() == 6 + 2 * 15 + 2);
   while (!(*guided)->done()) (*guided)->run_step();
-  Flux2Cache cache{(*guided)->entry(), nullptr, nullptr, nullptr};
+  Flux2Cache cache{(*guided)->entry(), nullptr, nullptr, nullptr, nullptr};
   REQUIRE(run_edit(model, codec, tmpl, params, cache).ok());
 
   // A stroke whose mask does not fit the template is refused, naming the mask.
