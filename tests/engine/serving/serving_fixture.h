@@ -73,6 +73,17 @@ struct ServingFixture {
     return std::shared_ptr<ActivationStore>(std::move(*s));
   }
 
+  /// A store with a disk tier in `disk_dir` and `ram_bytes` of RAM (1: every entry goes
+  /// straight to disk; opened again on the folder, it finds them there, as after a restart).
+  static std::shared_ptr<ActivationStore> open_disk_store(const std::string& disk_dir, size_t ram_bytes) {
+    ActivationStoreOptions options;
+    options.ram_budget_bytes = ram_bytes;
+    options.disk_dir = disk_dir;
+    auto s = ActivationStore::open(options);
+    if (!s.ok()) throw std::runtime_error(s.status().to_string());
+    return std::shared_ptr<ActivationStore>(std::move(*s));
+  }
+
   // A rectangle mask of the 64x48 template.
   static at::Tensor rect_mask(int x, int y, int w, int h) {
     at::Tensor m = at::zeros({48, 64});

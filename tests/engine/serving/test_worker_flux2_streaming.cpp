@@ -13,14 +13,6 @@ using infill::test::Flux2Serving;
 
 namespace {
 
-std::shared_ptr<ActivationStore> open_store(const std::string& disk_dir, size_t ram_bytes) {
-  ActivationStoreOptions options;
-  options.ram_budget_bytes = ram_bytes;
-  options.disk_dir = disk_dir;
-  auto store = ActivationStore::open(options);
-  REQUIRE(store.ok());
-  return std::shared_ptr<ActivationStore>(std::move(*store));
-}
 
 RequestResult edit_on(const Flux2Serving& f, std::shared_ptr<ActivationStore> store, const EditParams& params,
                       WorkerOptions worker = {}) {
@@ -52,11 +44,11 @@ TEST_CASE("FLUX.2: an entry only on disk streams through the worker, every block
   CHECK(resident.output.cache_mode == "template_keyed");
   CHECK_FALSE(resident.metrics.streamed);
   {
-    auto writer = open_store(cache_dir.path(), 1);  // too small for RAM: straight to disk
+    auto writer = test::ServingFixture::open_disk_store(cache_dir.path(), 1);  // too small for RAM: straight to disk
     REQUIRE(writer->put(key, *entry).ok());
   }
   auto disk_only = [&] {
-    auto store = open_store(cache_dir.path(), 64 << 20);
+    auto store = test::ServingFixture::open_disk_store(cache_dir.path(), 64 << 20);
     REQUIRE(store->tier_of(key) == Tier::kDisk);
     return store;
   };

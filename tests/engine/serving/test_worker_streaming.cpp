@@ -39,14 +39,6 @@ RequestResult edit_through_worker(const ServingFixture& f, std::shared_ptr<Activ
   return c.only(1);
 }
 
-std::shared_ptr<ActivationStore> open_store(const std::string& disk_dir, size_t ram_bytes) {
-  ActivationStoreOptions options;
-  options.ram_budget_bytes = ram_bytes;
-  options.disk_dir = disk_dir;
-  auto store = ActivationStore::open(options);
-  REQUIRE(store.ok());
-  return std::shared_ptr<ActivationStore>(std::move(*store));
-}
 
 bool same_pixels(const PixelImage& a, const PixelImage& b) {
   return a.width == b.width && a.height == b.height && a.channels == b.channels && a.data == b.data;
@@ -74,12 +66,12 @@ TEST_CASE("an entry only on disk streams through the worker under the load plan"
   REQUIRE(entry.ok());
   const ActivationKey key = make_cache_key(*f.model, *f.templates[0], params.schedule);
   {
-    auto writer = open_store(cache_dir.path(), 1);  // too small for RAM: straight to disk
+    auto writer = test::ServingFixture::open_disk_store(cache_dir.path(), 1);  // too small for RAM: straight to disk
     REQUIRE(writer->put(key, *entry).ok());
   }
   // A store opened on the folder holds the entry on disk only, as after a restart.
   auto disk_only = [&] {
-    auto store = open_store(cache_dir.path(), 64 << 20);
+    auto store = test::ServingFixture::open_disk_store(cache_dir.path(), 64 << 20);
     REQUIRE(store->tier_of(key) == Tier::kDisk);
     return store;
   };
