@@ -57,10 +57,10 @@ std::string sniffed_extension(std::span<const std::byte> bytes) {
       if (std::to_integer<int>(bytes[i++]) != b) return false;
     return true;
   };
-  if (starts({0x89, 'P', 'N', 'G'})) return ".png";
+  if (const auto format = sniff_image_file_format(bytes)) {
+    return *format == ImageFileFormat::kPng ? ".png" : *format == ImageFileFormat::kTiff ? ".tif" : ".exr";
+  }
   if (starts({0xFF, 0xD8, 0xFF})) return ".jpg";
-  if (starts({'I', 'I', 0x2A, 0x00}) || starts({'M', 'M', 0x00, 0x2A})) return ".tif";
-  if (starts({0x76, 0x2F, 0x31, 0x01})) return ".exr";
   if (starts({'8', 'B', 'P', 'S'})) return ".psd";
   if (starts({'G', 'I', 'F', '8'})) return ".gif";
   if (starts({'R', 'I', 'F', 'F'}) && starts({'W', 'E', 'B', 'P'}, 8)) return ".webp";
