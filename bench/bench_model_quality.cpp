@@ -339,11 +339,11 @@ int main(int argc, char** argv) {
         // baseline, from the template's trajectory, as before strokes were recorded.
         EditParams first_stroke = params;
         first_stroke.mask = left_half(c.mask);
-        auto stroke_prepare = model.create_prompt_prepare(*tmpl, first_stroke, entry);
-        auto same_mask_prepare = model.create_prompt_prepare(*tmpl, params, entry);
+        auto stroke_prepare = model.create_prompt_prepare(*tmpl, first_stroke);
+        auto same_mask_prepare = model.create_prompt_prepare(*tmpl, params);
         EditParams no_stroke = params;
         no_stroke.mask = at::Tensor();
-        auto template_prepare = model.create_prompt_prepare(*tmpl, no_stroke, nullptr);
+        auto template_prepare = model.create_prompt_prepare(*tmpl, no_stroke);
         for (const auto* made : {&stroke_prepare, &same_mask_prepare, &template_prepare}) {
           if (!made->ok()) {
             std::cerr << "Error: " << made->status().message() << "\n";

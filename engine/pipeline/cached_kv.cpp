@@ -26,26 +26,26 @@ void float_to_fp16_slab(const at::Tensor& in, uint16_t* slab) {
 }
 
 void EntryKvSource::fetch(int block, at::Tensor& k, at::Tensor& v) {
-  fp16_slab_to_float(entry_->k(step_, block), k);
-  fp16_slab_to_float(entry_->v(step_, block), v);
+  fp16_slab_to_float(entry_->k(step_, block_offset_ + block), k);
+  fp16_slab_to_float(entry_->v(step_, block_offset_ + block), v);
 }
 
 bool EntryKvSource::fp16_slabs(int block, const uint16_t** k, const uint16_t** v) {
-  *k = entry_->k(step_, block);
-  *v = entry_->v(step_, block);
+  *k = entry_->k(step_, block_offset_ + block);
+  *v = entry_->v(step_, block_offset_ + block);
   return true;
 }
 
 bool EntryKvSource::device_tensors(int block, const at::Device& device, at::Tensor* k, at::Tensor* v) {
-  if (!resident_ || resident_->k(step_, block).device() != device) return false;
-  *k = resident_->k(step_, block);
-  *v = resident_->v(step_, block);
+  if (!resident_ || resident_->k(step_, block_offset_ + block).device() != device) return false;
+  *k = resident_->k(step_, block_offset_ + block);
+  *v = resident_->v(step_, block_offset_ + block);
   return true;
 }
 
 void EntryKvSink::store(int block, const at::Tensor& k, const at::Tensor& v) {
-  float_to_fp16_slab(k, entry_.k(step_, block));
-  float_to_fp16_slab(v, entry_.v(step_, block));
+  float_to_fp16_slab(k, entry_.k(step_, block_offset_ + block));
+  float_to_fp16_slab(v, entry_.v(step_, block_offset_ + block));
 }
 
 void RepeatingKvSource::fetch(int block, at::Tensor& k, at::Tensor& v) {

@@ -13,11 +13,13 @@ namespace infill {
 
 /// Reads the K/V of one step of a RAM-resident entry, converting fp16 to float32; with the
 /// entry's copy on a GPU (`resident`, the device tier) a forward there reads that instead.
+/// Block b reads the entry's block `block_offset` + b: an entry may hold two sequences' K/V
+/// one after the other (a guided prompt-keyed entry: the prompted half, then the null half).
 class EntryKvSource final : public KvSource {
  public:
   EntryKvSource(std::shared_ptr<const ActivationEntry> entry, int step,
-                std::shared_ptr<const DeviceKvEntry> resident = nullptr)
-      : entry_(std::move(entry)), resident_(std::move(resident)), step_(step) {}
+                std::shared_ptr<const DeviceKvEntry> resident = nullptr, int block_offset = 0)
+      : entry_(std::move(entry)), resident_(std::move(resident)), step_(step), block_offset_(block_offset) {}
   void set_step(int step) { step_ = step; }
   void fetch(int block, at::Tensor& k, at::Tensor& v) override;
   bool fp16_slabs(int block, const uint16_t** k, const uint16_t** v) override;
@@ -27,18 +29,22 @@ class EntryKvSource final : public KvSource {
   std::shared_ptr<const ActivationEntry> entry_;
   std::shared_ptr<const DeviceKvEntry> resident_;
   int step_;
+  int block_offset_;
 };
 
-/// Writes fresh K/V of one step into an entry being filled by the prepare job, as fp16.
+/// Writes fresh K/V of one step into an entry being filled by the prepare job, as fp16; block b
+/// lands in the entry's block `block_offset` + b (as EntryKvSource reads it).
 class EntryKvSink final : public KvSink {
  public:
-  EntryKvSink(ActivationEntry& entry, int step) : entry_(entry), step_(step) {}
+  EntryKvSink(ActivationEntry& entry, int step, int block_offset = 0)
+      : entry_(entry), step_(step), block_offset_(block_offset) {}
   void set_step(int step) { step_ = step; }
   void store(int block, const at::Tensor& k, const at::Tensor& v) override;
 
  private:
   ActivationEntry& entry_;
   int step_;
+  int block_offset_;
 };
 
 /// Lets two segments of one forward (the prompted and null-prompt halves of a guided step)

@@ -130,12 +130,11 @@ class EditModel {
                                                               const EditParams& params) const = 0;
   /// The prepare run that makes the entry of prompt_cache_key() (run on the pool: it encodes
   /// the prompt). With a mask in `params` the entry is recorded from that stroke's edit, which
-  /// later strokes of the same prompt resemble more than the bare template; `entry` (the one of
-  /// cache_key(), may be null) then spares guidance's null-prompt half its unmasked tokens.
+  /// later strokes of the same prompt resemble more than the bare template. Under guidance it
+  /// records the null-prompt half too, so it costs two full forwards per step.
   /// Models without prompt-keyed entries refuse.
   virtual Result<std::unique_ptr<StepPrepare>> create_prompt_prepare(std::shared_ptr<const TemplateImage> tmpl,
-                                                                     const EditParams& params,
-                                                                     std::shared_ptr<const ActivationEntry> entry) const {
+                                                                     const EditParams& params) const {
     return invalid_argument("model " + name() + " keeps no prompt-keyed cache entries");
   }
   /// One forward over the next step of every session (all created by this model), packed;

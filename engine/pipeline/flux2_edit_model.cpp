@@ -238,19 +238,19 @@ Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prepare(std::shared_
 }
 
 Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prompt_prepare(std::shared_ptr<const TemplateImage> tmpl,
-                                                                           const EditParams& params,
-                                                                           std::shared_ptr<const ActivationEntry> entry) const {
+                                                                           const EditParams& params) const {
   ActivationKey key = *prompt_cache_key(*tmpl, params);
   std::string id = tmpl->id;
   bool truncated = false;
   INFILL_ASSIGN_OR_RETURN(Flux2EditParams p, session_params(parts_, *empty_prompt_, params, resolved_steps(params), truncated));
   std::unique_ptr<Flux2PrepareRun> run;
   if (params.mask.defined() && (params.mask > 0).any().item<bool>()) {
-    Flux2Stroke stroke{std::move(p), parts_.codec, std::move(entry)};
+    Flux2Stroke stroke{std::move(p), parts_.codec};
     INFILL_ASSIGN_OR_RETURN(run, Flux2PrepareRun::from_stroke(parts_.transformer, std::move(tmpl), std::move(stroke)));
   } else {
+    const bool guided = flux2_runs_cfg(parts_.transformer->config(), p.guidance);
     INFILL_ASSIGN_OR_RETURN(run, Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), p.prompt, p.steps,
-                                                         p.template_seed, p.guidance));
+                                                         p.template_seed, p.guidance, guided ? p.null_prompt : at::Tensor()));
   }
   return std::unique_ptr<StepPrepare>(std::make_unique<Flux2StepPrepare>(std::move(run), std::move(key), std::move(id)));
 }

@@ -69,8 +69,7 @@ class Flux2EditModel final : public EditModel {
   Result<std::unique_ptr<StepPrepare>> create_prepare(std::shared_ptr<const TemplateImage> tmpl,
                                                       const EditParams& params) const override;
   Result<std::unique_ptr<StepPrepare>> create_prompt_prepare(std::shared_ptr<const TemplateImage> tmpl,
-                                                             const EditParams& params,
-                                                             std::shared_ptr<const ActivationEntry> entry) const override;
+                                                             const EditParams& params) const override;
   at::Tensor forward(std::span<StepSession* const> sessions) const override;
   at::Tensor decode_preview(const at::Tensor& latent, const PixelRect& box) const override;
   int codec_factor() const override { return parts_.codec->factor(); }

@@ -21,13 +21,21 @@ const char* flux2_cache_mode_name(Flux2CacheMode mode) {
   return "off";
 }
 
+bool flux2_runs_cfg(const Flux2Config& cfg, double guidance) { return !cfg.guidance_embed && guidance > 1.0; }
+
+int flux2_prompt_keyed_blocks(const Flux2Config& cfg, double guidance) {
+  return flux2_runs_cfg(cfg, guidance) ? 2 * cfg.depth() : cfg.depth();
+}
+
 namespace {
 
+// `halves`: the entry may hold two sequences' blocks (a guided prompt-keyed entry).
 Status check_layout(const ActivationLayout* layout, const char* which, int steps, const Flux2Config& cfg,
-                    int64_t tokens) {
+                    int64_t tokens, bool halves = false) {
   if (layout == nullptr) return {};
   const ActivationLayout& l = *layout;
-  if (l.steps != steps || l.blocks != cfg.depth() || l.tokens != tokens || l.hidden != cfg.hidden_size) {
+  const bool blocks_ok = l.blocks == cfg.depth() || (halves && l.blocks == 2 * cfg.depth());
+  if (l.steps != steps || !blocks_ok || l.tokens != tokens || l.hidden != cfg.hidden_size) {
     return invalid_argument(std::string("the ") + which + " cache entry (steps " + std::to_string(l.steps) + ", blocks " +
                             std::to_string(l.blocks) + ", tokens " + std::to_string(l.tokens) + ", hidden " +
                             std::to_string(l.hidden) + ") does not match this edit (steps " + std::to_string(steps) +
@@ -51,7 +59,7 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
                                                                    std::shared_ptr<const LatentCodec> codec,
                                                                    std::shared_ptr<const TemplateImage> tmpl,
                                                                    const Flux2EditParams& params, Flux2Cache cache,
-                                                                   EntryKvSink* record) {
+                                                                   EntryKvSink* record, EntryKvSink* record_null) {
   c10::InferenceMode guard;
   const Flux2Config& cfg = model->config();
   INFILL_ASSIGN_OR_RETURN(at::Tensor mask, checked_edit_mask(params.mask, *tmpl));
@@ -71,7 +79,7 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   INFILL_ASSIGN_OR_RETURN(Sampler sampler, flux2_sampler(*tmpl, params.steps));
 
   std::unique_ptr<Flux2EditSession> s(new Flux2EditSession());
-  s->guided_ = !cfg.guidance_embed && params.guidance > 1.0;
+  s->guided_ = flux2_runs_cfg(cfg, params.guidance);
   if (s->guided_) INFILL_RETURN_IF_ERROR(check_text(params.null_prompt, "null_prompt (classifier-free guidance)", cfg));
   if (s->guided_ && params.null_prompt.size(0) != params.prompt.size(0)) {
     return invalid_argument("prompt and null_prompt have different lengths (" + std::to_string(params.prompt.size(0)) +
@@ -118,13 +126,21 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
     return invalid_argument("a streamed template-keyed entry is read alone (no resident entry, no recording)");
   }
   const auto layout_of = [](const ActivationEntry* e) { return e ? &e->layout() : nullptr; };
-  INFILL_RETURN_IF_ERROR(check_layout(layout_of(cache.prompt_keyed.get()), "prompt-keyed", s->sampler_->steps(), cfg, sequence));
+  INFILL_RETURN_IF_ERROR(
+      check_layout(layout_of(cache.prompt_keyed.get()), "prompt-keyed", s->sampler_->steps(), cfg, sequence, true));
+  if (record != nullptr && s->guided_ && record_null == nullptr) {
+    return invalid_argument("a guided recording records both halves: the null-prompt segment has no sink");
+  }
   INFILL_RETURN_IF_ERROR(check_layout(layout_of(cache.template_keyed.get()), "template-keyed", s->sampler_->steps(), cfg, sequence));
   INFILL_RETURN_IF_ERROR(check_layout(cache.template_keyed_streamed ? &cache.template_keyed_streamed->layout() : nullptr,
                                       "streamed template-keyed", s->sampler_->steps(), cfg, sequence));
   s->cache_ = std::move(cache);
   s->record_ = record;
-  if (record != nullptr) s->cache_.prompt_keyed.reset();  // recording one: the prompted segment is computed whole
+  s->record_null_ = s->guided_ ? record_null : nullptr;
+  if (record != nullptr) {  // recording one: every segment is computed whole
+    s->cache_.prompt_keyed.reset();
+    s->cache_.template_keyed.reset();
+  }
   s->mode_ = record != nullptr              ? Flux2CacheMode::kOff
              : s->cache_.prompt_keyed     ? Flux2CacheMode::kPromptKeyed
              : s->cache_.template_keyed || s->cache_.template_keyed_streamed ? Flux2CacheMode::kTemplateKeyed
@@ -135,10 +151,17 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   if (s->mode_ == Flux2CacheMode::kTemplateKeyed && s->cache_.template_keyed) {
     s->kv_ = std::make_unique<EntryKvSource>(s->cache_.template_keyed, s->step_, s->cache_.template_keyed_resident);
   }
-  // The null-prompt half of guidance is prompt-keyed on the template-keyed entry (a streamed
-  // one serves both halves: each block's slabs stay until the next step's reads).
-  s->null_cached_ = s->guided_ && (s->cache_.template_keyed != nullptr || s->cache_.template_keyed_streamed != nullptr);
-  if (s->null_cached_) {
+  // The null-prompt half of guidance reads the null half of a guided prompt-keyed entry, else
+  // the template-keyed entry as its own prompt-keyed one (a streamed one serves both halves:
+  // each block's slabs stay until the next step's reads).
+  const bool null_half_recorded =
+      s->mode_ == Flux2CacheMode::kPromptKeyed && s->cache_.prompt_keyed->layout().blocks == 2 * cfg.depth();
+  s->null_cached_ = s->guided_ && (null_half_recorded || s->cache_.template_keyed != nullptr ||
+                                   s->cache_.template_keyed_streamed != nullptr);
+  if (s->guided_ && null_half_recorded) {
+    s->null_kv_ = std::make_unique<EntryKvSource>(s->cache_.prompt_keyed, s->step_, s->cache_.prompt_keyed_resident,
+                                                  cfg.depth());
+  } else if (s->null_cached_ && s->cache_.template_keyed) {
     s->null_kv_ = std::make_unique<EntryKvSource>(s->cache_.template_keyed, s->step_, s->cache_.template_keyed_resident);
   }
   return s;
@@ -183,8 +206,12 @@ std::span<Flux2Segment> Flux2EditSession::segments() {
     segments_[0].sink = record_;
   }
   if (!guided_) return {segments_, 1};
-  KvSource* null_source = !null_cached_ ? nullptr : streamed ? static_cast<KvSource*>(streamed) : null_kv_.get();
+  KvSource* null_source = !null_cached_ ? nullptr : null_kv_ ? static_cast<KvSource*>(null_kv_.get()) : streamed;
   build_segment(segments_[1], params_.null_prompt, null_source, false);
+  if (record_null_ != nullptr) {
+    record_null_->set_step(step_);
+    segments_[1].sink = record_null_;
+  }
   return {segments_, 2};
 }
 

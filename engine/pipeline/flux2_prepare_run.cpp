@@ -13,12 +13,12 @@ Result<Sampler> flux2_sampler(const TemplateImage& tmpl, int steps) {
   return Sampler::make(SamplerKind::kEulerRF, steps, Prediction::kFlow, flux2_schedule_shift(image_tokens, steps));
 }
 
-int64_t Flux2PrepareRun::tokens() const { return text_.size(0) + 2 * clean_.size(0) + stroke_extra_tokens_; }
+int64_t Flux2PrepareRun::tokens() const { return (text_.size(0) + 2 * clean_.size(0)) * (null_sink_ ? 2 : 1); }
 
 Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr<const Flux2Transformer> model,
                                                                  std::shared_ptr<const TemplateImage> tmpl,
                                                                  at::Tensor text, int steps, uint64_t template_seed,
-                                                                 double guidance) {
+                                                                 double guidance, at::Tensor null_text) {
   const Flux2Config& cfg = model->config();
   if (tmpl->latent.size(0) != cfg.in_channels) {
     return invalid_argument("template latent has " + std::to_string(tmpl->latent.size(0)) + " channels, the model reads " +
@@ -26,6 +26,10 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr
   }
   if (!text.defined() || text.dim() != 2 || text.size(1) != cfg.context_dim) {
     return invalid_argument("prepare text rows must be [L, " + std::to_string(cfg.context_dim) + "]");
+  }
+  if (null_text.defined() && !null_text.sizes().equals(text.sizes())) {
+    return invalid_argument("prepare null_text rows must have the prompt's shape [" + std::to_string(text.size(0)) + ", " +
+                            std::to_string(cfg.context_dim) + "] (classifier-free guidance pairs them row for row)");
   }
   c10::InferenceMode guard;
   std::unique_ptr<Flux2PrepareRun> run(new Flux2PrepareRun());
@@ -43,11 +47,15 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr
   run->guidance_ = guidance;
   ActivationLayout layout;
   layout.steps = steps;
-  layout.blocks = cfg.depth();
+  layout.blocks = null_text.defined() ? 2 * cfg.depth() : cfg.depth();
   layout.tokens = static_cast<int>(run->tokens());
   layout.hidden = cfg.hidden_size;
   run->entry_ = std::make_shared<ActivationEntry>(layout);
   run->sink_ = std::make_unique<EntryKvSink>(*run->entry_, 0);
+  if (null_text.defined()) {
+    run->null_text_ = null_text.to(at::kFloat).contiguous();
+    run->null_sink_ = std::make_unique<EntryKvSink>(*run->entry_, 0, cfg.depth());
+  }
   run->model_ = std::move(model);
   run->tmpl_ = std::move(tmpl);
   return run;
@@ -57,18 +65,12 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::from_stroke(std::share
                                                                       std::shared_ptr<const TemplateImage> tmpl,
                                                                       Flux2Stroke stroke) {
   const Flux2EditParams& p = stroke.params;
+  const bool guided = flux2_runs_cfg(model->config(), p.guidance);
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2PrepareRun> run,
-                          create(model, tmpl, p.prompt, p.steps, p.template_seed, p.guidance));
-  Flux2Cache cache;
-  cache.template_keyed = std::move(stroke.template_keyed);
+                          create(model, tmpl, p.prompt, p.steps, p.template_seed, p.guidance,
+                                 guided ? p.null_prompt : at::Tensor()));
   INFILL_ASSIGN_OR_RETURN(run->stroke_, Flux2EditSession::create(std::move(model), std::move(stroke.codec), std::move(tmpl),
-                                                                 p, std::move(cache), run->sink_.get()));
-  if (run->stroke_->guided()) {
-    c10::InferenceMode guard;
-    // The null half computes its masked rows when it reads the template-keyed entry, else all.
-    const Flux2Segment& null_half = run->stroke_->segments()[1];
-    run->stroke_extra_tokens_ = null_half.txt.size(0) + null_half.img.size(0);
-  }
+                                                                 p, Flux2Cache{}, run->sink_.get(), run->null_sink_.get()));
   return run;
 }
 
@@ -84,16 +86,22 @@ void Flux2PrepareRun::run_step() {
     return;
   }
   const int i = step_;
+  Flux2Segment segments[2];
+  segments[0].txt = text_;
+  segments[0].txt_ids = text_ids_;
+  segments[0].img = at::cat({flux2_with_mask(sampler_->add_noise(clean_, noise_, i), no_mask_rows_), reference_});
+  segments[0].img_ids = image_ids_;
+  segments[0].timestep = sampler_->model_timestep(i) / 1000.0;
+  segments[0].guidance = guidance_;
+  segments[0].sink = sink_.get();
   sink_->set_step(i);
-  Flux2Segment segment;
-  segment.txt = text_;
-  segment.txt_ids = text_ids_;
-  segment.img = at::cat({flux2_with_mask(sampler_->add_noise(clean_, noise_, i), no_mask_rows_), reference_});
-  segment.img_ids = image_ids_;
-  segment.timestep = sampler_->model_timestep(i) / 1000.0;
-  segment.guidance = guidance_;
-  segment.sink = sink_.get();
-  model_->forward(std::span<Flux2Segment>(&segment, 1));
+  if (null_sink_) {  // the null half: the same tokens under the empty prompt
+    segments[1] = segments[0];
+    segments[1].txt = null_text_;
+    segments[1].sink = null_sink_.get();
+    null_sink_->set_step(i);
+  }
+  model_->forward(std::span<Flux2Segment>(segments, null_sink_ ? 2 : 1));
   ++step_;
 }
 

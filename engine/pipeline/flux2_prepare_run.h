@@ -14,6 +14,9 @@
 /// which is what later strokes (the same prompt, a grown mask) see: measured on infill-tiny 2,
 /// a template-trajectory entry's text K/V cost prompt-keyed edits 0.04 SSIM against full
 /// recompute (bench_model_quality).
+/// Under classifier-free guidance a prompt-keyed entry holds both halves of every step, the
+/// prompted then the null-prompt one (flux2_prompt_keyed_blocks), so that an edit's two halves
+/// read the same context.
 /// Threading: used by one thread at a time; the entry is complete (and immutable) once done().
 
 #include <cstdint>
@@ -38,18 +41,20 @@ Result<Sampler> flux2_sampler(const TemplateImage& tmpl, int steps);
 
 /// The live stroke a prompt-keyed entry is recorded from.
 struct Flux2Stroke {
-  Flux2EditParams params;                       ///< the stroke's edit (its mask, prompt rows, seed, ...)
-  std::shared_ptr<const LatentCodec> codec;     ///< the edit's codec (a session needs one; nothing is decoded)
-  std::shared_ptr<const ActivationEntry> template_keyed;  ///< read by guidance's null half; may be null
+  Flux2EditParams params;                    ///< the stroke's edit (its mask, prompt rows, seed, ...)
+  std::shared_ptr<const LatentCodec> codec;  ///< the edit's codec (a session needs one; nothing is decoded)
 };
 
 class Flux2PrepareRun {
  public:
   /// `text` [L, context_dim] float32: the rows of the prompt the entry is keyed by.
   /// `guidance` is embedded for models with guidance_embed (FLUX.2 [dev]) and ignored otherwise.
+  /// `null_text` [L, context_dim] (a guided prompt-keyed entry; undefined otherwise): the empty
+  /// prompt's rows, whose sequence is recorded as the entry's second half.
   static Result<std::unique_ptr<Flux2PrepareRun>> create(std::shared_ptr<const Flux2Transformer> model,
                                                          std::shared_ptr<const TemplateImage> tmpl, at::Tensor text,
-                                                         int steps, uint64_t template_seed, double guidance);
+                                                         int steps, uint64_t template_seed, double guidance,
+                                                         at::Tensor null_text = {});
   /// A prompt-keyed entry recorded from `stroke` (keyed by its prompt, steps and template seed).
   /// Steps before the stroke's first (strength < 1) record the template's trajectory.
   static Result<std::unique_ptr<Flux2PrepareRun>> from_stroke(std::shared_ptr<const Flux2Transformer> model,
@@ -59,8 +64,8 @@ class Flux2PrepareRun {
   int steps() const { return sampler_->steps(); }
   int step() const { return step_; }
   bool done() const { return step_ >= sampler_->steps(); }
-  /// Tokens computed at every step: the sequence (text + image + reference), and for a guided
-  /// stroke also its null-prompt half.
+  /// Tokens computed at every step: the sequence (text + image + reference), twice for a
+  /// guided prompt-keyed entry.
   int64_t tokens() const;
   /// Runs the next step's forward, recording its K/V. Precondition: !done(). A model error
   /// throws (c10::Error); the run is then unusable.
@@ -74,14 +79,13 @@ class Flux2PrepareRun {
   std::shared_ptr<const TemplateImage> tmpl_;
   std::optional<Sampler> sampler_;
   std::shared_ptr<ActivationEntry> entry_;
-  std::unique_ptr<EntryKvSink> sink_;
-  at::Tensor text_, text_ids_, clean_, noise_, image_ids_;
+  std::unique_ptr<EntryKvSink> sink_, null_sink_;  // null_sink_: the null half's, when recorded
+  at::Tensor text_, null_text_, text_ids_, clean_, noise_, image_ids_;
   at::Tensor no_mask_rows_;  // [N, mask_channels] zeros
   at::Tensor reference_;     // [N, in_channels + mask_channels] the clean latent as reference tokens
   double guidance_ = 0.0;
   int step_ = 0;
   std::unique_ptr<Flux2EditSession> stroke_;  // null: the template's trajectory at every step
-  int64_t stroke_extra_tokens_ = 0;
 };
 
 }  // namespace infill

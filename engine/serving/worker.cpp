@@ -651,9 +651,7 @@ void Worker::handle(Message& m) {
       pool_.post([this, served = m.served, tmpl = m.tmpl, params = m.params, canonical = m.canonical] {
         std::shared_ptr<StepPrepare> run;
         try {
-          // The template-keyed entry, where stored, spares guidance's null half its unmasked tokens.
-          auto entry = store_->get(served->model->cache_key(*tmpl, params));
-          auto made = served->model->create_prompt_prepare(tmpl, params, entry.ok() ? *entry : nullptr);
+          auto made = served->model->create_prompt_prepare(tmpl, params);
           if (made.ok()) run = std::move(*made);
         } catch (...) {
           // A background prepare that cannot be set up only costs later strokes their speed-up.

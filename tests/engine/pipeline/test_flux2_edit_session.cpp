@@ -378,7 +378,7 @@ TEST_CASE("FLUX.2 edit: a prompt-keyed entry recorded from a stroke gives that s
     at::Tensor uncached, from_stroke, from_template;
     REQUIRE(run_edit(model, codec, tmpl, params, {}, nullptr, &uncached).ok());
 
-    auto recording = Flux2PrepareRun::from_stroke(model, tmpl, Flux2Stroke{params, codec, nullptr});
+    auto recording = Flux2PrepareRun::from_stroke(model, tmpl, Flux2Stroke{params, codec});
     REQUIRE(recording.ok());
     CHECK((*recording)->tokens() == 6 + 2 * 15);
     while (!(*recording)->done()) (*recording)->run_step();
@@ -415,19 +415,51 @@ TEST_CASE("FLUX.2 edit: a prompt-keyed entry recorded from a stroke gives that s
     CHECK_FALSE(rows_equal(a.layout().blocks - 1, 0, 6));
   }
 
-  // Guided: the recording's null half reads the template-keyed entry (its masked tokens only).
-  params.strength = 1.0;
+  // Guided: the recording holds both halves (the null-prompt half after the prompted one), so
+  // both halves of a later edit read the stroke's context and the cached edit equals the
+  // uncached one as closely as unguided. The null half was recorded from the stroke too: it
+  // differs from the template's trajectory under the empty prompt (the template-keyed entry)
+  // in the stroke's tokens in the first block, and in the text rows in the last.
   params.guidance = 3.0;
-  params.null_prompt = at::zeros({6, 32});
-  auto guided = Flux2PrepareRun::from_stroke(model, tmpl, Flux2Stroke{params, codec, prepare(model, tmpl, params.null_prompt, 4, 77)});
-  REQUIRE(guided.ok());
-  CHECK((*guided)->tokens() == 6 + 2 * 15 + 2);
-  while (!(*guided)->done()) (*guided)->run_step();
-  Flux2Cache cache{(*guided)->entry(), nullptr, nullptr, nullptr, nullptr};
-  REQUIRE(run_edit(model, codec, tmpl, params, cache).ok());
+  params.null_prompt = 30 * at::randn({6, 32}, at::make_generator<at::CPUGeneratorImpl>(12));
+  const int depth = model->config().depth();
+  for (const double strength : {1.0, 0.5}) {
+    INFO("guided, strength " << strength);
+    params.strength = strength;
+    at::Tensor uncached, cached;
+    REQUIRE(run_edit(model, codec, tmpl, params, {}, nullptr, &uncached).ok());
+    auto guided = Flux2PrepareRun::from_stroke(model, tmpl, Flux2Stroke{params, codec});
+    REQUIRE(guided.ok());
+    CHECK((*guided)->tokens() == 2 * (6 + 2 * 15));
+    while (!(*guided)->done()) (*guided)->run_step();
+    Flux2Cache cache;
+    cache.prompt_keyed = (*guided)->entry();
+    cache.template_keyed = prepare(model, tmpl, params.null_prompt, 4, 77);
+    CHECK(cache.prompt_keyed->layout().blocks == flux2_prompt_keyed_blocks(model->config(), params.guidance));
+    CHECK(cache.prompt_keyed->layout().blocks == 2 * depth);
+    Flux2CacheMode mode{};
+    REQUIRE(run_edit(model, codec, tmpl, params, cache, &mode, &cached).ok());
+    CHECK(mode == Flux2CacheMode::kPromptKeyed);
+    CHECK(max_diff(cached, uncached) <= 1e-3 * uncached.abs().max().item<double>());
+
+    const ActivationEntry& a = *cache.prompt_keyed;
+    const ActivationEntry& b = *cache.template_keyed;
+    const int64_t hidden = a.layout().hidden;
+    const int step = strength == 1.0 ? 0 : 2;
+    const auto null_rows_equal = [&](int block, int64_t first, int64_t count) {
+      return std::memcmp(a.k(step, depth + block) + first * hidden, b.k(step, block) + first * hidden,
+                         static_cast<size_t>(count * hidden) * sizeof(uint16_t)) == 0;
+    };
+    const int64_t masked_row = 6 + 1 * 5 + 1;
+    CHECK(null_rows_equal(0, 0, 6));
+    CHECK_FALSE(null_rows_equal(0, masked_row, 2));
+    CHECK(null_rows_equal(0, 6 + 15, 15));
+    CHECK_FALSE(null_rows_equal(depth - 1, 0, 6));
+  }
 
   // A stroke whose mask does not fit the template is refused, naming the mask.
-  Flux2Stroke bad{params, codec, nullptr};
+  params.strength = 1.0;
+  Flux2Stroke bad{params, codec};
   bad.params.mask = at::ones({10, 10});
   auto refused = Flux2PrepareRun::from_stroke(model, tmpl, bad);
   REQUIRE_FALSE(refused.ok());
