@@ -1,6 +1,6 @@
 #pragma once
-// A real infill-engine of this build tree for the remote-mode tests: bundled infill-tiny, a
-// Unix socket and TCP on a free loopback port with a token, killed (SIGTERM) at the end.
+// A real infill-engine of this build tree for the remote-mode tests: the default bundled model
+// (the one the embedded engine of infill-render loads, so their outputs compare), a Unix socket and TCP on a free loopback port with a token, killed (SIGTERM) at the end.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "pipeline/bundled_models.h"
 #include "render_process.h"
 
 namespace infill::test {
@@ -30,7 +31,9 @@ class EngineProcess {
     socket_ = dir + "/run/engine.sock";
     token_file_ = dir + "/conf/token";
     log_ = dir + "/engine.log";
-    const std::vector<std::string> args = {bin, "--model", std::string(INFILL_SOURCE_DIR) + "/resources/models/infill-tiny",
+    const std::vector<std::string> bundled = bundled_model_dirs(INFILL_SOURCE_DIR);
+    if (bundled.empty()) return;
+    const std::vector<std::string> args = {bin, "--model", bundled.front(),
                                            "--socket", socket_, "--listen", "127.0.0.1:0", "--token-file", token_file_,
                                            "--no-calibrate", "--threads", std::to_string(threads), "--config", dir + "/engine.json"};
     std::ofstream(dir + "/engine.json") << "{\"cache_dir\": \"" << dir << "/cache\"}";

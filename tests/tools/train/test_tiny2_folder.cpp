@@ -3,6 +3,7 @@
 // decoder codec; small random weights), loads through the engine's one loader and edits with
 // free text in every cache mode, keeping the pixels outside the mask.
 #include "support/catch.h"
+#include "support/edit_model_runs.h"
 #include "support/random_image.h"
 #include "support/temp_dir.h"
 
@@ -69,22 +70,6 @@ void write_tiny2_folder(const fs::path& root) {
     "infill": {"max_sequence_length": 24, "default_steps": 3, "default_guidance": 2.0, "description": "tiny 2 test"}})";
 }
 
-// Runs one edit to the end through the EditModel interface the worker drives.
-Result<EditOutput> edit(const EditModel& model, std::shared_ptr<const TemplateImage> tmpl, const EditParams& params,
-                        std::shared_ptr<const ActivationEntry> entry, std::shared_ptr<const ActivationEntry> prompt_entry) {
-  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<StepSession> session, model.create_session(tmpl, params, entry, prompt_entry));
-  while (!session->done()) {
-    StepSession* sessions[] = {session.get()};
-    INFILL_RETURN_IF_ERROR(session->apply(model.forward(sessions), session->step() + 1));
-  }
-  return session->finish();
-}
-
-std::shared_ptr<const ActivationEntry> prepare(std::unique_ptr<StepPrepare> run) {
-  while (!run->done()) run->run_step();
-  return run->entry();
-}
-
 }  // namespace
 
 TEST_CASE("an infill-tiny 2 folder loads through the engine's loader and edits with free text", "[train][tiny2]") {
@@ -125,14 +110,14 @@ TEST_CASE("an infill-tiny 2 folder loads through the engine's loader and edits w
   c10::InferenceMode guard;
   auto entry = model.create_prepare(*tmpl, params);
   REQUIRE(entry.ok());
-  const auto template_keyed = prepare(std::move(*entry));
-  auto prompt_entry = model.create_prompt_prepare(*tmpl, params, template_keyed);  // recorded from this stroke
+  const auto template_keyed = test::prepare_to_end(std::move(*entry));
+  auto prompt_entry = model.create_prompt_prepare(*tmpl, params);  // recorded from this stroke
   REQUIRE(prompt_entry.ok());
-  const auto prompt_keyed = prepare(std::move(*prompt_entry));
+  const auto prompt_keyed = test::prepare_to_end(std::move(*prompt_entry));
   const std::vector<std::pair<std::string, std::pair<std::shared_ptr<const ActivationEntry>, std::shared_ptr<const ActivationEntry>>>>
       modes = {{"off", {nullptr, nullptr}}, {"template_keyed", {template_keyed, nullptr}}, {"prompt_keyed", {template_keyed, prompt_keyed}}};
   for (const auto& [mode, entries] : modes) {
-    auto out = edit(model, *tmpl, params, entries.first, entries.second);
+    auto out = test::edit_to_end(model, *tmpl, params, entries.first, entries.second);
     REQUIRE(out.ok());
     CHECK(out->cache_mode == mode);
     CHECK(out->steps_run == 3);
