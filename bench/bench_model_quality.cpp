@@ -20,7 +20,11 @@
 //                            prompt_keyed_template_trajectory with the entry of the template's own
 //                            trajectory, the baseline)
 //   unmasked_identical       share of edits whose pixels outside the mask equal the template's
+//   reference_tokens         (new model) what klein-style reference tokens cost at 256 px: one
+//                            full forward with and without them (medians of 7) and the cache
+//                            entry's bytes per edit with and without
 // and writes a contact sheet (template | mask | old | new template-keyed | new prompt-keyed).
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -40,6 +44,7 @@
 #include "model/model.h"
 #include "pipeline/edit_model.h"
 #include "pipeline/flux2_edit_model.h"
+#include "pipeline/flux2_sequence.h"
 #include "pipeline/image_io.h"
 #include "pipeline/load_edit_model.h"
 #include "tools/train/captions.h"
@@ -105,6 +110,47 @@ at::Tensor left_half(const at::Tensor& mask) {
 
 at::Tensor box_of(const at::Tensor& rgb, const std::array<int64_t, 4>& b) {
   return rgb.slice(1, b[0], b[1]).slice(2, b[2], b[3]);
+}
+
+// One full forward of `grid` x `grid` image tokens (plus as many reference tokens when
+// `reference`) and `text_rows` text rows, random inputs: the cost of the sequence, not its output.
+double full_forward_ms(const Flux2Transformer& transformer, int64_t text_rows, int64_t grid, bool reference) {
+  const Flux2Config& cfg = transformer.config();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  Flux2Segment s;
+  s.txt = at::randn({text_rows, cfg.context_dim}, gen);
+  s.txt_ids = flux2_text_ids(text_rows);
+  const at::Tensor image_ids = flux2_grid_ids(grid, grid, 0);
+  s.img_ids = reference ? at::cat({image_ids, flux2_grid_ids(grid, grid, kFlux2ReferenceTime)}) : image_ids;
+  s.img = at::randn({s.img_ids.size(0), cfg.input_channels()}, gen);
+  s.timestep = 0.5;
+  const auto t = std::chrono::steady_clock::now();
+  transformer.forward(std::span<Flux2Segment>(&s, 1));
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+nlohmann::json reference_token_cost(const Flux2EditModel& model) {
+  const Flux2Transformer& transformer = *model.parts().transformer;
+  const Flux2Config& cfg = transformer.config();
+  auto empty = model.parts().text->encode("");  // the text rows every prompt fills: max_sequence_length
+  const int64_t text_rows = empty.ok() ? (*empty)->rows.size(0) : 0, grid = 256 / model.token_pixels();
+  nlohmann::json out = {{"crop_px", 256}, {"text_rows", text_rows}, {"image_tokens", grid * grid}, {"repeats", 7}};
+  double with_ms = 0.0, without_ms = 0.0;
+  for (const bool reference : {true, false}) {
+    std::vector<double> times;
+    full_forward_ms(transformer, text_rows, grid, reference);  // warm-up
+    for (int i = 0; i < 7; ++i) times.push_back(full_forward_ms(transformer, text_rows, grid, reference));
+    std::sort(times.begin(), times.end());
+    (reference ? with_ms : without_ms) = times[times.size() / 2];
+  }
+  // An entry: steps x blocks x (K, V) x tokens x hidden fp16.
+  const auto entry_bytes = [&](int64_t tokens) {
+    return int64_t{model.info().default_steps} * cfg.depth() * 2 * tokens * cfg.hidden_size * 2;
+  };
+  out["full_forward_ms"] = {{"with_reference", with_ms}, {"without_reference", without_ms}, {"ratio", with_ms / without_ms}};
+  out["template_keyed_entry_bytes"] = {{"with_reference", entry_bytes(text_rows + 2 * grid * grid)},
+                                       {"without_reference", entry_bytes(text_rows + grid * grid)}};
+  return out;
 }
 
 Result<EditOutput> run_edit(const EditModel& model, const std::shared_ptr<const TemplateImage>& tmpl, const EditParams& params,
@@ -304,6 +350,7 @@ int main(int argc, char** argv) {
     report[m.label]["steps"] = model.info().default_steps;
     report[m.label]["guidance"] = guidance > 0.0 ? guidance : model.info().default_guidance;
     report[m.label]["codec_psnr_db"] = psnr;
+    if (m.free_text) report[m.label]["reference_tokens"] = reference_token_cost(static_cast<const Flux2EditModel&>(model));
     if (outside_psnr_crops.defined()) report[m.label]["codec_psnr_db_outside"] = train::round_trip_psnr(*m.codec, outside_psnr_crops);
     const auto tm = std::chrono::steady_clock::now();
     for (size_t i = 0; i < cases.size(); ++i) {
