@@ -55,6 +55,12 @@ class StepPrepare {
   virtual const std::string& template_id() const = 0;
   /// Tokens computed at every step (for the cost model).
   virtual int64_t tokens() const = 0;
+  /// Query-key pairs attended at every step (for the cost model): tokens()^2 for one sequence,
+  /// less when the tokens are several sequences attending each within its own.
+  virtual double attention_pairs() const {
+    const double t = static_cast<double>(tokens());
+    return t * t;
+  }
   virtual int steps() const = 0;
   virtual bool done() const = 0;
   /// Runs the next step. A model error throws (c10::Error).

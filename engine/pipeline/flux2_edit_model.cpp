@@ -52,6 +52,7 @@ class Flux2StepPrepare final : public StepPrepare {
   const ActivationKey& key() const override { return key_; }
   const std::string& template_id() const override { return template_id_; }
   int64_t tokens() const override { return run_->tokens(); }
+  double attention_pairs() const override { return run_->attention_pairs(); }
   int steps() const override { return run_->steps(); }
   bool done() const override { return run_->done(); }
   void run_step() override { run_->run_step(); }

@@ -15,6 +15,11 @@ Result<Sampler> flux2_sampler(const TemplateImage& tmpl, int steps) {
 
 int64_t Flux2PrepareRun::tokens() const { return (text_.size(0) + 2 * clean_.size(0)) * (null_sink_ ? 2 : 1); }
 
+double Flux2PrepareRun::attention_pairs() const {
+  const double sequence = static_cast<double>(text_.size(0) + 2 * clean_.size(0));
+  return sequence * sequence * (null_sink_ ? 2 : 1);
+}
+
 Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr<const Flux2Transformer> model,
                                                                  std::shared_ptr<const TemplateImage> tmpl,
                                                                  at::Tensor text, int steps, uint64_t template_seed,

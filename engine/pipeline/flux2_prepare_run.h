@@ -67,6 +67,8 @@ class Flux2PrepareRun {
   /// Tokens computed at every step: the sequence (text + image + reference), twice for a
   /// guided prompt-keyed entry.
   int64_t tokens() const;
+  /// Query-key pairs attended at every step: the sequence's length squared, per half.
+  double attention_pairs() const;
   /// Runs the next step's forward, recording its K/V. Precondition: !done(). A model error
   /// throws (c10::Error); the run is then unusable.
   void run_step();

@@ -669,7 +669,7 @@ void Worker::handle(Message& m) {
       auto job = std::make_unique<PrepareJob>();
       const double tokens = double(m.prepare->tokens());
       job->served = m.served;
-      job->step_work_ms = cost_of(m.served).current()->predict_ms(tokens, 1.0, tokens * tokens);
+      job->step_work_ms = cost_of(m.served).current()->predict_ms(tokens, 1.0, m.prepare->attention_pairs());
       job->deadline_abs_ms = std::numeric_limits<double>::infinity();  // after every awaited prepare
       job->background = true;
       job->run = std::move(m.prepare);
@@ -691,7 +691,7 @@ void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<con
   const double tokens = double(prepare.tokens());
   job->deadline_abs_ms = r->deadline_abs_ms;
   job->served = r->served;
-  job->step_work_ms = r->cost()->predict_ms(tokens, 1.0, tokens * tokens);
+  job->step_work_ms = r->cost()->predict_ms(tokens, 1.0, prepare.attention_pairs());
   job->waiting.push_back(r);
   // The prepare's compute is part of this worker's backlog until it finishes.
   r->remaining_work_ms.fetch_add(job->step_work_ms * prepare.steps());
@@ -730,8 +730,7 @@ void Worker::run_prepare_slice() {
   }
   if (!failed && job.served != nullptr) {
     // A prepare slice is a full forward of one request: the far end of the cost model's range.
-    const double tokens = double(job.run->tokens());
-    cost_of(job.served).add({tokens, 1.0, tokens * tokens, ms});
+    cost_of(job.served).add({double(job.run->tokens()), 1.0, job.run->attention_pairs(), ms});
   }
   for (auto& r : job.waiting) take_work(*r, job.step_work_ms / double(job.waiting.size()));
   const std::string canonical = best->first;

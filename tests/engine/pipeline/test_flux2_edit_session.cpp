@@ -431,6 +431,7 @@ TEST_CASE("FLUX.2 edit: a prompt-keyed entry recorded from a stroke gives that s
     auto guided = Flux2PrepareRun::from_stroke(model, tmpl, Flux2Stroke{params, codec});
     REQUIRE(guided.ok());
     CHECK((*guided)->tokens() == 2 * (6 + 2 * 15));
+    CHECK((*guided)->attention_pairs() == 2.0 * (6 + 2 * 15) * (6 + 2 * 15));  // two sequences, not one of twice the length
     while (!(*guided)->done()) (*guided)->run_step();
     Flux2Cache cache;
     cache.prompt_keyed = (*guided)->entry();
