@@ -1,6 +1,5 @@
 #include "cache/activation_entry.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -16,15 +15,15 @@ std::string ActivationKey::canonical() const {
 
 std::string ActivationKey::digest() const { return hex64(fnv1a64(canonical())); }
 
-ActivationEntry::ActivationEntry(ActivationLayout layout) : layout_(layout) {
-  // Rounded up to the alignment, as std::aligned_alloc requires.
-  const size_t bytes = (layout_.total_bytes() + 63) / 64 * 64;
-  data_ = static_cast<uint16_t*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
-  if (data_ == nullptr) throw std::bad_alloc();
-  std::memset(data_, 0, bytes);
+ActivationEntry::ActivationEntry(ActivationLayout layout, const HostAllocator& allocate)
+    : layout_(layout),
+      storage_(allocate ? allocate(layout_.total_bytes()) : allocate_plain_host(layout_.total_bytes())) {
+  if (storage_ == nullptr) throw std::bad_alloc();
+  data_ = static_cast<uint16_t*>(storage_.get());
+  std::memset(data_, 0, layout_.total_bytes());
 }
 
-ActivationEntry::~ActivationEntry() { std::free(data_); }
+ActivationEntry::~ActivationEntry() = default;
 
 uint16_t* ActivationEntry::slab(int step, int block, int kv) const {
   const size_t index = (static_cast<size_t>(step) * layout_.blocks + block) * 2 + kv;

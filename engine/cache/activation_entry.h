@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "cache/host_memory.h"
+
 namespace infill {
 
 /// What a cached entry depends on. Two edits may share an entry only if every field matches.
@@ -49,8 +51,9 @@ struct ActivationLayout {
 
 class ActivationEntry {
  public:
-  /// Allocates zero-filled storage for `layout`.
-  explicit ActivationEntry(ActivationLayout layout);
+  /// Allocates zero-filled storage for `layout` from `allocate` (plain host memory when empty;
+  /// pinned memory on a GPU worker).
+  explicit ActivationEntry(ActivationLayout layout, const HostAllocator& allocate = {});
   ~ActivationEntry();
   ActivationEntry(const ActivationEntry&) = delete;
   ActivationEntry& operator=(const ActivationEntry&) = delete;
@@ -68,6 +71,7 @@ class ActivationEntry {
  private:
   uint16_t* slab(int step, int block, int kv) const;
   ActivationLayout layout_;
+  HostBuffer storage_;
   uint16_t* data_ = nullptr;
 };
 

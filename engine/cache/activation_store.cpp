@@ -133,7 +133,7 @@ Result<std::shared_ptr<const ActivationEntry>> ActivationStore::get(const Activa
     }
   }
 
-  auto read = disk_->read(key);
+  auto read = disk_->read(key, options_.entry_allocator);
   if (!read.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     ++misses_;

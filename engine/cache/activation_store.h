@@ -50,6 +50,10 @@ struct ActivationStoreOptions {
   /// put() also writes the entry to disk at once, so it survives a restart without waiting
   /// for eviction or flush(). Off by default: the write then happens only when needed.
   bool write_through = false;
+  /// The memory of entries read back from disk (plain host memory when empty). A store that
+  /// feeds a GPU worker allocates pinned memory (pipeline/pinned_host_memory.h), as the
+  /// prepare runs on that GPU do for the entries they record.
+  HostAllocator entry_allocator = nullptr;
 };
 
 struct ActivationStoreStats {

@@ -393,7 +393,7 @@ void DiskTier::forget_missing(const std::string& stem) {
   if (::access(path.c_str(), F_OK) != 0) remove_locked(stem, /*unlink_file=*/false);
 }
 
-Result<std::shared_ptr<ActivationEntry>> DiskTier::read(const ActivationKey& key) {
+Result<std::shared_ptr<ActivationEntry>> DiskTier::read(const ActivationKey& key, const HostAllocator& allocate) {
   const std::string canonical = key.canonical();
   const std::string stem = key.digest();
   {
@@ -418,7 +418,7 @@ Result<std::shared_ptr<ActivationEntry>> DiskTier::read(const ActivationKey& key
   auto header = read_header(fd, static_cast<uint64_t>(st.st_size), path, &canonical);
   if (!header.ok()) return fail(header.status());
 
-  auto entry = std::make_shared<ActivationEntry>(header->layout);
+  auto entry = std::make_shared<ActivationEntry>(header->layout, allocate);
   auto* data = reinterpret_cast<char*>(entry->data());
   const size_t half = static_cast<size_t>(header->slab_bytes / 2);
   if (!pread_all(fd, data, entry->bytes(), header->header_bytes)) {

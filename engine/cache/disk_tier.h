@@ -68,8 +68,9 @@ class DiskTier {
   Status write(const ActivationKey& key, const ActivationEntry& entry);
 
   /// Reads and verifies the whole entry. not_found if absent; corrupt_data (and the file is
-  /// deleted) if any check fails. A hit makes the entry most recently used.
-  Result<std::shared_ptr<ActivationEntry>> read(const ActivationKey& key);
+  /// deleted) if any check fails. A hit makes the entry most recently used. The entry's memory
+  /// comes from `allocate` (plain host memory when empty).
+  Result<std::shared_ptr<ActivationEntry>> read(const ActivationKey& key, const HostAllocator& allocate = {});
 
   /// Reads one (step, block) slab without reading the rest of the file; verifies the header
   /// and that slab's checksum. k_out and v_out each receive tokens * hidden fp16 values.

@@ -25,6 +25,18 @@ void float_to_fp16_slab(const at::Tensor& in, uint16_t* slab) {
   kernels::float_to_half(rows.data_ptr<float>(), slab, rows.numel());
 }
 
+EntryKvSource::EntryKvSource(std::shared_ptr<const ActivationEntry> entry, int step,
+                             std::shared_ptr<const DeviceKvEntry> resident, int block_offset, int block_count)
+    : entry_(std::move(entry)),
+      resident_(std::move(resident)),
+      step_(step),
+      block_offset_(block_offset),
+      block_count_(block_count > 0 ? block_count : entry_->layout().blocks - block_offset) {
+  TORCH_CHECK(block_offset >= 0 && block_count_ > 0 && block_offset + block_count_ <= entry_->layout().blocks,
+              "EntryKvSource: blocks [", block_offset, ", ", block_offset + block_count_, ") of an entry of ",
+              entry_->layout().blocks);
+}
+
 void EntryKvSource::fetch(int block, at::Tensor& k, at::Tensor& v) {
   fp16_slab_to_float(entry_->k(step_, block_offset_ + block), k);
   fp16_slab_to_float(entry_->v(step_, block_offset_ + block), v);
@@ -37,9 +49,21 @@ bool EntryKvSource::fp16_slabs(int block, const uint16_t** k, const uint16_t** v
 }
 
 bool EntryKvSource::device_tensors(int block, const at::Device& device, at::Tensor* k, at::Tensor* v) {
-  if (!resident_ || resident_->k(step_, block_offset_ + block).device() != device) return false;
-  *k = resident_->k(step_, block_offset_ + block);
-  *v = resident_->v(step_, block_offset_ + block);
+  if (resident_ && resident_->k(step_, block_offset_ + block).device() == device) {
+    *k = resident_->k(step_, block_offset_ + block);
+    *v = resident_->v(step_, block_offset_ + block);
+    return true;
+  }
+  if (device.is_cpu()) return false;
+  if (!prefetch_ || prefetch_->device() != device) {
+    const ActivationLayout& layout = entry_->layout();
+    prefetch_ = std::make_unique<DeviceKvPrefetch>(
+        device, layout.steps, block_count_, layout.tokens, layout.hidden, [this](int step, int b) {
+          return std::pair<const uint16_t*, const uint16_t*>(entry_->k(step, block_offset_ + b),
+                                                             entry_->v(step, block_offset_ + b));
+        });
+  }
+  prefetch_->get(step_, block, k, v);
   return true;
 }
 

@@ -8,28 +8,37 @@
 #include "cache/activation_entry.h"
 #include "model/kv_io.h"
 #include "pipeline/device_kv_entry.h"
+#include "pipeline/device_kv_prefetch.h"
 
 namespace infill {
 
 /// Reads the K/V of one step of a RAM-resident entry, converting fp16 to float32; with the
-/// entry's copy on a GPU (`resident`, the device tier) a forward there reads that instead.
-/// Block b reads the entry's block `block_offset` + b: an entry may hold two sequences' K/V
-/// one after the other (a guided prompt-keyed entry: the prompted half, then the null half).
+/// entry's copy on a GPU (`resident`, the device tier) a forward there reads that instead, and
+/// without one a forward on a GPU gets each block copied there one block ahead
+/// (DeviceKvPrefetch: the copy of block b + 1 overlaps the compute of block b).
+/// The source reads the entry's blocks [block_offset, block_offset + block_count) as its
+/// blocks 0, 1, ...: an entry may hold two sequences' K/V one after the other (a guided
+/// prompt-keyed entry: the prompted half, then the null half). block_count 0: to the end.
 class EntryKvSource final : public KvSource {
  public:
   EntryKvSource(std::shared_ptr<const ActivationEntry> entry, int step,
-                std::shared_ptr<const DeviceKvEntry> resident = nullptr, int block_offset = 0)
-      : entry_(std::move(entry)), resident_(std::move(resident)), step_(step), block_offset_(block_offset) {}
+                std::shared_ptr<const DeviceKvEntry> resident = nullptr, int block_offset = 0, int block_count = 0);
   void set_step(int step) { step_ = step; }
   void fetch(int block, at::Tensor& k, at::Tensor& v) override;
   bool fp16_slabs(int block, const uint16_t** k, const uint16_t** v) override;
   bool device_tensors(int block, const at::Device& device, at::Tensor* k, at::Tensor* v) override;
+  /// The copies to a GPU so far (null before a forward on a GPU read a block it had no
+  /// resident copy of).
+  const DeviceKvPrefetch* prefetch() const { return prefetch_.get(); }
 
  private:
   std::shared_ptr<const ActivationEntry> entry_;
   std::shared_ptr<const DeviceKvEntry> resident_;
   int step_;
   int block_offset_;
+  int block_count_;
+  // After entry_: destroyed first, so its copies in flight finish before the entry can go.
+  std::unique_ptr<DeviceKvPrefetch> prefetch_;
 };
 
 /// Writes fresh K/V of one step into an entry being filled by the prepare job, as fp16; block b

@@ -145,23 +145,24 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
              : s->cache_.prompt_keyed     ? Flux2CacheMode::kPromptKeyed
              : s->cache_.template_keyed || s->cache_.template_keyed_streamed ? Flux2CacheMode::kTemplateKeyed
                                                                                : Flux2CacheMode::kOff;
+  // Each source reads one sequence's blocks (a guided prompt-keyed entry holds two).
+  const int depth = cfg.depth();
   if (s->mode_ == Flux2CacheMode::kPromptKeyed) {
-    s->kv_ = std::make_unique<EntryKvSource>(s->cache_.prompt_keyed, s->step_, s->cache_.prompt_keyed_resident);
+    s->kv_ = std::make_unique<EntryKvSource>(s->cache_.prompt_keyed, s->step_, s->cache_.prompt_keyed_resident, 0, depth);
   }
   if (s->mode_ == Flux2CacheMode::kTemplateKeyed && s->cache_.template_keyed) {
     s->kv_ = std::make_unique<EntryKvSource>(s->cache_.template_keyed, s->step_, s->cache_.template_keyed_resident);
   }
   // The null-prompt half of guidance reads the null half of a guided prompt-keyed entry, else
-  // the template-keyed entry as its own prompt-keyed one (a streamed one serves both halves:
-  // each block's slabs stay until the next step's reads).
+  // the template-keyed entry as its own prompt-keyed one: through the prompted half's source
+  // when that reads the same entry (one copy per block to a GPU, not two), and a streamed
+  // entry serves both halves (each block's slabs stay until the next step's reads).
   const bool null_half_recorded =
-      s->mode_ == Flux2CacheMode::kPromptKeyed && s->cache_.prompt_keyed->layout().blocks == 2 * cfg.depth();
-  s->null_cached_ = s->guided_ && (null_half_recorded || s->cache_.template_keyed != nullptr ||
-                                   s->cache_.template_keyed_streamed != nullptr);
+      s->mode_ == Flux2CacheMode::kPromptKeyed && s->cache_.prompt_keyed->layout().blocks == 2 * depth;
   if (s->guided_ && null_half_recorded) {
     s->null_kv_ = std::make_unique<EntryKvSource>(s->cache_.prompt_keyed, s->step_, s->cache_.prompt_keyed_resident,
-                                                  cfg.depth());
-  } else if (s->null_cached_ && s->cache_.template_keyed) {
+                                                  depth, depth);
+  } else if (s->guided_ && s->mode_ == Flux2CacheMode::kPromptKeyed && s->cache_.template_keyed) {
     s->null_kv_ = std::make_unique<EntryKvSource>(s->cache_.template_keyed, s->step_, s->cache_.template_keyed_resident);
   }
   return s;
@@ -206,7 +207,11 @@ std::span<Flux2Segment> Flux2EditSession::segments() {
     segments_[0].sink = record_;
   }
   if (!guided_) return {segments_, 1};
-  KvSource* null_source = !null_cached_ ? nullptr : null_kv_ ? static_cast<KvSource*>(null_kv_.get()) : streamed;
+  // Without a source of its own the null half reads the prompted half's template-keyed
+  // entry, or (prompt-keyed, no null half recorded, no template-keyed entry) runs whole.
+  KvSource* null_source = null_kv_                                ? static_cast<KvSource*>(null_kv_.get())
+                          : mode_ == Flux2CacheMode::kTemplateKeyed ? source
+                                                                    : nullptr;
   build_segment(segments_[1], params_.null_prompt, null_source, false);
   if (record_null_ != nullptr) {
     record_null_->set_step(step_);

@@ -154,9 +154,10 @@ class Flux2EditSession {
   int step_ = 0;
   int first_step_ = 0;
   bool guided_ = false;
-  bool null_cached_ = false;
   Flux2Segment segments_[2];
-  std::unique_ptr<EntryKvSource> kv_, null_kv_;
+  std::unique_ptr<EntryKvSource> kv_;
+  // The null-prompt half's own source, when it reads another entry or half than kv_ does.
+  std::unique_ptr<EntryKvSource> null_kv_;
   EntryKvSink* record_ = nullptr;       // not owned
   EntryKvSink* record_null_ = nullptr;  // not owned
 };

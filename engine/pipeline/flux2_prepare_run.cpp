@@ -5,6 +5,7 @@
 
 #include "pipeline/edit_session.h"
 #include "pipeline/flux2_sequence.h"
+#include "pipeline/pinned_host_memory.h"
 
 namespace infill {
 
@@ -55,7 +56,8 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr
   layout.blocks = null_text.defined() ? 2 * cfg.depth() : cfg.depth();
   layout.tokens = static_cast<int>(run->tokens());
   layout.hidden = cfg.hidden_size;
-  run->entry_ = std::make_shared<ActivationEntry>(layout);
+  // On a GPU in pinned memory: the edits that read it copy it to the GPU while they compute.
+  run->entry_ = std::make_shared<ActivationEntry>(layout, entry_allocator_for(model->device()));
   run->sink_ = std::make_unique<EntryKvSink>(*run->entry_, 0);
   if (null_text.defined()) {
     run->null_text_ = null_text.to(at::kFloat).contiguous();

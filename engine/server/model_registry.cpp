@@ -6,6 +6,7 @@
 #include "model/model.h"
 #include "pipeline/edit_model.h"
 #include "pipeline/load_edit_model.h"
+#include "pipeline/pinned_host_memory.h"
 #include "serving/cost_calibration.h"
 #include "serving/serving_runtime.h"
 #include "server/service_metrics.h"
@@ -45,6 +46,8 @@ Result<std::unique_ptr<ModelRegistry>> ModelRegistry::load(const ModelRegistryOp
   ActivationStoreOptions store_options;
   store_options.ram_budget_bytes = options.ram_cache_bytes;
   store_options.disk_dir = options.cache_dir;
+  // Entries read back from disk for a GPU worker land in pinned memory, as its prepare runs'.
+  store_options.entry_allocator = entry_allocator_for(device.torch_device());
   auto store = ActivationStore::open(store_options);
   if (!store.ok()) return store.status();
   std::unique_ptr<ModelRegistry> registry(new ModelRegistry());
