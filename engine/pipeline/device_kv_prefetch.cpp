@@ -26,7 +26,8 @@ DeviceKvPrefetch::DeviceKvPrefetch(c10::Device device, int steps, int blocks, in
       copy_stream_(copy_stream_for(device)) {}
 
 DeviceKvPrefetch::~DeviceKvPrefetch() {
-  if (next_) copy_stream_.synchronize();
+  // A forward that threw may have left even the current block's copy unfinished.
+  if (next_ || current_) copy_stream_.synchronize();
 }
 
 std::unique_ptr<DeviceKvPrefetch::Copy> DeviceKvPrefetch::start(int step, int block) {

@@ -33,7 +33,7 @@ class DeviceKvPrefetch {
 
   /// `steps` x `blocks` slabs of [tokens, hidden]; `device` must be a GPU (c10 streams).
   DeviceKvPrefetch(c10::Device device, int steps, int blocks, int64_t tokens, int64_t hidden, HostSlabs slabs);
-  /// Waits for a copy still in flight: its host memory may be freed next.
+  /// Waits for the copies still in flight: their host memory may be freed next.
   ~DeviceKvPrefetch();
   DeviceKvPrefetch(const DeviceKvPrefetch&) = delete;
   DeviceKvPrefetch& operator=(const DeviceKvPrefetch&) = delete;
