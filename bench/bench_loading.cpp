@@ -1,8 +1,8 @@
 // Edit latency through the worker when the template's cache entry is in RAM, against the same
 // entry only on disk: streamed under the load plan (reads overlapping the blocks before, some
 // leading blocks recomputed where reading them would stall), and read whole before computing
-// (every block loaded, no overlap). The bundled model, 512x512, one rectangle of about 10% of
-// the tokens. The page cache of the entry's file is dropped before every disk edit
+// (every block loaded, no overlap). The bundled DiT model (infill-tiny), 512x512, one
+// rectangle of about 10% of the tokens. The page cache of the entry's file is dropped before every disk edit
 // (fdatasync, then posix_fadvise DONTNEED on every file of the cache folder), so every disk
 // edit reads the device. Prints one JSON document.
 //
@@ -125,9 +125,15 @@ int main(int argc, char** argv) {
   infill::set_compute_threads(threads);
   c10::InferenceMode guard;
   if (model_dir.empty()) {
-    const auto bundled = infill::bundled_model_dirs(INFILL_SOURCE_DIR);
-    if (bundled.empty()) die("no bundled model found; give --model DIR");
-    model_dir = bundled.front();
+    // The first bundled model of the DiT family (a manifest.json folder): infill-tiny, since
+    // the default infill-tiny-2 is FLUX.2, which loads every block of a streamed entry.
+    for (const std::string& dir : infill::bundled_model_dirs(INFILL_SOURCE_DIR)) {
+      if (std::filesystem::exists(std::filesystem::path(dir) / "manifest.json")) {
+        model_dir = dir;
+        break;
+      }
+    }
+    if (model_dir.empty()) die("no bundled model of the DiT family found; give --model DIR");
   }
   auto loaded = infill::load_edit_model(model_dir);
   if (!loaded.ok()) die(loaded.status().to_string());
