@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: install, build, then edit the bundled sample template headlessly with the
-# bundled infill-tiny model through the job file resources/jobs/sample.json.
+# bundled model (infill-tiny-2) through the job file resources/jobs/sample.json.
 # Writes out/after.png (and copies the inputs to out/before.png and out/mask.png).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -42,7 +42,7 @@ step "infill-render-slurm finds its infill-render and checks its input"
 
 step "infill-engine --check"
 /usr/bin/infill-engine --check --journal off | tee "$work/check.json" | grep -q '"ok": true'
-grep -q '/usr/share/infill/models/infill-tiny' "$work/check.json"
+grep -q '/usr/share/infill/models/infill-tiny-2' "$work/check.json"
 
 step "infill-model-check answers and names what it cannot load"
 /usr/bin/infill-model-check --help | grep -q -- '--folder'
