@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
 
   if (!failed && !report("listing models", infill_client_list_models(client, &models))) {
     const infill_model_info* m = infill_model_list_get(models, 0);
-    if (m) printf("model %s: %u steps by default, %lu prompt words\n", m->id, (unsigned)m->default_steps, (unsigned long)m->vocabulary_count);
+    if (m && m->free_text) printf("model %s: %u steps by default, free-text prompts\n", m->id, (unsigned)m->default_steps);
+    else if (m) printf("model %s: %u steps by default, %lu prompt words\n", m->id, (unsigned)m->default_steps, (unsigned long)m->vocabulary_count);
     infill_model_list_delete(models);
   } else {
     failed = 1;
