@@ -5,7 +5,6 @@
 #include <signal.h>
 
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -16,6 +15,7 @@
 #include "job_items.h"
 #include "job_runner.h"
 #include "png_text.h"
+#include "support/file_bytes.h"
 #include "support/temp_dir.h"
 
 using namespace infill;
@@ -25,12 +25,6 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kGolden = std::string(INFILL_SOURCE_DIR) + "/tests/data/golden";
-
-std::vector<std::byte> file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return {reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size()};
-}
 
 // Completes every edit at once with a PNG, unless told to fail it or to hang until cancelled.
 class ScriptedBackend final : public RenderBackend {
@@ -61,7 +55,7 @@ class ScriptedBackend final : public RenderBackend {
       o.status = Status(ErrorCode::kInternal, "scripted failure of edit " + std::to_string(edit.id));
       o.failure = it->second;
     } else {
-      o.file = file_bytes(kGolden + "/hills_128_mask.png");
+      o.file = test::file_bytes(kGolden + "/hills_128_mask.png");
     }
     events.on_complete(std::move(o));
     return {};

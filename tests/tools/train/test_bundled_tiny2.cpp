@@ -4,11 +4,9 @@
 // colour and keeps every pixel outside the mask, in full recompute and from the cache.
 #include "support/catch.h"
 #include "support/edit_model_runs.h"
+#include "support/file_bytes.h"
 
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -32,14 +30,6 @@ namespace {
 const fs::path kModel = fs::path(INFILL_SOURCE_DIR) / "resources/models/infill-tiny-2";
 const std::string kTemplate = INFILL_SOURCE_DIR "/resources/templates/sample.png";
 const std::string kMask = INFILL_SOURCE_DIR "/resources/templates/sample_mask.png";
-
-std::vector<std::byte> file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(chars.size());
-  std::memcpy(bytes.data(), chars.data(), chars.size());
-  return bytes;
-}
 
 }  // namespace
 
@@ -68,7 +58,7 @@ TEST_CASE("infill-tiny 2 repaints the sample's mask in the asked colour from hel
   auto loaded = load_edit_model(kModel.string());
   REQUIRE(loaded.ok());
   const EditModel& model = *loaded->model;
-  const std::vector<std::byte> bytes = file_bytes(kTemplate);
+  const std::vector<std::byte> bytes = test::file_bytes(kTemplate);
   REQUIRE_FALSE(bytes.empty());
   auto tmpl = model.make_template(bytes, kTemplate);
   REQUIRE(tmpl.ok());
