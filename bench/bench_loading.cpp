@@ -1,15 +1,17 @@
 // Edit latency through the worker when the template's cache entry is in RAM, against the same
 // entry only on disk: streamed under the load plan (reads overlapping the blocks before, some
 // leading blocks recomputed where reading them would stall), and read whole before computing
-// (every block loaded, no overlap). The bundled DiT model (infill-tiny), 512x512, one
-// rectangle of about 10% of the tokens. The page cache of the entry's file is dropped before every disk edit
-// (fdatasync, then posix_fadvise DONTNEED on every file of the cache folder), so every disk
-// edit reads the device. Prints one JSON document.
+// (every block loaded, no overlap). The default bundled model (infill-tiny 2, FLUX.2; or any
+// model folder, infill-tiny's DiT too), on the CPU or a CUDA GPU (--device), 512x512, one
+// rectangle of about 10% of the image tokens. The page cache of the entry's file is dropped
+// before every disk edit (fdatasync, then posix_fadvise DONTNEED on every file of the cache
+// folder), so every disk edit reads the device. Prints one JSON document.
 //
-// usage: bench_loading [--repeats N] [--threads N] [--model DIR] [--dir DIR] [--no-calibrate]
+// usage: bench_loading [--repeats N] [--threads N] [--model DIR] [--device cpu|cuda[:N]] [--dir DIR] [--no-calibrate]
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -28,10 +30,11 @@
 #include "model/compute_device.h"
 #include "model/compute_threads.h"
 #include "pipeline/bundled_models.h"
-#include "pipeline/edit_pipeline.h"
+#include "pipeline/flux2_edit_model.h"
 #include "pipeline/image_io.h"
 #include "pipeline/load_edit_model.h"
 #include "serving/cost_calibration.h"
+#include "serving/live_cost_model.h"
 #include "serving/serving_runtime.h"
 
 namespace {
@@ -99,6 +102,7 @@ int main(int argc, char** argv) {
   int repeats = 9, threads = 0;
   bool calibrate = true;
   std::string model_dir, dir;
+  infill::ComputeDevice device;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     auto value = [&]() -> std::string {
@@ -118,34 +122,41 @@ int main(int argc, char** argv) {
     if (flag == "--repeats") repeats = number(1);
     else if (flag == "--threads") threads = number(1);
     else if (flag == "--model") model_dir = value();
-    else if (flag == "--dir") dir = value();
+    else if (flag == "--device") {
+      auto parsed = infill::parse_compute_device(value());
+      if (!parsed.ok()) die(parsed.status().to_string());
+      device = *parsed;
+    } else if (flag == "--dir") dir = value();
     else if (flag == "--no-calibrate") calibrate = false;
-    else die("unknown option '" + flag + "'\nusage: bench_loading [--repeats N] [--threads N] [--model DIR] [--dir DIR] [--no-calibrate]");
+    else die("unknown option '" + flag + "'\nusage: bench_loading [--repeats N] [--threads N] [--model DIR] [--device cpu|cuda[:N]] [--dir DIR] [--no-calibrate]");
   }
   infill::set_compute_threads(threads);
   c10::InferenceMode guard;
   if (model_dir.empty()) {
-    // The first bundled model of the DiT family (a manifest.json folder): infill-tiny, since
-    // the default infill-tiny-2 is FLUX.2, which loads every block of a streamed entry.
-    for (const std::string& dir : infill::bundled_model_dirs(INFILL_SOURCE_DIR)) {
-      if (std::filesystem::exists(std::filesystem::path(dir) / "manifest.json")) {
-        model_dir = dir;
-        break;
-      }
-    }
-    if (model_dir.empty()) die("no bundled model of the DiT family found; give --model DIR");
+    const std::vector<std::string> bundled = infill::bundled_model_dirs(INFILL_SOURCE_DIR);
+    if (bundled.empty()) die("no bundled model found; give --model DIR");
+    model_dir = bundled.front();
   }
-  auto loaded = infill::load_edit_model(model_dir);
+  if (infill::Status usable = infill::check_compute_device(device); !usable.ok()) die(usable.to_string());
+  auto loaded = infill::load_edit_model(model_dir, device);
   if (!loaded.ok()) die(loaded.status().to_string());
-  if (!loaded->dit) die(model_dir + ": streaming from disk is measured on the DiT family (FLUX.2 reads entries whole)");
   const std::shared_ptr<const infill::EditModel> model = loaded->model;
+  if (model->streamable_blocks() <= 0) die(model_dir + ": this model's edits do not stream entries from disk");
   // The cache folder must be on a real disk (not a tmpfs /tmp): by default next to the binary.
   if (dir.empty()) dir = std::filesystem::absolute("bench-loading-cache").string();
   infill::remove_tree(dir);
   std::filesystem::create_directories(dir);
 
-  auto png = infill::encode_png(picture());
-  auto tmpl_or = model->make_template(*png, "picture.png");
+  // FLUX.2 from pixels (a build without OpenImageIO, as on a GPU machine, reads no image file).
+  auto tmpl_or = [&]() -> infill::Result<std::shared_ptr<const infill::TemplateImage>> {
+    if (auto flux2 = std::dynamic_pointer_cast<const infill::Flux2EditModel>(model)) {
+      const infill::LatentCodec& codec = *flux2->parts().codec;
+      return infill::template_from_pixels(codec, codec.factor(), 0.0, 1.0, picture(), "bench-loading-picture");
+    }
+    auto png = infill::encode_png(picture());
+    if (!png.ok()) return png.status();
+    return model->make_template(*png, "picture.png");
+  }();
   if (!tmpl_or.ok()) die(tmpl_or.status().to_string());
   const std::shared_ptr<const infill::TemplateImage> tmpl = *tmpl_or;
   // One rectangle: 8x8 tokens plus the one-token halo = 100 of the 1024 tokens.
@@ -155,13 +166,14 @@ int main(int argc, char** argv) {
   params.mask.narrow(0, 12 * tp, 8 * tp).narrow(1, 10 * tp, 8 * tp).fill_(1.0);
   params.seed = 7;
   params.guidance_scale = model->info().default_guidance;
-  if (!model->info().vocabulary.empty()) {
-    if (infill::Status st = model->set_prompt(params, model->info().vocabulary.front()); !st.ok()) die(st.to_string());
-  }
+  const std::string prompt = model->info().vocabulary.empty() ? "make it dark blue" : model->info().vocabulary.front();
+  if (infill::Status st = model->set_prompt(params, prompt); !st.ok()) die(st.to_string());
 
-  // The step cost on this machine, as the engine measures it (--calibrate), for the plan.
+  // The step cost on this machine, as the engine measures it (--calibrate, the DiT family),
+  // for the plan; FLUX.2 starts from the plausible coefficients, which the worker refits on its
+  // own timed steps (serving/live_cost_model.h): the warm-up edits feed it.
   std::shared_ptr<const infill::StepCostModel> cost;
-  if (calibrate) {
+  if (calibrate && loaded->dit) {
     infill::CalibrationOptions co;
     co.threads = at::get_num_threads();
     co.cache_path = dir + "/../bench-loading-calibration.json";
@@ -172,10 +184,12 @@ int main(int argc, char** argv) {
     cost = std::make_shared<const infill::StepCostModel>(infill::StepCostModel::plausible());
   }
 
-  // The entry: recorded once, then kept in RAM for the resident runtime and written to disk.
-  infill::EditPipeline pipeline(loaded->dit, nullptr);
-  auto entry = pipeline.prepare(*tmpl, params.schedule);
-  if (!entry.ok()) die(entry.status().to_string());
+  // The entry: recorded once by the model's own prepare run, then kept in RAM for the resident
+  // runtime and written to disk.
+  auto prepare = model->create_prepare(tmpl, params);
+  if (!prepare.ok()) die(prepare.status().to_string());
+  while (!(*prepare)->done()) (*prepare)->run_step();
+  const std::shared_ptr<const infill::ActivationEntry> entry = (*prepare)->entry();
   const infill::ActivationKey key = model->cache_key(*tmpl, params);
   auto open_store = [&](size_t ram_bytes, const std::string& disk_dir) {
     infill::ActivationStoreOptions o;
@@ -186,13 +200,13 @@ int main(int argc, char** argv) {
     return std::shared_ptr<infill::ActivationStore>(std::move(*s));
   };
   auto resident_store = open_store(size_t{4} << 30, "");
-  if (!resident_store->put(key, *entry).ok()) die("resident put");
+  if (!resident_store->put(key, entry).ok()) die("resident put");
   // RAM budget 1 byte: the entry goes straight to disk and is never promoted, so every edit
   // of the disk runtimes reads the device.
   auto disk_store = open_store(1, dir);
-  if (!disk_store->put(key, *entry).ok()) die("disk put");
+  if (!disk_store->put(key, entry).ok()) die("disk put");
   if (disk_store->tier_of(key) != infill::Tier::kDisk) die("the entry is not on disk");
-  const infill::ActivationLayout layout = (*entry)->layout();
+  const infill::ActivationLayout layout = entry->layout();
 
   infill::RuntimeOptions o;
   o.threads_per_worker = at::get_num_threads();
@@ -207,14 +221,18 @@ int main(int argc, char** argv) {
   auto plan_rt = make_runtime(disk_store, true);
   auto naive_rt = make_runtime(disk_store, false);
 
-  // Warm-up (not counted): one edit each; the plan runtime times its first reads here.
+  // Warm-up (not counted): the plan runtime times its first reads here, and its cost model
+  // refits on the steps it timed (every LiveCostModel::kRefitEvery steps).
   uint64_t id = 1;
-  drop_page_cache(dir);
-  run_edit(*resident_rt, id++, tmpl, params);
-  drop_page_cache(dir);
-  run_edit(*plan_rt, id++, tmpl, params);
-  drop_page_cache(dir);
-  run_edit(*naive_rt, id++, tmpl, params);
+  const int warmups = std::max(1, static_cast<int>(infill::LiveCostModel::kRefitEvery) / std::max(1, layout.steps));
+  for (int w = 0; w < warmups; ++w) {
+    drop_page_cache(dir);
+    run_edit(*resident_rt, id++, tmpl, params);
+    drop_page_cache(dir);
+    run_edit(*plan_rt, id++, tmpl, params);
+    drop_page_cache(dir);
+    run_edit(*naive_rt, id++, tmpl, params);
+  }
 
   // Interleaved repeats: machine drift touches the three alike.
   std::vector<double> resident_ms, plan_ms, naive_ms;
@@ -246,9 +264,12 @@ int main(int argc, char** argv) {
   const infill::WorkerMetrics plan_worker = plan_rt->worker_metrics().at(0);
   nlohmann::json out = {
       {"benchmark", "bench_loading"},
-      {"machine", infill::bench::machine_info()},
+      {"machine", infill::bench::machine_info(device.cuda ? infill::describe_compute_device(device) : "none used")},
       {"device", infill::describe_compute_device(model->device())},
-      {"model", {{"name", model->name()}, {"dir", model_dir}}},
+      {"model", {{"name", model->name()}, {"dir", model_dir}, {"family", model->info().family}}},
+      {"prompt", prompt},
+      {"guidance", params.guidance_scale},
+      {"warmup_edits_each", warmups},
       {"image", "512x512"},
       {"mask", {{"masked_tokens", masked_tokens}, {"total_tokens", total_tokens}}},
       {"steps", layout.steps},
@@ -256,7 +277,9 @@ int main(int argc, char** argv) {
        {{"bytes", layout.total_elements() * sizeof(uint16_t)},
         {"blocks", layout.blocks},
         {"slab_bytes", 2 * layout.slab_elements() * sizeof(uint16_t)}}},
-      {"cost_model", calibrate ? "calibrated at start (load_or_calibrate)" : "plausible (fixed)"},
+      {"cost_model", calibrate && loaded->dit ? "calibrated at start (load_or_calibrate)"
+                     : loaded->dit          ? "plausible (fixed)"
+                                            : "plausible at start, refitted by the worker on its timed steps"},
       {"page_cache", "dropped before every disk edit: fdatasync + posix_fadvise(POSIX_FADV_DONTNEED) on the cache files"},
       {"repeats", repeats},
       {"statistic", "median of submit-to-result latency through the worker (ServingRuntime), interleaved"},

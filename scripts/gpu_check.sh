@@ -6,24 +6,29 @@
 #      and bf16), CPU equals CUDA, mask-aware equals full, packed equals alone, the device
 #      K/V tier, row attention against matmul-softmax, edits through the worker;
 #   2. infill-model-check --device cuda on the reference files (float32, then --bf16);
-#   3. bench_row_attention --device cuda and bench_flux2 --device cuda at klein 4B sizes (JSON).
+#   3. bench_row_attention --device cuda, bench_flux2 --device cuda at klein 4B sizes and
+#      bench_loading --device cuda (the bundled model through the worker, its entry resident,
+#      streamed from disk under the load plan, read whole first) (JSON).
 # Prints each result and one summary JSON line last; exit 0 only when every check passed.
 #
-# usage: scripts/gpu_check.sh [--deps DIR] [--shared DIR] [--skip-bench]
+# usage: scripts/gpu_check.sh [--deps DIR] [--shared DIR] [--skip-bench] [--benches LIST]
 #   --deps: what scripts/gpu_deps.sh staged (default .gpu-deps; system packages otherwise)
 #   --shared: the shared test data (default .gpu-shared, else ../shared)
+#   --benches: which benchmarks, comma-separated (default row_attention,flux2,loading)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 deps=.gpu-deps
 shared=""
 build=build/gpu-core
 bench=1
+benches=row_attention,flux2,loading
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps) deps="$2"; shift 2 ;;
     --shared) shared="$2"; shift 2 ;;
     --skip-bench) bench=0; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --benches) benches="$2"; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -53,7 +58,7 @@ if ! cmake --preset gpu-core -DINFILL_SHARED_DIR="$shared" -DCMAKE_PREFIX_PATH="
   cat "$configure_log"; echo "gpu_check: configure failed" >&2; exit 1
 fi
 grep -E "Infill|CUDA|Torch" "$configure_log" | head -20
-targets=(infill_tests_model infill_tests_pipeline infill_tests_serving infill-model-check bench_flux2 bench_row_attention)
+targets=(infill_tests_model infill_tests_pipeline infill_tests_serving infill-model-check bench_flux2 bench_row_attention bench_loading)
 start=$(date +%s)
 # -k 0: every compile error of this libtorch at once; a target that fails to build fails its
 # checks below, the others still run.
@@ -82,10 +87,11 @@ check tests_serving_cuda "$build/tests/infill_tests_serving" "[cuda]" -w NoTests
 refs=("$shared/testdata/flux2/flux2_dit_klein.safetensors" "$shared/testdata/flux2/flux2_dit_dev.safetensors")
 check model_check_float32 "$build/app/infill-model-check" --device cuda --blocks "${refs[@]}"
 check model_check_bf16 "$build/app/infill-model-check" --device cuda --bf16 --blocks "${refs[@]}"
-if [ $bench -eq 1 ]; then
-  check bench_row_attention_cuda "$build/bench/bench_row_attention" --device cuda
-  check bench_flux2_cuda "$build/bench/bench_flux2" --device cuda --repeats 10 --full-repeats 5
-fi
+wanted() { [ $bench -eq 1 ] && [[ ",$benches," == *",$1,"* ]]; }
+wanted row_attention && check bench_row_attention_cuda "$build/bench/bench_row_attention" --device cuda
+wanted flux2 && check bench_flux2_cuda "$build/bench/bench_flux2" --device cuda --repeats 10 --full-repeats 5
+# The cache folder on the build's disk (a tmpfs /tmp would not read a device).
+wanted loading && check bench_loading_cuda "$build/bench/bench_loading" --device cuda --repeats 7 --dir "$PWD/$build/bench-loading-cache"
 if [ ${#failed[@]} -eq 0 ]; then
   echo '{"gpu_check":"summary","ok":true}'
 else

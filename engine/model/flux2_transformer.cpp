@@ -362,7 +362,22 @@ struct SegmentState {
   at::Tensor cos, sin;     // [rt + ri, head_dim / 2]
   std::vector<at::Tensor> mod_img, mod_txt, mod_single, mod_final;  // [1, H] each
   at::Tensor k_buf, v_buf;  // [L, H] float, for sources without fp16 slabs
+  at::Tensor keep;          // int64 on the CPU: the positions kept after a recomputed prefix
+  int64_t keep_text = 0;    // how many of them are text rows
 };
+
+// The end of a segment's recomputed prefix: from here on it computes only its kept rows (the
+// rows were the whole sequence in order, so a kept position is also its row index).
+void keep_rows_only(SegmentState& s, const at::Device& device) {
+  const at::Tensor keep = s.keep.to(device);
+  s.cos = s.cos.index_select(0, keep);
+  s.sin = s.sin.index_select(0, keep);
+  s.positions = s.keep;
+  s.positions_device = at::Tensor();
+  s.rt = s.keep_text;
+  s.ri = s.keep.size(0) - s.keep_text;
+  s.full = false;
+}
 
 at::Tensor layer_norm(const at::Tensor& x) { return at::layer_norm(x, {x.size(1)}, {}, {}, kNormEps); }
 
@@ -499,6 +514,26 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     s.full = rows == L;
     TORCH_CHECK(s.full || seg.kv != nullptr, "segment ", i, ": computing ", rows, " of ", L,
                 " positions needs a KvSource");
+    TORCH_CHECK(seg.full_blocks >= 0 && seg.full_blocks <= cfg.depth(), "segment ", i, ": full_blocks is ",
+                seg.full_blocks, ", expected 0 .. ", cfg.depth());
+    if (seg.full_blocks > 0) {
+      TORCH_CHECK(!seg.positions.defined() && s.full, "segment ", i,
+                  ": a recomputed prefix runs on the whole sequence's rows (positions undefined)");
+      TORCH_CHECK(seg.sink == nullptr, "segment ", i, ": a recomputed prefix records no K/V");
+      TORCH_CHECK(seg.full_blocks == cfg.depth() || seg.kv != nullptr, "segment ", i, ": keeping rows after ",
+                  seg.full_blocks, " blocks needs a KvSource");
+      TORCH_CHECK(seg.keep_positions.defined() && seg.keep_positions.dim() == 1, "segment ", i,
+                  ": a recomputed prefix needs keep_positions");
+      s.keep = seg.keep_positions.to(at::kCPU, at::kLong).contiguous();
+      const int64_t kept = s.keep.size(0);
+      const int64_t* k = s.keep.data_ptr<int64_t>();
+      for (int64_t j = 0; j < kept; ++j) {
+        TORCH_CHECK(k[j] >= 0 && k[j] < L && (j == 0 || k[j] > k[j - 1]), "segment ", i,
+                    ": keep_positions must ascend within [0, ", L, ")");
+        s.keep_text += k[j] < s.rt;
+      }
+      TORCH_CHECK(kept > s.keep_text, "segment ", i, ": keep_positions keeps no image row");
+    }
 
     auto ids = s.rt > 0 ? at::cat({seg.txt_ids.to(at::kCPU, at::kFloat), seg.img_ids.to(at::kCPU, at::kFloat)})
                         : seg.img_ids.to(at::kCPU, at::kFloat);
@@ -522,10 +557,50 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     img_rows.push_back(s.ri);
     all_rows.push_back(rows);
   }
-  const Packing pt = packing(txt_rows), pi = packing(img_rows), pa = packing(all_rows);
-  const int64_t total_txt = std::accumulate(txt_rows.begin(), txt_rows.end(), int64_t{0});
+  Packing pt = packing(txt_rows), pi = packing(img_rows), pa = packing(all_rows);
+  int64_t total_txt = std::accumulate(txt_rows.begin(), txt_rows.end(), int64_t{0});
   at::Tensor x_txt = total_txt > 0 ? w.txt_in(concat_rows(txt_parts)) : at::empty({0, H}, opts);
   at::Tensor x_img = w.img_in(concat_rows(img_parts));
+  at::Tensor x;  // the single blocks' joined rows
+
+  // After `block`, the segments whose recomputed prefix ends there drop to their kept rows;
+  // the packing of every stream follows.
+  auto end_prefixes_after = [&](int block) {
+    bool any = false;
+    for (const SegmentState& s : states) any = any || s.seg->full_blocks == block + 1;
+    if (!any) return;
+    const bool joined = block >= cfg.double_blocks;
+    std::vector<at::Tensor> txt, img, all;
+    for (size_t i = 0; i < n; ++i) {
+      SegmentState& s = states[i];
+      const bool ends = s.seg->full_blocks == block + 1;
+      if (joined) {
+        all.push_back(ends ? pa.slice(x, i).index_select(0, s.keep.to(device)) : pa.slice(x, i));
+      } else {
+        at::Tensor t = pt.slice(x_txt, i), im = pi.slice(x_img, i);
+        if (ends) {
+          t = t.index_select(0, s.keep.narrow(0, 0, s.keep_text).to(device));
+          im = im.index_select(0, (s.keep.narrow(0, s.keep_text, s.keep.size(0) - s.keep_text) - s.rt).to(device));
+        }
+        txt.push_back(t);
+        img.push_back(im);
+      }
+      if (ends) keep_rows_only(s, device);
+      txt_rows[i] = s.rt;
+      img_rows[i] = s.ri;
+      all_rows[i] = s.rt + s.ri;
+    }
+    if (joined) {
+      x = at::cat(all, 0).contiguous();
+    } else {
+      x_txt = at::cat(txt, 0).contiguous();
+      x_img = at::cat(img, 0).contiguous();
+    }
+    pt = packing(txt_rows);
+    pi = packing(img_rows);
+    pa = packing(all_rows);
+    total_txt = std::accumulate(txt_rows.begin(), txt_rows.end(), int64_t{0});
+  };
 
   // Double blocks: two streams, each with its own weights, attending jointly.
   for (int b = 0; b < cfg.double_blocks; ++b) {
@@ -577,6 +652,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
       trace->double_img.push_back(x_img.to(at::kCPU, at::kFloat).clone());
       trace->double_txt.push_back(x_txt.to(at::kCPU, at::kFloat).clone());
     }
+    end_prefixes_after(b);
   }
 
   // Single blocks: one stream over [text, image] rows of each segment.
@@ -585,7 +661,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     if (states[i].rt > 0) joined.push_back(pt.slice(x_txt, i));
     joined.push_back(pi.slice(x_img, i));
   }
-  at::Tensor x = concat_rows(joined).contiguous();
+  x = concat_rows(joined).contiguous();
   for (int sb = 0; sb < cfg.single_blocks; ++sb) {
     const SingleBlock& blk = w.singles[sb];
     const int block = cfg.double_blocks + sb;
@@ -605,6 +681,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     const at::Tensor out = blk.linear2(inner);
     for (size_t i = 0; i < n; ++i) pa.slice(x, i).addcmul_(pa.slice(out, i), states[i].mod_single[2]);
     if (trace != nullptr) trace->single.push_back(x.to(at::kCPU, at::kFloat).clone());
+    end_prefixes_after(block);
   }
 
   // Final layer on the image rows.

@@ -96,6 +96,16 @@ struct Flux2Segment {
   /// Cached K/V of every position, required when fewer than sequence_length rows are
   /// computed; the fresh rows replace theirs. Not owned.
   KvSource* kv = nullptr;
+  /// A recomputed prefix (the load plan's choice for a streamed entry whose leading blocks
+  /// would wait on the disk): blocks [0, full_blocks) run on every row given, which must be
+  /// the whole sequence in order (positions undefined), attending among themselves; from block
+  /// `full_blocks` on only the rows at `keep_positions` go on, reading every other position's
+  /// K/V from `kv` (required unless full_blocks is the depth). The prediction then has the
+  /// kept image (and reference) rows. 0: no prefix.
+  int full_blocks = 0;
+  /// int64, ascending positions of the sequence kept after the prefix (text rows first);
+  /// at least one image or reference row.
+  at::Tensor keep_positions;
   /// Receives every block's K/V ([L, H], post QK-norm and RoPE) of a full forward. Not owned.
   KvSink* sink = nullptr;
 };

@@ -16,14 +16,17 @@ c10::Stream copy_stream_for(const c10::Device& device) {
 }  // namespace
 
 DeviceKvPrefetch::DeviceKvPrefetch(c10::Device device, int steps, int blocks, int64_t tokens, int64_t hidden,
-                                   HostSlabs slabs)
+                                   HostSlabs slabs, bool read_ahead)
     : device_(device),
       steps_(steps),
       blocks_(blocks),
       tokens_(tokens),
       hidden_(hidden),
       slabs_(std::move(slabs)),
+      read_ahead_(read_ahead),
       copy_stream_(copy_stream_for(device)) {}
+
+void DeviceKvPrefetch::synchronize() const { copy_stream_.synchronize(); }
 
 DeviceKvPrefetch::~DeviceKvPrefetch() {
   // A forward that threw may have left even the current block's copy unfinished.
@@ -67,7 +70,7 @@ void DeviceKvPrefetch::get(int step, int block, at::Tensor* k, at::Tensor* v) {
     current_ = std::move(copy);
     const bool last_block = block + 1 == blocks_;
     const int next_step = last_block ? step + 1 : step;
-    if (next_step < steps_) next_ = start(next_step, last_block ? 0 : block + 1);
+    if (read_ahead_ && next_step < steps_) next_ = start(next_step, last_block ? 0 : block + 1);
   }
   *k = current_->k;
   *v = current_->v;

@@ -32,7 +32,10 @@ class DeviceKvPrefetch {
   using HostSlabs = std::function<std::pair<const uint16_t*, const uint16_t*>(int step, int block)>;
 
   /// `steps` x `blocks` slabs of [tokens, hidden]; `device` must be a GPU (c10 streams).
-  DeviceKvPrefetch(c10::Device device, int steps, int blocks, int64_t tokens, int64_t hidden, HostSlabs slabs);
+  /// `read_ahead` false: a block's copy starts only when it is asked for (the host slabs of
+  /// later blocks may not exist yet: a disk stream reads them meanwhile).
+  DeviceKvPrefetch(c10::Device device, int steps, int blocks, int64_t tokens, int64_t hidden, HostSlabs slabs,
+                   bool read_ahead = true);
   /// Waits for the copies still in flight: their host memory may be freed next.
   ~DeviceKvPrefetch();
   DeviceKvPrefetch(const DeviceKvPrefetch&) = delete;
@@ -42,6 +45,8 @@ class DeviceKvPrefetch {
   /// compute stream runs next; starts the copy of the block after. Asking again for the
   /// block just returned (the second segment of a guided step) copies nothing.
   void get(int step, int block, at::Tensor* k, at::Tensor* v);
+  /// Waits until every copy started so far is done: their host slabs may be rewritten next.
+  void synchronize() const;
 
   const c10::Device& device() const { return device_; }
   /// Bytes copied to the device so far, and how many of the blocks asked for had their copy
@@ -64,6 +69,7 @@ class DeviceKvPrefetch {
   const int steps_, blocks_;
   const int64_t tokens_, hidden_;
   const HostSlabs slabs_;
+  const bool read_ahead_;
   const c10::Stream copy_stream_;
   std::unique_ptr<Copy> current_;  // the block last returned
   std::unique_ptr<Copy> next_;     // the block after it, in flight

@@ -115,6 +115,21 @@ class EditModel {
                                                               const EditParams& params,
                                                               std::shared_ptr<const ActivationEntry> entry,
                                                               std::shared_ptr<const ActivationEntry> prompt_entry) const = 0;
+  /// Bytes per millisecond a host-resident cache entry crosses to this model's device
+  /// (measured when the model was set up on a GPU); 0 when the model reads entries where they
+  /// are (the CPU).
+  virtual double host_to_device_bytes_per_ms() const { return 0.0; }
+  /// create_session for a model on a GPU, with the worker's load plan for a template-keyed
+  /// `entry` that must be copied to the device: the first `recompute_if_copied` blocks of every
+  /// step run on every token instead of being copied. An entry the device already holds is
+  /// read there whatever the plan; on the CPU the plan is ignored (the default).
+  virtual Result<std::unique_ptr<StepSession>> create_session_planned(std::shared_ptr<const TemplateImage> tmpl,
+                                                                      const EditParams& params,
+                                                                      std::shared_ptr<const ActivationEntry> entry,
+                                                                      std::shared_ptr<const ActivationEntry> prompt_entry,
+                                                                      int recompute_if_copied) const {
+    return create_session(std::move(tmpl), params, std::move(entry), std::move(prompt_entry));
+  }
   /// Blocks per step of this model's cache entries (the load plan's unit); 0 when its edits
   /// cannot stream an entry from the disk tier (the worker then reads the entry whole).
   virtual int streamable_blocks() const { return 0; }

@@ -78,6 +78,9 @@ struct EditOutput {
   bool prompt_truncated = false;
   bool streamed_cache = false;  ///< cached K/V were streamed from the disk tier
   int recomputed_blocks = 0;    ///< leading blocks run on all tokens by the load plan
+  /// The template's entry was copied from host memory to the GPU block by block (not held by
+  /// the device tier), recomputed_blocks of every step recomputed instead.
+  bool copied_to_device = false;
   PixelRect region;           ///< pixel box that was decoded
 };
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <span>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "model/flux2_model.h"
 #include "pipeline/flux2_edit_session.h"
 #include "pipeline/flux2_prepare_run.h"
+#include "pipeline/host_to_device_speed.h"
 
 namespace infill {
 
@@ -153,6 +155,13 @@ Result<std::shared_ptr<const Flux2EditModel>> Flux2EditModel::create(Flux2EditMo
   model->empty_prompt_ = std::move(empty);
   if (const ComputeDevice device = model->device(); device.cuda) {
     model->device_tier_ = std::make_shared<DeviceKvTier>(device, model->parts_.device_cache_bytes);
+    if (model->parts_.host_to_device_bytes_per_ms <= 0) {
+      try {
+        model->parts_.host_to_device_bytes_per_ms = measure_host_to_device_bytes_per_ms(device.torch_device());
+      } catch (const c10::Error&) {
+        // No room for the probe's 64 MiB: left at 0, the worker copies entries without a plan.
+      }
+    }
   }
   return std::shared_ptr<const Flux2EditModel>(std::move(model));
 }
@@ -186,12 +195,27 @@ std::optional<ActivationKey> Flux2EditModel::prompt_cache_key(const TemplateImag
   return key;
 }
 
+Result<std::unique_ptr<StepSession>> Flux2EditModel::session_with(std::shared_ptr<const TemplateImage> tmpl,
+                                                                  const EditParams& params, Flux2Cache cache) const {
+  bool truncated = false;
+  INFILL_ASSIGN_OR_RETURN(Flux2EditParams p, session_params(parts_, *empty_prompt_, params, resolved_steps(params), truncated));
+  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2EditSession> session,
+                          Flux2EditSession::create(parts_.transformer, parts_.codec, std::move(tmpl), p, std::move(cache)));
+  return std::unique_ptr<StepSession>(std::make_unique<Flux2StepSession>(std::move(session), truncated));
+}
+
 Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session(std::shared_ptr<const TemplateImage> tmpl,
                                                                     const EditParams& params,
                                                                     std::shared_ptr<const ActivationEntry> entry,
                                                                     std::shared_ptr<const ActivationEntry> prompt_entry) const {
-  bool truncated = false;
-  INFILL_ASSIGN_OR_RETURN(Flux2EditParams p, session_params(parts_, *empty_prompt_, params, resolved_steps(params), truncated));
+  return create_session_planned(std::move(tmpl), params, std::move(entry), std::move(prompt_entry), 0);
+}
+
+Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session_planned(std::shared_ptr<const TemplateImage> tmpl,
+                                                                            const EditParams& params,
+                                                                            std::shared_ptr<const ActivationEntry> entry,
+                                                                            std::shared_ptr<const ActivationEntry> prompt_entry,
+                                                                            int recompute_if_copied) const {
   Flux2Cache cache;
   if (params.cache == CacheMode::kUse) {
     cache.template_keyed = std::move(entry);
@@ -201,31 +225,38 @@ Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session(std::shared_
       // The entry the session reads first is placed last, so it is the most recently used.
       if (cache.template_keyed) cache.template_keyed_resident = device_tier_->get(cache.template_keyed);
       if (cache.prompt_keyed) cache.prompt_keyed_resident = device_tier_->get(cache.prompt_keyed);
+      // A template-keyed entry the tier could not take crosses the bus at every step: the
+      // plan's leading blocks are recomputed instead.
+      if (cache.template_keyed && !cache.template_keyed_resident && !cache.prompt_keyed) {
+        cache.recompute_blocks = std::clamp(recompute_if_copied, 0, streamable_blocks());
+      }
     }
   }
-  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2EditSession> session,
-                          Flux2EditSession::create(parts_.transformer, parts_.codec, std::move(tmpl), p, std::move(cache)));
-  return std::unique_ptr<StepSession>(std::make_unique<Flux2StepSession>(std::move(session), truncated));
+  return session_with(std::move(tmpl), params, std::move(cache));
 }
 
 int Flux2EditModel::streamable_blocks() const { return parts_.transformer->config().depth(); }
+
+Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session_recomputing(std::shared_ptr<const TemplateImage> tmpl,
+                                                                                const EditParams& params,
+                                                                                std::shared_ptr<const ActivationEntry> entry,
+                                                                                int recompute_blocks) const {
+  if (!entry) return invalid_argument("a recomputed prefix on a resident entry needs the entry");
+  Flux2Cache cache;
+  cache.template_keyed = std::move(entry);
+  cache.recompute_blocks = recompute_blocks;
+  return session_with(std::move(tmpl), params, std::move(cache));
+}
 
 Result<std::unique_ptr<StepSession>> Flux2EditModel::create_streamed_session(std::shared_ptr<const TemplateImage> tmpl,
                                                                              const EditParams& params,
                                                                              std::shared_ptr<StreamedKvSource> streamed,
                                                                              int recompute_blocks) const {
   if (!streamed) return invalid_argument("a streamed edit needs its streamed source");
-  if (recompute_blocks != 0) {
-    return invalid_argument("model " + name() + " loads every block of a streamed entry; " +
-                            std::to_string(recompute_blocks) + " recomputed blocks were asked (expected 0)");
-  }
-  bool truncated = false;
-  INFILL_ASSIGN_OR_RETURN(Flux2EditParams p, session_params(parts_, *empty_prompt_, params, resolved_steps(params), truncated));
   Flux2Cache cache;
   cache.template_keyed_streamed = std::move(streamed);
-  INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2EditSession> session,
-                          Flux2EditSession::create(parts_.transformer, parts_.codec, std::move(tmpl), p, std::move(cache)));
-  return std::unique_ptr<StepSession>(std::make_unique<Flux2StepSession>(std::move(session), truncated));
+  cache.recompute_blocks = recompute_blocks;
+  return session_with(std::move(tmpl), params, std::move(cache));
 }
 
 Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prepare(std::shared_ptr<const TemplateImage> tmpl,

@@ -17,6 +17,8 @@
 
 namespace infill {
 
+struct Flux2Cache;  // pipeline/flux2_edit_session.h
+
 struct Flux2EditModelParts {
   std::string name;  ///< the model's name in errors and metrics
   /// The model's id (API, cache keys): the name and an identity of its weight files, so that
@@ -33,6 +35,9 @@ struct Flux2EditModelParts {
   /// Bytes of cached K/V the device tier keeps on the transformer's GPU (templates in active
   /// use); unused on the CPU. A klein 4B entry at 512x512 with 4 steps is 3.1 GB.
   int64_t device_cache_bytes = int64_t{8} << 30;
+  /// Bytes per ms from pinned host memory to the transformer's GPU; 0: measured when the
+  /// model is created there (a test may state a bus of its own).
+  double host_to_device_bytes_per_ms = 0.0;
 };
 
 class Flux2EditModel final : public EditModel {
@@ -58,14 +63,29 @@ class Flux2EditModel final : public EditModel {
   Result<std::unique_ptr<StepSession>> create_session(std::shared_ptr<const TemplateImage> tmpl, const EditParams& params,
                                                       std::shared_ptr<const ActivationEntry> entry,
                                                       std::shared_ptr<const ActivationEntry> prompt_entry) const override;
-  /// A template-keyed entry in the disk tier streams block by block; FLUX.2's joint blocks
-  /// cannot switch from all tokens to the masked ones mid-network, so every block loads.
+  /// On a GPU the session reads its entries from the device tier; a template-keyed entry the
+  /// tier cannot hold is copied per block on the copy stream, its first `recompute_if_copied`
+  /// blocks recomputed instead (template-keyed mode only).
+  Result<std::unique_ptr<StepSession>> create_session_planned(std::shared_ptr<const TemplateImage> tmpl,
+                                                              const EditParams& params,
+                                                              std::shared_ptr<const ActivationEntry> entry,
+                                                              std::shared_ptr<const ActivationEntry> prompt_entry,
+                                                              int recompute_if_copied) const override;
+  double host_to_device_bytes_per_ms() const override { return parts_.host_to_device_bytes_per_ms; }
+  /// A template-keyed entry in the disk tier streams block by block; the plan's recomputed
+  /// prefix runs every token through the first blocks, the masked ones from there on.
   int streamable_blocks() const override;
-  int max_recompute_blocks() const override { return 0; }
   Result<std::unique_ptr<StepSession>> create_streamed_session(std::shared_ptr<const TemplateImage> tmpl,
                                                                const EditParams& params,
                                                                std::shared_ptr<StreamedKvSource> streamed,
                                                                int recompute_blocks) const override;
+  /// A template-keyed edit on the RAM-resident `entry` with its first `recompute_blocks`
+  /// blocks computed on every token: the resident counterpart of a streamed edit under that
+  /// plan (tests and benchmarks compare the two).
+  Result<std::unique_ptr<StepSession>> create_session_recomputing(std::shared_ptr<const TemplateImage> tmpl,
+                                                                  const EditParams& params,
+                                                                  std::shared_ptr<const ActivationEntry> entry,
+                                                                  int recompute_blocks) const;
   Result<std::unique_ptr<StepPrepare>> create_prepare(std::shared_ptr<const TemplateImage> tmpl,
                                                       const EditParams& params) const override;
   Result<std::unique_ptr<StepPrepare>> create_prompt_prepare(std::shared_ptr<const TemplateImage> tmpl,
@@ -80,6 +100,9 @@ class Flux2EditModel final : public EditModel {
 
  private:
   explicit Flux2EditModel(Flux2EditModelParts parts);
+  // The session of `params` reading `cache` (the create_* functions differ in the cache only).
+  Result<std::unique_ptr<StepSession>> session_with(std::shared_ptr<const TemplateImage> tmpl, const EditParams& params,
+                                                    Flux2Cache cache) const;
   Flux2EditModelParts parts_;
   EditModelInfo info_;
   // The empty prompt's rows, encoded once when the model is created: template-keyed prepare

@@ -134,6 +134,14 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   INFILL_RETURN_IF_ERROR(check_layout(layout_of(cache.template_keyed.get()), "template-keyed", s->sampler_->steps(), cfg, sequence));
   INFILL_RETURN_IF_ERROR(check_layout(cache.template_keyed_streamed ? &cache.template_keyed_streamed->layout() : nullptr,
                                       "streamed template-keyed", s->sampler_->steps(), cfg, sequence));
+  if (cache.recompute_blocks < 0 || cache.recompute_blocks > cfg.depth()) {
+    return invalid_argument("recompute_blocks is " + std::to_string(cache.recompute_blocks) + ", expected 0 .. " +
+                            std::to_string(cfg.depth()) + " (the transformer's blocks)");
+  }
+  if (cache.recompute_blocks > 0 &&
+      (record != nullptr || cache.prompt_keyed || !(cache.template_keyed || cache.template_keyed_streamed))) {
+    return invalid_argument("a recomputed prefix reads a template-keyed entry (no prompt-keyed entry, no recording)");
+  }
   s->cache_ = std::move(cache);
   s->record_ = record;
   s->record_null_ = s->guided_ ? record_null : nullptr;
@@ -181,6 +189,17 @@ void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, Kv
     return;
   }
   s.kv = kv;
+  if (cache_.recompute_blocks > 0) {
+    // The prefix runs on the whole sequence, as a full forward; the masked rows (and the text
+    // when computed) go on after it.
+    s.txt = text;
+    s.txt_ids = text_ids_;
+    s.img = at::cat({flux2_with_mask(x_, mask_rows_), flux2_with_mask(clean_, no_mask_rows_)});
+    s.img_ids = image_ids_;
+    s.full_blocks = cache_.recompute_blocks;
+    s.keep_positions = compute_text ? masked_positions_text_ : masked_positions_;
+    return;
+  }
   s.sequence_length = text_rows_ + 2 * grid_h_ * grid_w_;
   s.img = flux2_with_mask(x_.index_select(0, idx), mask_rows_.index_select(0, idx));
   s.img_ids = masked_ids_;
@@ -197,7 +216,8 @@ void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, Kv
 
 std::span<Flux2Segment> Flux2EditSession::segments() {
   StreamedKvSource* streamed = cache_.template_keyed_streamed.get();
-  if (streamed != nullptr) streamed->start_step(step_, 0);  // the reads overlap this step's blocks
+  // The reads overlap this step's blocks; a recomputed prefix is never read.
+  if (streamed != nullptr) streamed->start_step(step_, cache_.recompute_blocks);
   if (kv_) kv_->set_step(step_);
   if (null_kv_) null_kv_->set_step(step_);
   KvSource* source = mode_ == Flux2CacheMode::kOff ? nullptr : streamed ? static_cast<KvSource*>(streamed) : kv_.get();
@@ -220,7 +240,9 @@ std::span<Flux2Segment> Flux2EditSession::segments() {
   return {segments_, 2};
 }
 
-int64_t Flux2EditSession::rows_of(const Flux2Segment& s) const { return s.img.size(0); }
+int64_t Flux2EditSession::rows_of(const Flux2Segment& s) const {
+  return s.full_blocks > 0 ? tokens_.count() : s.img.size(0);  // a prefix keeps the masked image rows
+}
 
 int64_t Flux2EditSession::prediction_rows() const {
   int64_t rows = rows_of(segments_[0]);
@@ -288,6 +310,9 @@ Result<EditOutput> Flux2EditSession::finish() const {
   out.used_cache = mode_ != Flux2CacheMode::kOff && tokens_.count() > 0;
   out.cache_mode = flux2_cache_mode_name(mode_);
   out.streamed_cache = cache_.template_keyed_streamed != nullptr;
+  out.recomputed_blocks = mode_ == Flux2CacheMode::kTemplateKeyed ? cache_.recompute_blocks : 0;
+  out.copied_to_device = mode_ == Flux2CacheMode::kTemplateKeyed && cache_.template_keyed &&
+                         !cache_.template_keyed_resident && !model_->device().is_cpu();
   if (tokens_.count() == 0) {
     out.steps_run = 0;
     out.image = tmpl_->pixels;

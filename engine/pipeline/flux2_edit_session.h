@@ -86,9 +86,13 @@ struct Flux2Cache {
   /// Their copies on the transformer's GPU (the device tier), when there: read instead.
   std::shared_ptr<const DeviceKvEntry> prompt_keyed_resident, template_keyed_resident;
   /// The template-keyed entry when it is only in the disk tier: streamed block by block as
-  /// each step reaches it (every block loads; FLUX.2 recomputes none). Used instead of
-  /// template_keyed, with no prompt-keyed entry.
+  /// each step reaches it. Used instead of template_keyed, with no prompt-keyed entry.
   std::shared_ptr<StreamedKvSource> template_keyed_streamed;
+  /// Template-keyed mode only: the first blocks of every step are computed on every token
+  /// instead of read (the load plan's recomputed prefix for a streamed entry, whose reads of
+  /// those blocks would stall); the masked rows go on from there. On a resident entry: the
+  /// same edit, for comparing the two. 0 .. depth.
+  int recompute_blocks = 0;
 };
 
 class Flux2EditSession {

@@ -37,6 +37,9 @@ struct RequestMetrics {
   /// the load plan loaded blocks_loaded blocks' K/V and recomputed the blocks_recomputed
   /// leading ones on all tokens.
   bool streamed = false;
+  /// On a GPU: the entry was copied from host memory block by block (the device tier did not
+  /// hold it); per step the plan copied blocks_loaded blocks and recomputed the rest.
+  bool copied_to_device = false;
   int blocks_loaded = 0;
   int blocks_recomputed = 0;
 };

@@ -325,8 +325,9 @@ void Worker::complete(const std::shared_ptr<Record>& r, RequestState state, Stat
   m.deadline_met = state == RequestState::kDone && m.total_ms <= r->deadline_rel_ms;
   m.shared_prepare = r->shared_prepare;
   m.streamed = r->streamed_key.has_value();
-  m.blocks_loaded = m.streamed ? r->blocks - r->recompute_blocks : 0;
-  m.blocks_recomputed = m.streamed ? r->recompute_blocks : 0;
+  m.copied_to_device = output.copied_to_device;
+  m.blocks_loaded = m.streamed ? r->blocks - r->recompute_blocks : m.copied_to_device ? r->blocks - output.recomputed_blocks : 0;
+  m.blocks_recomputed = m.streamed ? r->recompute_blocks : m.copied_to_device ? output.recomputed_blocks : 0;
   result->id = r->req.id;
   result->state = state;
   result->status = std::move(status);
@@ -455,22 +456,11 @@ bool Worker::create_streamed_session(const std::shared_ptr<Record>& r, const Act
   const int blocks = model.streamable_blocks();
   const std::optional<ActivationLayout> layout = store_->layout_of(key);
   if (blocks <= 0 || !layout || layout->blocks != blocks) return false;
-  // The plan's inputs, per block of one step: compute from the model's cost model on this
-  // device (the step's marginal cost spread over its blocks), loads from the read speed.
   const double slab_bytes = 2.0 * double(layout->slab_elements()) * sizeof(uint16_t);
   const double measured = read_bytes_per_ms_.load();
-  const double bytes_per_ms = measured > 0 ? measured : options_.assumed_read_bytes_per_ms;
-  const int64_t total = layout->tokens;
-  const int64_t masked = std::clamp<int64_t>(r->tokens, 1, total);
-  const std::vector<double> load(blocks, slab_bytes / bytes_per_ms);
-  const std::vector<double> masked_ms(blocks, request_work_ms(*r->cost(), masked, total, 1) / blocks);
-  const std::vector<double> full_ms(blocks, request_work_ms(*r->cost(), total, total, 1) / blocks);
-  const LoadPlan plan = plan_loads(load, masked_ms, full_ms, LoadPlanShape::kRecomputePrefix);
-  int recompute = 0;
-  for (BlockLoadChoice choice : plan.choices) recompute += choice == BlockLoadChoice::kRecompute;
-  if (options_.force_recompute_blocks) recompute = std::clamp(options_.force_recompute_blocks(blocks), 0, blocks);
-  recompute = std::min(recompute, model.max_recompute_blocks());  // FLUX.2: every block loads
-  auto streamed = std::make_shared<StreamedKvSource>(store_, key, *layout);
+  const int recompute = planned_recompute(*r, *layout, measured > 0 ? measured : options_.assumed_read_bytes_per_ms);
+  // On a GPU the slabs are pinned: each block crosses the bus by DMA once read.
+  auto streamed = std::make_shared<StreamedKvSource>(store_, key, *layout, model.device().torch_device());
   auto session = model.create_streamed_session(r->tmpl, r->req.params, streamed, recompute);
   if (!session.ok() && session.status().code() == ErrorCode::kUnimplemented) return false;
   r->streamed = std::move(streamed);
@@ -482,10 +472,39 @@ bool Worker::create_streamed_session(const std::shared_ptr<Record>& r, const Act
   return true;
 }
 
+int Worker::planned_recompute(const Record& r, const ActivationLayout& layout, double bytes_per_ms) const {
+  const EditModel& model = r.model();
+  const int blocks = layout.blocks;
+  // The plan's inputs, per block of one step: compute from the model's cost model on this
+  // device (the step's marginal cost spread over its blocks), loads from the bus or disk speed.
+  const double slab_bytes = 2.0 * double(layout.slab_elements()) * sizeof(uint16_t);
+  const int64_t total = layout.tokens;
+  const int64_t masked = std::clamp<int64_t>(r.tokens, 1, total);
+  const std::vector<double> load(blocks, slab_bytes / bytes_per_ms);
+  const std::vector<double> masked_ms(blocks, request_work_ms(*r.cost(), masked, total, 1) / blocks);
+  const std::vector<double> full_ms(blocks, request_work_ms(*r.cost(), total, total, 1) / blocks);
+  const LoadPlan plan = plan_loads(load, masked_ms, full_ms, LoadPlanShape::kRecomputePrefix);
+  int recompute = 0;
+  for (BlockLoadChoice choice : plan.choices) recompute += choice == BlockLoadChoice::kRecompute;
+  if (options_.force_recompute_blocks) recompute = std::clamp(options_.force_recompute_blocks(blocks), 0, blocks);
+  return std::min(recompute, model.max_recompute_blocks());
+}
+
 void Worker::create_session(const std::shared_ptr<Record>& r, std::shared_ptr<const ActivationEntry> entry,
                             std::shared_ptr<const ActivationEntry> prompt_entry) {
   try {
-    adopt_session(r, r->model().create_session(r->tmpl, r->req.params, std::move(entry), std::move(prompt_entry)));
+    // On a GPU a host-resident entry may cross the bus at every step: the plan weighs each
+    // block's copy against its recompute (the model applies it only if its device tier cannot
+    // hold the entry).
+    const EditModel& model = r->model();
+    int recompute_if_copied = 0;
+    if (const double bus = model.host_to_device_bytes_per_ms();
+        bus > 0 && entry && entry->layout().blocks == model.streamable_blocks()) {
+      recompute_if_copied = planned_recompute(*r, entry->layout(), bus);
+      r->blocks = entry->layout().blocks;
+    }
+    adopt_session(r, model.create_session_planned(r->tmpl, r->req.params, std::move(entry), std::move(prompt_entry),
+                                                  recompute_if_copied));
   } catch (...) {
     complete(r, RequestState::kFailed,
              invalid_argument("request " + std::to_string(r->req.id) +
@@ -887,6 +906,12 @@ void Worker::run_step() {
       failed = true;
       error = exception_text(std::current_exception());
     }
+    if (failed && !any_failed) {
+      // Counted before apply_rows fails the requests: whoever is told of the failure (a
+      // drained runtime, a client) finds the step counted.
+      std::lock_guard lock(metrics_mu_);
+      metrics_.failed_steps += 1;
+    }
     any_failed = any_failed || failed;
     if (!failed) models_run.push_back(g.served->model->info().id);
     const bool lost = failed && classify_device_fault(error) == DeviceFault::kLost;
@@ -907,7 +932,6 @@ void Worker::run_step() {
   if (one_model) cost_of(groups.front().served).add(sample);  // may refit: outside the metrics lock
   std::lock_guard lock(metrics_mu_);
   WorkerMetrics& m = metrics_;
-  if (any_failed) m.failed_steps += 1;
   if (models_run.empty()) return;
   m.steps += 1;
   for (const std::string& id : models_run) m.steps_by_model[id] += 1;

@@ -157,6 +157,9 @@ class Worker {
   /// Sets up an edit that streams the entry of `key` from the disk tier under a load plan;
   /// false when it cannot (the caller then reads the entry whole).
   bool create_streamed_session(const std::shared_ptr<Record>& r, const ActivationKey& key);
+  // The load plan's recomputed prefix for `r` reading an entry of `layout` whose blocks arrive
+  // at `bytes_per_ms` (the disk, or the bus to a GPU), capped by the model and the test seam.
+  int planned_recompute(const Record& r, const ActivationLayout& layout, double bytes_per_ms) const;
   /// Takes a session made for `r` (or its error) and hands `r` to the loop.
   void adopt_session(const std::shared_ptr<Record>& r, Result<std::unique_ptr<StepSession>> session);
   void start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<const TemplateImage> tmpl);

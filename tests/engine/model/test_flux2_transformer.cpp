@@ -163,6 +163,124 @@ TEST_CASE("FLUX.2 mask-aware forward equals the full forward (random weights)", 
   }
 }
 
+namespace {
+
+// Passes reads through to `inner`, noting which blocks were asked for.
+class BlockLog final : public infill::KvSource {
+ public:
+  explicit BlockLog(infill::KvSource* inner) : inner_(inner) {}
+  void fetch(int block, at::Tensor& k, at::Tensor& v) override {
+    note(block);
+    inner_->fetch(block, k, v);
+  }
+  bool fp16_slabs(int block, const uint16_t** k, const uint16_t** v) override {
+    note(block);
+    return inner_->fp16_slabs(block, k, v);
+  }
+  std::vector<int> blocks;
+
+ private:
+  void note(int block) {
+    if (blocks.empty() || blocks.back() != block) blocks.push_back(block);
+  }
+  infill::KvSource* inner_;
+};
+
+// A segment with the whole sequence through the first `full_blocks`, then text rows `txt_rows`
+// and image rows `img_rows` (indices as in masked_segment) reading the rest from `kv`.
+Flux2Segment prefix_segment(const Request& r, int full_blocks, const at::Tensor& txt_rows, const at::Tensor& img_rows,
+                            double t, infill::KvSource* kv) {
+  Flux2Segment s = full_segment(r, t);
+  s.kv = kv;
+  s.full_blocks = full_blocks;
+  s.keep_positions = at::cat({txt_rows, img_rows + r.txt.size(0)});
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("FLUX.2 recomputed prefix: every token through the first blocks and the kept rows after them", "[flux2]") {
+  const Flux2Config cfg = small_config();  // 2 double + 2 single blocks
+  const Flux2Transformer model = Flux2Transformer::random(cfg, 13, at::kFloat);
+  c10::InferenceMode guard;
+  const Request r = make_request(cfg, 6, 4, 5, /*reference=*/true, 4);
+  const double t = 0.55;
+  MemoryKv kv(/*slabs=*/true);
+  Flux2Segment prepare = full_segment(r, t);
+  prepare.sink = &kv;
+  const at::Tensor full = forward_one(model, prepare);
+  const at::Tensor all_txt = at::arange(6, at::kLong), none = at::empty({0}, at::kLong);
+  const at::Tensor rows = at::tensor(std::vector<int64_t>{2, 9, 10, 23});
+
+  for (int k = 1; k <= cfg.depth(); ++k) {
+    for (const bool text : {true, false}) {
+      INFO("recomputed blocks " << k << (text ? ", text kept" : ", image rows only"));
+      BlockLog log(&kv);
+      const at::Tensor out = forward_one(model, prefix_segment(r, k, text ? all_txt : none, rows, t, &log));
+      REQUIRE(out.sizes() == at::IntArrayRef({rows.size(0), cfg.in_channels}));
+      // Same inputs as the recorded forward: the kept rows are the full forward's, up to the
+      // fp16 rounding of the K/V read after the prefix (none read when every block recomputes).
+      const double err = rel_err(out, full.index_select(0, rows));
+      CHECK(err <= (k == cfg.depth() ? 1e-5 : 2e-3));
+      // The prefix never reads the cache; every block after it does, once per block.
+      std::vector<int> expected;
+      for (int b = k; b < cfg.depth(); ++b) expected.push_back(b);
+      CHECK(log.blocks == expected);
+    }
+  }
+
+  SECTION("the prefix computes the unmasked tokens afresh: a changed unmasked input changes the kept rows") {
+    Request changed = r;
+    changed.img = r.img.clone();
+    changed.img.narrow(0, 24, 16).mul_(-4.0);  // reference rows, none of them kept
+    const at::Tensor cached_only = forward_one(model, masked_segment(changed, all_txt, rows, t, &kv));
+    const at::Tensor prefixed = forward_one(model, prefix_segment(changed, 2, all_txt, rows, t, &kv));
+    // Read from the cache, the changed rows count for nothing; recomputed through two blocks they do.
+    const double cached_err = rel_err(cached_only, full.index_select(0, rows));
+    const double prefixed_err = rel_err(prefixed, full.index_select(0, rows));
+    INFO("cached only " << cached_err << ", two blocks recomputed " << prefixed_err);
+    CHECK(cached_err <= 2e-3);
+    CHECK(prefixed_err > 5 * cached_err);
+  }
+  SECTION("packed with other segments, each gets what it gets alone") {
+    const Request other = make_request(cfg, 3, 3, 3, true, 8);
+    std::vector<Flux2Segment> segs{prefix_segment(r, 1, all_txt, rows, t, &kv), full_segment(other, 0.2),
+                                   prefix_segment(r, 3, none, rows, t, &kv), masked_segment(r, all_txt, rows, t, &kv)};
+    const at::Tensor packed = model.forward(segs);
+    const at::Tensor a = forward_one(model, prefix_segment(r, 1, all_txt, rows, t, &kv));
+    const at::Tensor b = forward_one(model, full_segment(other, 0.2));
+    const at::Tensor c = forward_one(model, prefix_segment(r, 3, none, rows, t, &kv));
+    const at::Tensor d = forward_one(model, masked_segment(r, all_txt, rows, t, &kv));
+    REQUIRE(packed.size(0) == 4 + 18 + 4 + 4);
+    CHECK(at::allclose(packed.narrow(0, 0, 4), a, 1e-5, 1e-5));
+    CHECK(at::allclose(packed.narrow(0, 4, 18), b, 1e-5, 1e-5));
+    CHECK(at::allclose(packed.narrow(0, 22, 4), c, 1e-5, 1e-5));
+    CHECK(at::allclose(packed.narrow(0, 26, 4), d, 1e-5, 1e-5));
+  }
+  SECTION("bad prefixes are refused, naming what is wrong") {
+    auto refused = [&](Flux2Segment s) {
+      try {
+        forward_one(model, s);
+      } catch (const c10::Error& e) {
+        return std::string(e.what_without_backtrace());
+      }
+      return std::string();
+    };
+    CHECK_THAT(refused(prefix_segment(r, cfg.depth() + 1, all_txt, rows, t, &kv)), Catch::Contains("full_blocks is 5"));
+    Flux2Segment no_source = prefix_segment(r, 2, all_txt, rows, t, nullptr);
+    CHECK_THAT(refused(no_source), Catch::Contains("needs a KvSource"));
+    Flux2Segment unordered = prefix_segment(r, 2, all_txt, rows, t, &kv);
+    unordered.keep_positions = at::tensor(std::vector<int64_t>{9, 8});
+    CHECK_THAT(refused(unordered), Catch::Contains("must ascend"));
+    Flux2Segment text_only = prefix_segment(r, 2, all_txt, none, t, &kv);
+    CHECK_THAT(refused(text_only), Catch::Contains("keeps no image row"));
+    Flux2Segment partial = masked_segment(r, all_txt, rows, t, &kv);
+    partial.full_blocks = 1;
+    partial.keep_positions = at::arange(6, 8, at::kLong);
+    CHECK_THAT(refused(partial), Catch::Contains("whole sequence"));
+  }
+}
+
 TEST_CASE("FLUX.2 packed segments give each request the output it gets alone", "[flux2]") {
   Flux2Config cfg = small_config();
   cfg.guidance_embed = true;

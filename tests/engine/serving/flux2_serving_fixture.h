@@ -1,6 +1,7 @@
 #pragma once
 // FLUX.2 through the worker: a small random transformer (on the CPU or a CUDA device), a codec
 // of FLUX.2's latent shape, Qwen3's real tokenizer with a small random Qwen3, one template.
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -25,8 +26,10 @@ struct Flux2Serving {
   std::shared_ptr<const TemplateImage> tmpl;
   std::shared_ptr<ActivationStore> store = test::ServingFixture::new_store();
 
-  /// `device`: where the transformer computes (its weights move there in `dtype`).
-  explicit Flux2Serving(const ComputeDevice& device = {}, at::ScalarType dtype = at::kBFloat16) {
+  /// `device`: where the transformer computes (its weights move there in `dtype`); `adjust`
+  /// may change the parts before the model is made (a device tier's budget, a bus speed).
+  explicit Flux2Serving(const ComputeDevice& device = {}, at::ScalarType dtype = at::kBFloat16,
+                        const std::function<void(Flux2EditModelParts&)>& adjust = {}) {
     test::export_qwen3_tokenizer_or_skip(dir.file("tokenizer"));
     REQUIRE(Qwen3Encoder::random(test::tiny_qwen3_config(), 3, at::kBFloat16)->save(dir.file("text_encoder")).ok());
     Qwen3PromptEncoder::Options text_options;
@@ -43,6 +46,7 @@ struct Flux2Serving {
     parts.codec = test::flux2_patch_codec();
     parts.text = std::shared_ptr<Qwen3PromptEncoder>(std::move(*text));
     parts.default_steps = 3;
+    if (adjust) adjust(parts);
     auto created = Flux2EditModel::create(std::move(parts));
     REQUIRE(created.ok());
     model = *created;
