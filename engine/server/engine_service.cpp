@@ -60,7 +60,8 @@ json request_metrics_json(const RequestMetrics& m) {
           {"steps_dropped", m.steps_dropped}, {"masked_tokens", m.masked_tokens},
           {"total_tokens", m.total_tokens}, {"deadline_ms", m.deadline_ms},
           {"deadline_met", m.deadline_met}, {"shared_prepare", m.shared_prepare},
-          {"streamed", m.streamed}, {"blocks_loaded", m.blocks_loaded}, {"blocks_recomputed", m.blocks_recomputed}};
+          {"streamed", m.streamed}, {"copied_to_device", m.copied_to_device}, {"blocks_loaded", m.blocks_loaded},
+          {"blocks_recomputed", m.blocks_recomputed}};
 }
 
 // Inverse of error_code_name for codes read back from the journal (unknown -> internal).
