@@ -4,6 +4,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <span>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -70,6 +71,20 @@ struct Flux2Serving {
     auto rt = ServingRuntime::create(model, store, test::fixed_cost_model(), std::move(o));
     REQUIRE(rt.ok());
     return std::move(*rt);
+  }
+
+  /// The edit on the RAM-resident template-keyed `entry` with its first `recompute_blocks`
+  /// blocks recomputed (a fixed load plan), run on the calling thread (no worker).
+  Result<EditOutput> edit_forced(const EditParams& params, std::shared_ptr<const ActivationEntry> entry,
+                                 int recompute_blocks) const {
+    auto session = model->create_session_recomputing(tmpl, params, std::move(entry), recompute_blocks);
+    if (!session.ok()) return session.status();
+    StepSession* s = session->get();
+    while (!s->done()) {
+      const at::Tensor prediction = model->forward(std::span<StepSession* const>(&s, 1));
+      INFILL_RETURN_IF_ERROR(s->apply(prediction, s->step() + 1));
+    }
+    return s->finish();
   }
 };
 

@@ -20,19 +20,6 @@ RequestResult edit_on(const Flux2Serving& f, const EditParams& params) {
   return test::submit(*rt, 1, f.tmpl, params).get();
 }
 
-// The resident entry under a fixed plan, on the calling thread (no worker).
-Result<EditOutput> forced(const Flux2Serving& f, const EditParams& params, std::shared_ptr<const ActivationEntry> entry,
-                          int recompute_blocks) {
-  auto session = f.model->create_session_recomputing(f.tmpl, params, std::move(entry), recompute_blocks);
-  if (!session.ok()) return session.status();
-  StepSession* s = session->get();
-  while (!s->done()) {
-    const at::Tensor prediction = f.model->forward(std::span<StepSession* const>(&s, 1));
-    INFILL_RETURN_IF_ERROR(s->apply(prediction, s->step() + 1));
-  }
-  return s->finish();
-}
-
 }  // namespace
 
 TEST_CASE("FLUX.2 on the CPU: entries are read in place, no copy plan", "[flux2-serving][cache]") {
@@ -66,7 +53,7 @@ TEST_CASE("FLUX.2 on CUDA: an entry the device tier cannot hold is copied per bl
     INFO(r.status.to_string());
     REQUIRE(r.state == RequestState::kDone);
     CHECK(r.output.cache_mode == "template_keyed");
-    auto same_plan = forced(f, params, *entry, r.metrics.blocks_recomputed);
+    auto same_plan = f.edit_forced(params, *entry, r.metrics.blocks_recomputed);
     REQUIRE(same_plan.ok());
     CHECK((r.output.image.data == same_plan->image.data));
     return std::make_pair(r.metrics, f.model->host_to_device_bytes_per_ms());

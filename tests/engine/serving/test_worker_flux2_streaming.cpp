@@ -31,19 +31,6 @@ RequestResult edit_on(const Flux2Serving& f, std::shared_ptr<ActivationStore> st
   return test::submit(**rt, 1, f.tmpl, params).get();
 }
 
-// The resident entry read under a fixed plan, on the calling thread (no worker).
-Result<EditOutput> resident_forced(const Flux2Serving& f, const EditParams& params,
-                                   std::shared_ptr<const ActivationEntry> entry, int recompute_blocks) {
-  auto session = f.model->create_session_recomputing(f.tmpl, params, std::move(entry), recompute_blocks);
-  if (!session.ok()) return session.status();
-  StepSession* s = session->get();
-  while (!s->done()) {
-    const at::Tensor prediction = f.model->forward(std::span<StepSession* const>(&s, 1));
-    INFILL_RETURN_IF_ERROR(s->apply(prediction, s->step() + 1));
-  }
-  return s->finish();
-}
-
 // `e` with the K and V of blocks [0, blocks) at every step set to fp16's largest value: an
 // edit that read any of them would attend to nothing else.
 std::shared_ptr<const ActivationEntry> poisoned(const ActivationEntry& e, int blocks) {
@@ -126,7 +113,7 @@ TEST_CASE("FLUX.2: an entry only on disk streams through the worker under the lo
       CHECK(r.metrics.streamed);
       CHECK(r.metrics.blocks_recomputed == recompute);
       CHECK(r.metrics.blocks_loaded == blocks - recompute);
-      auto forced = resident_forced(f, params, *entry, recompute);
+      auto forced = f.edit_forced(params, *entry, recompute);
       REQUIRE(forced.ok());
       CHECK((r.output.image.data == forced->image.data));
     }
@@ -137,7 +124,7 @@ TEST_CASE("FLUX.2: an entry only on disk streams through the worker under the lo
     REQUIRE(r.state == RequestState::kDone);
     CHECK(r.metrics.streamed);
     CHECK(r.metrics.blocks_loaded + r.metrics.blocks_recomputed == blocks);
-    auto forced = resident_forced(f, params, *entry, r.metrics.blocks_recomputed);
+    auto forced = f.edit_forced(params, *entry, r.metrics.blocks_recomputed);
     REQUIRE(forced.ok());
     CHECK((r.output.image.data == forced->image.data));
   }
@@ -186,7 +173,7 @@ TEST_CASE("FLUX.2 on CUDA: an entry only on disk streams to the GPU through pinn
     if (recompute == 0) {
       CHECK((r.output.image.data == resident.output.image.data));
     } else {
-      auto forced = resident_forced(f, params, *entry, recompute);
+      auto forced = f.edit_forced(params, *entry, recompute);
       REQUIRE(forced.ok());
       CHECK((r.output.image.data == forced->image.data));
     }
