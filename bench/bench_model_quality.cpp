@@ -88,6 +88,9 @@ struct Tally {
   double ssim = 0.0, block8 = 0.0, block16 = 0.0;
   int ssim_edits = 0;
   std::map<std::string, std::map<std::string, int>> confusion;
+  // Each edit whose colour missed: which prompt, asked and read colour, the region's mean;
+  // the phrasings that fail tell the recipe what to train on next.
+  nlohmann::json misses = nlohmann::json::array();
 };
 
 // The mask's bounding box grown to multiples of 16 px (so that block boundaries line up).
@@ -193,7 +196,8 @@ nlohmann::json tally_json(const Tally& t) {
                       {"unmasked_identical", t.edits ? static_cast<double>(t.identical) / t.edits : 0.0},
                       {"blockiness_8", t.edits ? t.block8 / t.edits : 0.0},
                       {"blockiness_16", t.edits ? t.block16 / t.edits : 0.0},
-                      {"confusion", t.confusion}};
+                      {"confusion", t.confusion},
+                      {"misses", t.misses}};
   if (t.ssim_edits > 0) j["cached_vs_full_ssim"] = t.ssim / t.ssim_edits;
   return j;
 }
@@ -420,7 +424,15 @@ int main(int argc, char** argv) {
         ++t.edits;
         const auto mean = train::masked_mean_colour(rgb, c.mask);
         const int got = train::nearest_colour_word({mean[0], mean[1], mean[2]});
-        if (got == c.target) ++t.adherent;
+        if (got == c.target) {
+          ++t.adherent;
+        } else {
+          t.misses.push_back({{"edit", i},
+                              {"prompt", m.free_text ? c.caption : train::vocabulary()[c.target]},
+                              {"asked", train::vocabulary()[c.target]},
+                              {"got", train::vocabulary()[got]},
+                              {"mean_rgb", {mean[0], mean[1], mean[2]}}});
+        }
         ++t.confusion[train::vocabulary()[c.target]][train::vocabulary()[got]];
         const at::Tensor keep = (c.mask == 0).unsqueeze(0).expand({3, -1, -1});
         if (at::equal(rgb.masked_select(keep), template_rgb.masked_select(keep))) ++t.identical;
