@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
       {"entry",
        {{"bytes", layout.total_elements() * sizeof(uint16_t)},
         {"blocks", layout.blocks},
-        {"slab_bytes", 2 * layout.slab_elements() * sizeof(uint16_t)}}},
+        {"slab_bytes", layout.block_bytes()}}},
       {"cost_model", calibrate && loaded->dit ? "calibrated at start (load_or_calibrate)"
                      : loaded->dit          ? "plausible (fixed)"
                                             : "plausible at start, refitted by the worker on its timed steps"},

@@ -44,6 +44,8 @@ struct ActivationLayout {
   int hidden = 0;
   /// Elements in one K (or V) slab: tokens * hidden.
   size_t slab_elements() const { return static_cast<size_t>(tokens) * hidden; }
+  /// Bytes of one block's K and V at one step (the unit a stream reads and a GPU copies).
+  size_t block_bytes() const { return 2 * slab_elements() * sizeof(uint16_t); }
   size_t total_elements() const { return static_cast<size_t>(steps) * blocks * 2 * slab_elements(); }
   size_t total_bytes() const { return total_elements() * sizeof(uint16_t); }
   bool operator==(const ActivationLayout&) const = default;

@@ -13,7 +13,7 @@ namespace infill {
 namespace {
 
 HostBuffer allocate_slabs(const ActivationLayout& layout, const c10::Device& device) {
-  const size_t bytes = static_cast<size_t>(layout.blocks) * 2 * layout.slab_elements() * sizeof(uint16_t);
+  const size_t bytes = static_cast<size_t>(layout.blocks) * layout.block_bytes();
   const HostAllocator pinned = entry_allocator_for(device);
   return pinned ? pinned(bytes) : allocate_plain_host(bytes);
 }
@@ -66,7 +66,7 @@ void StreamedKvSource::io_loop() {
     lock.unlock();  // never hold the lock during disk I/O
     const auto t0 = std::chrono::steady_clock::now();
     Status st = store_->read_slab(key_, step, block, k_slab(block), v_slab(block));
-    if (!st.ok()) std::memset(k_slab(block), 0, 2 * layout_.slab_elements() * sizeof(uint16_t));  // zeros, as fetch gives
+    if (!st.ok()) std::memset(k_slab(block), 0, layout_.block_bytes());  // zeros, as fetch gives
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
     if (!st.ok() && status_.ok()) status_ = st;

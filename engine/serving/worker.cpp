@@ -326,8 +326,10 @@ void Worker::complete(const std::shared_ptr<Record>& r, RequestState state, Stat
   m.shared_prepare = r->shared_prepare;
   m.streamed = r->streamed_key.has_value();
   m.copied_to_device = output.copied_to_device;
-  m.blocks_loaded = m.streamed ? r->blocks - r->recompute_blocks : m.copied_to_device ? r->blocks - output.recomputed_blocks : 0;
-  m.blocks_recomputed = m.streamed ? r->recompute_blocks : m.copied_to_device ? output.recomputed_blocks : 0;
+  if (m.streamed || m.copied_to_device) {  // the load plan's split, from the disk or over the bus
+    m.blocks_recomputed = m.streamed ? r->recompute_blocks : output.recomputed_blocks;
+    m.blocks_loaded = r->blocks - m.blocks_recomputed;
+  }
   result->id = r->req.id;
   result->state = state;
   result->status = std::move(status);
@@ -456,7 +458,6 @@ bool Worker::create_streamed_session(const std::shared_ptr<Record>& r, const Act
   const int blocks = model.streamable_blocks();
   const std::optional<ActivationLayout> layout = store_->layout_of(key);
   if (blocks <= 0 || !layout || layout->blocks != blocks) return false;
-  const double slab_bytes = 2.0 * double(layout->slab_elements()) * sizeof(uint16_t);
   const double measured = read_bytes_per_ms_.load();
   const int recompute = planned_recompute(*r, *layout, measured > 0 ? measured : options_.assumed_read_bytes_per_ms);
   // On a GPU the slabs are pinned: each block crosses the bus by DMA once read.
@@ -467,7 +468,7 @@ bool Worker::create_streamed_session(const std::shared_ptr<Record>& r, const Act
   r->streamed_key = key;
   r->blocks = blocks;
   r->recompute_blocks = recompute;
-  r->slab_bytes = slab_bytes;
+  r->slab_bytes = static_cast<double>(layout->block_bytes());
   adopt_session(r, std::move(session));
   return true;
 }
@@ -477,10 +478,9 @@ int Worker::planned_recompute(const Record& r, const ActivationLayout& layout, d
   const int blocks = layout.blocks;
   // The plan's inputs, per block of one step: compute from the model's cost model on this
   // device (the step's marginal cost spread over its blocks), loads from the bus or disk speed.
-  const double slab_bytes = 2.0 * double(layout.slab_elements()) * sizeof(uint16_t);
   const int64_t total = layout.tokens;
   const int64_t masked = std::clamp<int64_t>(r.tokens, 1, total);
-  const std::vector<double> load(blocks, slab_bytes / bytes_per_ms);
+  const std::vector<double> load(blocks, static_cast<double>(layout.block_bytes()) / bytes_per_ms);
   const std::vector<double> masked_ms(blocks, request_work_ms(*r.cost(), masked, total, 1) / blocks);
   const std::vector<double> full_ms(blocks, request_work_ms(*r.cost(), total, total, 1) / blocks);
   const LoadPlan plan = plan_loads(load, masked_ms, full_ms, LoadPlanShape::kRecomputePrefix);
