@@ -36,7 +36,8 @@ void usage() {
                "                    [--small-steps N] [--hidden N] [--heads N] [--lr X] [--recolour-share X]\n"
                "  flux2 (default, infill-tiny 2): [--decoder-steps N] [--double-blocks N] [--single-blocks N]\n"
                "                    [--vocab-size N] [--max-length N] [--stop-after codec|text|transformer]\n"
-               "                    [--distractor-steps N] (the second transformer stage; 0 = none)\n"
+               "                    [--distractor-steps N] [--capitals-steps N] (the second and third\n"
+               "                    transformer stages; 0 = none)\n"
                "  dit (infill-tiny): [--batch N] [--depth N] [--channels N]\n"
                "Trains a bundled model into DIR. flux2 writes a diffusers-layout FLUX.2 folder (model_index.json,\n"
                "transformer/, vae/, text_encoder/, tokenizer/, training.json, loss.png); dit writes manifest.json,\n"
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
     else if (a == "--max-length") tiny2.max_sequence_length = static_cast<int>(number());
     else if (a == "--stop-after") tiny2.stop_after = value();
     else if (a == "--distractor-steps") tiny2.distractor_steps = count();
+    else if (a == "--capitals-steps") tiny2.capitals_steps = count();
     else if (a == "--channels") channels = static_cast<int>(number());
     else if (a == "--lr") options.lr = std::atof(value().c_str()), lr_given = true;
     else if (a == "--recolour-share") options.recolour_share = std::atof(value().c_str()), recolour_given = true;

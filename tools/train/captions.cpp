@@ -84,7 +84,7 @@ std::string compose(const std::vector<int>& label, CaptionSplit split, const Cho
       text[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(text[0])));
       break;
     case LetterCase::kUpper:
-      for (char& ch : text) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+      text = in_capitals(text);
       break;
   }
   return text;
@@ -215,6 +215,12 @@ std::string distractor_word(Draws& draws) {
 }
 
 }  // namespace
+
+std::string in_capitals(const std::string& caption) {
+  std::string out = caption;
+  for (char& ch : out) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return out;
+}
 
 std::string add_distractors(const std::string& caption, uint64_t random) {
   Draws draws{random};

@@ -49,6 +49,11 @@ std::string make_caption(const std::vector<int>& label, CaptionSplit split, uint
 /// drawn as such (they may still arise by chance as made-up words, like any other string).
 std::string add_distractors(const std::string& caption, uint64_t random);
 
+/// `caption` in capitals ("MAKE IT DARK BLUE"): ASCII letters upper-cased, other bytes as
+/// they are. make_caption gives capitals rarely; the recipe's capitals stage uses this to show
+/// them often (the byte-level BPE reads "PURPLE" as other tokens than "purple").
+std::string in_capitals(const std::string& caption);
+
 /// Every distinct caption make_caption can give for `label` and `split`, sorted (the
 /// tokenizer corpus uses the training ones of every label).
 std::vector<std::string> every_caption(const std::vector<int>& label, CaptionSplit split);

@@ -215,18 +215,42 @@ Status make_infill_tiny2(const Tiny2Options& o, const std::function<void(const s
                            {"recolour_share", t.recolour_share}, {"prompt_dropout", t.prompt_dropout},
                            {"seconds", result.seconds}, {"loss", curve_json(result.curve)},
                            {"held_out_loss", curve_json(result.held_out_curve)}};
-  if (o.distractor_steps > 0) {
-    // Stage 2: the same network, from stage 1's final weights, on captions with distractor
-    // words. A distracted caption that would not fit the text rows untruncated (the colour
-    // word could be cut) is drawn again, and after a few tries left plain.
-    Flux2TrainText distracted = train_text;
-    distracted.distract = [&](const std::string& caption, uint64_t draw) {
+  // Later stages' loss points follow the earlier ones', in steps and in time: one plot.
+  int stage_steps = t.steps;
+  auto append_stage = [&](const TrainResult& stage, int steps) {
+    auto append = [&](std::vector<LossPoint>& to, const std::vector<LossPoint>& from) {
+      for (LossPoint p : from) {
+        p.step += stage_steps;
+        p.seconds += result.seconds;
+        to.push_back(p);
+      }
+    };
+    append(result.curve, stage.curve);
+    append(result.held_out_curve, stage.held_out_curve);
+    result.seconds += stage.seconds;
+    stage_steps += steps;
+  };
+  // Captions with distractor words. A distracted caption that would not fit the text rows
+  // untruncated (the colour word could be cut) is drawn again, and after a few tries left
+  // plain. With `keep_capitals`, a caption in capitals gets its distractors in capitals too
+  // (stage 2 was trained without: its distractors stay lower case, as they were).
+  auto distracting = [&](bool keep_capitals) {
+    Flux2TrainText with = train_text;
+    with.distract = [&, keep_capitals](const std::string& caption, uint64_t draw) {
+      const bool shouted = keep_capitals && caption == in_capitals(caption);
       for (uint64_t attempt = 0; attempt < 8; ++attempt) {
         std::string noisy = add_distractors(caption, draw + attempt);
+        if (shouted) noisy = in_capitals(noisy);
         if (tokenizer.encode(noisy, o.max_sequence_length).full_length <= o.max_sequence_length) return noisy;
       }
       return caption;
     };
+    return with;
+  };
+  std::string last_checkpoint = (work / "transformer" / "checkpoint").string();
+  if (o.distractor_steps > 0) {
+    // Stage 2: the same network, from stage 1's final weights, on captions with distractor
+    // words.
     Flux2TrainOptions d = t;
     d.steps = o.distractor_steps;
     d.small_steps = 0;
@@ -235,26 +259,47 @@ Status make_infill_tiny2(const Tiny2Options& o, const std::function<void(const s
     // A short stage: an EMA with a half-life of ~140 steps, so its weights follow it.
     d.ema_decay = 0.995;
     d.distractor_share = o.distractor_share;
-    d.init_from = (work / "transformer" / "checkpoint").string();
+    d.init_from = last_checkpoint;
     d.work_dir = (work / "transformer-distractors").string();
-    INFILL_ASSIGN_OR_RETURN(TrainResult second, train_flux2(config, data, codec, distracted, d, transformer_path, progress));
+    INFILL_ASSIGN_OR_RETURN(TrainResult second, train_flux2(config, data, codec, distracting(false), d, transformer_path, progress));
     record["transformer"]["distractor_stage"] = {
         {"steps", d.steps},          {"batch", d.batch},
         {"crop", d.crop},            {"lr", d.lr},
         {"warmup_steps", d.warmup_steps}, {"ema_decay", d.ema_decay},
         {"distractor_share", d.distractor_share}, {"seconds", second.seconds},
         {"loss", curve_json(second.curve)}, {"held_out_loss", curve_json(second.held_out_curve)}};
-    // One plot of both stages: stage 2's points after stage 1's, in steps and in time.
-    auto append = [&](std::vector<LossPoint>& to, const std::vector<LossPoint>& from) {
-      for (LossPoint p : from) {
-        p.step += t.steps;
-        p.seconds += result.seconds;
-        to.push_back(p);
-      }
+    append_stage(second, d.steps);
+    last_checkpoint = (work / "transformer-distractors" / "checkpoint").string();
+  }
+  if (o.capitals_steps > 0) {
+    // Stage 3: captions in capitals often. The byte-level BPE gives "PURPLE" other tokens than
+    // "purple", and held-out phrasings in capitals were most of stage 2's missed colours.
+    Flux2TrainText shouting = distracting(true);
+    shouting.caption = [&](const std::vector<int>& words, uint64_t draw) {
+      const std::string caption = make_caption(words, CaptionSplit::kTraining, draw);
+      // Decided from the caption's own draw (as distractors are), not from the generator.
+      const uint64_t mixed = (draw ^ 0xca5eca5eull) * 0x9E3779B97F4A7C15ull;
+      return double(mixed >> 11) * 0x1.0p-53 < o.capitals_share ? in_capitals(caption) : caption;
     };
-    append(result.curve, second.curve);
-    append(result.held_out_curve, second.held_out_curve);
-    result.seconds += second.seconds;
+    Flux2TrainOptions d = t;
+    d.steps = o.capitals_steps;
+    d.small_steps = 0;
+    d.lr = o.capitals_lr;
+    d.warmup_steps = 30;
+    // Shorter still: an EMA half-life of ~70 steps.
+    d.ema_decay = 0.99;
+    d.distractor_share = o.distractor_share;
+    d.init_from = last_checkpoint;
+    d.work_dir = (work / "transformer-capitals").string();
+    INFILL_ASSIGN_OR_RETURN(TrainResult third, train_flux2(config, data, codec, shouting, d, transformer_path, progress));
+    record["transformer"]["capitals_stage"] = {
+        {"steps", d.steps},          {"batch", d.batch},
+        {"crop", d.crop},            {"lr", d.lr},
+        {"warmup_steps", d.warmup_steps}, {"ema_decay", d.ema_decay},
+        {"capitals_share", o.capitals_share}, {"distractor_share", d.distractor_share},
+        {"seconds", third.seconds},
+        {"loss", curve_json(third.curve)}, {"held_out_loss", curve_json(third.held_out_curve)}};
+    append_stage(third, d.steps);
   }
 
   // 5. The folder's index, the training record and the loss curve.

@@ -17,7 +17,8 @@ namespace infill::train {
 
 struct Tiny2Options {
   std::string out;       ///< the model folder to write
-  std::string work_dir;  ///< checkpoints: work_dir/decoder, work_dir/transformer, work_dir/transformer-distractors
+  std::string work_dir;  ///< checkpoints: work_dir/decoder, work_dir/transformer, work_dir/transformer-distractors,
+                         ///< work_dir/transformer-capitals
   uint64_t seed = 1;
   int threads = 2;
   // Codec.
@@ -44,6 +45,12 @@ struct Tiny2Options {
   int distractor_steps = 600;
   double distractor_share = 0.6;
   double distractor_lr = 2e-4;
+  /// A third transformer stage from the last one's final weights: as the second, but with a
+  /// `capitals_share` of its captions, distractor words included, in capitals ("MAKE IT
+  /// PURPLE"), which the first two show in one caption of ten; 0 steps = none.
+  int capitals_steps = 240;
+  double capitals_share = 0.4;
+  double capitals_lr = 1.5e-4;
   /// Stop after this stage ("codec", "text", "transformer"); empty runs every stage.
   std::string stop_after;
 };

@@ -112,6 +112,25 @@ TEST_CASE("make_caption is a function of its random value and gives every_captio
   CHECK(std::binary_search(light_grey.begin(), light_grey.end(), "give it a gray but bright look"));
 }
 
+TEST_CASE("in_capitals upper-cases letters only, and make_caption's capitals are its captions in capitals",
+          "[train][captions]") {
+  CHECK(in_capitals("could you make it light-grey? ok") == "COULD YOU MAKE IT LIGHT-GREY? OK");
+  CHECK(in_capitals("An orange patch, 2x!") == "AN ORANGE PATCH, 2X!");
+  CHECK(in_capitals("") == "");
+  const std::string accented = "caf\xc3\xa9 blue";  // UTF-8 bytes above 127 stay as they are
+  CHECK(in_capitals(accented) == "CAF\xc3\xa9 BLUE");
+  // Every caption of a label in capitals is one of the label's captions (the capitals stage of
+  // the recipe shows no phrasing training does not), and names the same words.
+  for (const std::vector<int>& label : every_label()) {
+    const std::vector<std::string> all = every_caption(label, CaptionSplit::kTraining);
+    for (const std::string& caption : all) {
+      INFO(caption);
+      CHECK(std::binary_search(all.begin(), all.end(), in_capitals(caption)));
+      CHECK(named_words(in_capitals(caption)) == label);
+    }
+  }
+}
+
 TEST_CASE("a malformed label is a programming error", "[train][captions]") {
   CHECK_THROWS_AS(make_caption({}, CaptionSplit::kTraining, 0), std::invalid_argument);
   CHECK_THROWS_AS(make_caption({kColourWords}, CaptionSplit::kTraining, 0), std::invalid_argument);
