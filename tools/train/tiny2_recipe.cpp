@@ -247,29 +247,38 @@ Status make_infill_tiny2(const Tiny2Options& o, const std::function<void(const s
     };
     return with;
   };
+  // Stages 2 and 3: the same network from the last stage's final weights, at `crop` px, with
+  // their own warm-up, decay and EMA; each one's record goes to record["transformer"][key].
   std::string last_checkpoint = (work / "transformer" / "checkpoint").string();
+  auto later_stage = [&](const std::string& key, const std::string& dir, Flux2TrainOptions d,
+                         const Flux2TrainText& text, const nlohmann::ordered_json& shares) -> Status {
+    d.small_steps = 0;
+    d.init_from = last_checkpoint;
+    d.work_dir = (work / dir).string();
+    INFILL_ASSIGN_OR_RETURN(TrainResult stage, train_flux2(config, data, codec, text, d, transformer_path, progress));
+    nlohmann::ordered_json r = {{"steps", d.steps}, {"batch", d.batch},
+                                {"crop", d.crop},   {"lr", d.lr},
+                                {"warmup_steps", d.warmup_steps}, {"ema_decay", d.ema_decay}};
+    for (const auto& share : shares.items()) r[share.key()] = share.value();
+    r["seconds"] = stage.seconds;
+    r["loss"] = curve_json(stage.curve);
+    r["held_out_loss"] = curve_json(stage.held_out_curve);
+    record["transformer"][key] = r;
+    append_stage(stage, d.steps);
+    last_checkpoint = (work / dir / "checkpoint").string();
+    return {};
+  };
   if (o.distractor_steps > 0) {
-    // Stage 2: the same network, from stage 1's final weights, on captions with distractor
-    // words.
+    // Stage 2: captions with distractor words.
     Flux2TrainOptions d = t;
     d.steps = o.distractor_steps;
-    d.small_steps = 0;
     d.lr = o.distractor_lr;
     d.warmup_steps = 50;
     // A short stage: an EMA with a half-life of ~140 steps, so its weights follow it.
     d.ema_decay = 0.995;
     d.distractor_share = o.distractor_share;
-    d.init_from = last_checkpoint;
-    d.work_dir = (work / "transformer-distractors").string();
-    INFILL_ASSIGN_OR_RETURN(TrainResult second, train_flux2(config, data, codec, distracting(false), d, transformer_path, progress));
-    record["transformer"]["distractor_stage"] = {
-        {"steps", d.steps},          {"batch", d.batch},
-        {"crop", d.crop},            {"lr", d.lr},
-        {"warmup_steps", d.warmup_steps}, {"ema_decay", d.ema_decay},
-        {"distractor_share", d.distractor_share}, {"seconds", second.seconds},
-        {"loss", curve_json(second.curve)}, {"held_out_loss", curve_json(second.held_out_curve)}};
-    append_stage(second, d.steps);
-    last_checkpoint = (work / "transformer-distractors" / "checkpoint").string();
+    INFILL_RETURN_IF_ERROR(later_stage("distractor_stage", "transformer-distractors", d, distracting(false),
+                                       {{"distractor_share", d.distractor_share}}));
   }
   if (o.capitals_steps > 0) {
     // Stage 3: captions in capitals often. The byte-level BPE gives "PURPLE" other tokens than
@@ -283,23 +292,13 @@ Status make_infill_tiny2(const Tiny2Options& o, const std::function<void(const s
     };
     Flux2TrainOptions d = t;
     d.steps = o.capitals_steps;
-    d.small_steps = 0;
     d.lr = o.capitals_lr;
     d.warmup_steps = 30;
     // Shorter still: an EMA half-life of ~70 steps.
     d.ema_decay = 0.99;
     d.distractor_share = o.distractor_share;
-    d.init_from = last_checkpoint;
-    d.work_dir = (work / "transformer-capitals").string();
-    INFILL_ASSIGN_OR_RETURN(TrainResult third, train_flux2(config, data, codec, shouting, d, transformer_path, progress));
-    record["transformer"]["capitals_stage"] = {
-        {"steps", d.steps},          {"batch", d.batch},
-        {"crop", d.crop},            {"lr", d.lr},
-        {"warmup_steps", d.warmup_steps}, {"ema_decay", d.ema_decay},
-        {"capitals_share", o.capitals_share}, {"distractor_share", d.distractor_share},
-        {"seconds", third.seconds},
-        {"loss", curve_json(third.curve)}, {"held_out_loss", curve_json(third.held_out_curve)}};
-    append_stage(third, d.steps);
+    INFILL_RETURN_IF_ERROR(later_stage("capitals_stage", "transformer-capitals", d, shouting,
+                                       {{"capitals_share", o.capitals_share}, {"distractor_share", d.distractor_share}}));
   }
 
   // 5. The folder's index, the training record and the loss curve.
