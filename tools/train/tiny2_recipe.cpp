@@ -250,8 +250,20 @@ Status make_infill_tiny2(const Tiny2Options& o, const std::function<void(const s
   // Stages 2 and 3: the same network from the last stage's final weights, at `crop` px, with
   // their own warm-up, decay and EMA; each one's record goes to record["transformer"][key].
   std::string last_checkpoint = (work / "transformer" / "checkpoint").string();
-  auto later_stage = [&](const std::string& key, const std::string& dir, Flux2TrainOptions d,
+  struct LaterStage {
+    int steps;
+    double lr;
+    int warmup_steps;
+    double ema_decay;
+  };
+  auto later_stage = [&](const std::string& key, const std::string& dir, const LaterStage& stage_options,
                          const Flux2TrainText& text, const nlohmann::ordered_json& shares) -> Status {
+    Flux2TrainOptions d = t;
+    d.steps = stage_options.steps;
+    d.lr = stage_options.lr;
+    d.warmup_steps = stage_options.warmup_steps;
+    d.ema_decay = stage_options.ema_decay;
+    d.distractor_share = o.distractor_share;
     d.small_steps = 0;
     d.init_from = last_checkpoint;
     d.work_dir = (work / dir).string();
@@ -269,16 +281,11 @@ Status make_infill_tiny2(const Tiny2Options& o, const std::function<void(const s
     return {};
   };
   if (o.distractor_steps > 0) {
-    // Stage 2: captions with distractor words.
-    Flux2TrainOptions d = t;
-    d.steps = o.distractor_steps;
-    d.lr = o.distractor_lr;
-    d.warmup_steps = 50;
-    // A short stage: an EMA with a half-life of ~140 steps, so its weights follow it.
-    d.ema_decay = 0.995;
-    d.distractor_share = o.distractor_share;
-    INFILL_RETURN_IF_ERROR(later_stage("distractor_stage", "transformer-distractors", d, distracting(false),
-                                       {{"distractor_share", d.distractor_share}}));
+    // Stage 2: captions with distractor words. A short stage: an EMA with a half-life of ~140
+    // steps, so its weights follow it.
+    INFILL_RETURN_IF_ERROR(later_stage("distractor_stage", "transformer-distractors",
+                                       {o.distractor_steps, o.distractor_lr, 50, 0.995}, distracting(false),
+                                       {{"distractor_share", o.distractor_share}}));
   }
   if (o.capitals_steps > 0) {
     // Stage 3: captions in capitals often. The byte-level BPE gives "PURPLE" other tokens than
@@ -290,15 +297,10 @@ Status make_infill_tiny2(const Tiny2Options& o, const std::function<void(const s
       const uint64_t mixed = (draw ^ 0xca5eca5eull) * 0x9E3779B97F4A7C15ull;
       return double(mixed >> 11) * 0x1.0p-53 < o.capitals_share ? in_capitals(caption) : caption;
     };
-    Flux2TrainOptions d = t;
-    d.steps = o.capitals_steps;
-    d.lr = o.capitals_lr;
-    d.warmup_steps = 30;
     // Shorter still: an EMA half-life of ~70 steps.
-    d.ema_decay = 0.99;
-    d.distractor_share = o.distractor_share;
-    INFILL_RETURN_IF_ERROR(later_stage("capitals_stage", "transformer-capitals", d, shouting,
-                                       {{"capitals_share", o.capitals_share}, {"distractor_share", d.distractor_share}}));
+    INFILL_RETURN_IF_ERROR(later_stage("capitals_stage", "transformer-capitals",
+                                       {o.capitals_steps, o.capitals_lr, 30, 0.99}, shouting,
+                                       {{"capitals_share", o.capitals_share}, {"distractor_share", o.distractor_share}}));
   }
 
   // 5. The folder's index, the training record and the loss curve.
