@@ -36,6 +36,10 @@ torch::Tensor flow_loss(TrainFlux2& model, const Flux2Batch& b, at::Generator& g
 
 }  // namespace
 
+uint64_t caption_decision(uint64_t draw, uint64_t salt) { return (draw ^ salt) * 0x9E3779B97F4A7C15ull; }
+
+bool within_share(uint64_t decision, double share) { return double(decision >> 11) * 0x1.0p-53 < share; }
+
 Result<Flux2Batch> make_flux2_batch(const std::vector<SourceImage>& images, const LatentCodec& codec, const Flux2Config& config,
                                     const Flux2TrainText& text, int batch, int crop, bool augment, at::Generator& gen,
                                     double recolour_share, double prompt_dropout, double distractor_share) {
@@ -64,10 +68,8 @@ Result<Flux2Batch> make_flux2_batch(const std::vector<SourceImage>& images, cons
     const uint64_t draw = static_cast<uint64_t>(caption_draw[i].item<int64_t>());
     std::string caption = dropped ? std::string() : text.caption(b.words.back(), draw);
     if (!dropped && distractor_share > 0 && text.distract) {
-      // Decided from the caption's own draw, not from `gen`: a batch without distractors
-      // consumes the generator exactly as before they existed.
-      const uint64_t mixed = (draw ^ 0xd15d15d15ull) * 0x9E3779B97F4A7C15ull;
-      if (double(mixed >> 11) * 0x1.0p-53 < distractor_share) caption = text.distract(caption, mixed);
+      const uint64_t decision = caption_decision(draw, 0xd15d15d15ull);
+      if (within_share(decision, distractor_share)) caption = text.distract(caption, decision);
     }
     b.captions.push_back(std::move(caption));
     INFILL_ASSIGN_OR_RETURN(at::Tensor encoded, text.encode(b.captions.back()));

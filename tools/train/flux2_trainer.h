@@ -54,6 +54,14 @@ struct Flux2TrainText {
   std::function<std::string(const std::string& caption, uint64_t draw)> distract;
 };
 
+/// A value mixed from a caption's own draw and `salt`: each decision about a caption (distractor
+/// words, capitals) is taken from its own salt, independent of the others and of the batch
+/// generator, so a stage that adds one consumes the generator exactly as before.
+uint64_t caption_decision(uint64_t draw, uint64_t salt);
+
+/// Whether a caption_decision value falls in the first `share` of [0, 1).
+bool within_share(uint64_t decision, double share);
+
 /// One batch in the engine's token layout.
 struct Flux2Batch {
   at::Tensor templates;  ///< [B, 3, S, S] crops as the designer's template

@@ -293,9 +293,7 @@ Status make_infill_tiny2(const Tiny2Options& o, const std::function<void(const s
     Flux2TrainText shouting = distracting(true);
     shouting.caption = [&](const std::vector<int>& words, uint64_t draw) {
       const std::string caption = make_caption(words, CaptionSplit::kTraining, draw);
-      // Decided from the caption's own draw (as distractors are), not from the generator.
-      const uint64_t mixed = (draw ^ 0xca5eca5eull) * 0x9E3779B97F4A7C15ull;
-      return double(mixed >> 11) * 0x1.0p-53 < o.capitals_share ? in_capitals(caption) : caption;
+      return within_share(caption_decision(draw, 0xca5eca5eull), o.capitals_share) ? in_capitals(caption) : caption;
     };
     // Shorter still: an EMA half-life of ~70 steps.
     INFILL_RETURN_IF_ERROR(later_stage("capitals_stage", "transformer-capitals",
