@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/disk_tier.h"
+#include "common/blas_kernel.h"
 #include "model/compute_threads.h"
 #include "model/model.h"
 #include "pipeline/bundled_models.h"
@@ -118,6 +119,7 @@ bool parse_int(const std::string& text, int lo, int hi, int& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   std::map<std::string, std::string> opts;
   std::vector<std::string> model_flags;  // --model may be repeated
   const std::map<std::string, bool> known = {{"--socket", true},  {"--listen", true},  {"--token-file", true},
@@ -267,6 +269,7 @@ int main(int argc, char** argv) {
     line += "; loading";
     for (const std::string& m : config.models) line += " " + m;
     infill::log_line(infill::LogLevel::kInfo, line);
+    infill::log_line(infill::LogLevel::kInfo, "blas: " + infill::describe(infill::blas_kernel_choice()));
     infill::notify_status("loading the model");
   }
 

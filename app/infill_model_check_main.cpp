@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
 #include "model/flux2_model.h"
 #include "model/reference_check.h"
 
@@ -76,6 +77,7 @@ void usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   bool blocks = false;
   infill::ReferenceCheckOptions options;
   std::vector<std::string> files;

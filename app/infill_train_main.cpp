@@ -16,6 +16,7 @@
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
 #include "model/compute_threads.h"
 #include "model/manifest.h"
 #include "tools/train/colour_words.h"
@@ -55,6 +56,7 @@ std::string default_work_dir() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   std::string out, work = default_work_dir(), arch = "flux2";
   train::TrainOptions options;
   train::Tiny2Options tiny2;

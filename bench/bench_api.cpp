@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
 #include "engine/server/http_test_client.h"
 #include "engine/serving/serving_fixture.h"
 #include "machine_info.h"
@@ -35,6 +36,7 @@ json summary(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   const int n = argc > 1 ? std::max(1, std::atoi(argv[1])) : 200;
   c10::InferenceMode guard;
   test::TempDir dir("infill-bench-api");

@@ -17,6 +17,7 @@
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
 #include "machine_info.h"
 #include "model/compute_threads.h"
 #include "model/learned_decoder_codec.h"
@@ -47,6 +48,7 @@ std::vector<int> int_list(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   int threads = 2, repeats = 15;
   infill::LearnedDecoderConfig config;
   for (int i = 1; i < argc; i += 2) {

@@ -20,6 +20,7 @@
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
 #include "bench_stats.h"
 #include "cache/activation_entry.h"
 #include "machine_info.h"
@@ -145,6 +146,7 @@ int usage(const char* error) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   std::string size = "klein-4b";
   std::string weights;
   int repeats = 3, full_repeats = 1, text_tokens = 512, grid = 32, threads = 0;

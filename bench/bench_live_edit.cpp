@@ -17,6 +17,7 @@
 // debounce to the editor's.
 
 // First: libtorch's headers must not see Qt's keyword macros (signals, slots, emit).
+#include "common/blas_kernel.h"
 #include "bench_stats.h"
 #include "machine_info.h"
 
@@ -261,6 +262,7 @@ struct StrokeProbe {
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   std::string parse_error;
   const std::optional<Options> parsed = parse(argc, argv, parse_error);
   if (!parsed)

@@ -23,6 +23,7 @@
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
 #include "bench_stats.h"
 #include "cache/activation_store.h"
 #include "common/remove_tree.h"
@@ -99,6 +100,7 @@ Edit run_edit(infill::ServingRuntime& rt, uint64_t id, const std::shared_ptr<con
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   int repeats = 9, threads = 0;
   bool calibrate = true;
   std::string model_dir, dir;

@@ -14,6 +14,7 @@
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
 #include "cache/activation_entry.h"
 #include "kernels/masked_attention.h"
 #include "machine_info.h"
@@ -70,6 +71,7 @@ class FloatCopyKvSource final : public infill::KvSource {
 };
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   // --threads N (default: one per hardware thread); --profile-masked RATIO runs only masked
   // steps at that ratio for about 20 s (for perf record) and prints their median.
   int threads = 0;

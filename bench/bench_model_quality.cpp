@@ -39,6 +39,7 @@
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
 #include "machine_info.h"
 #include "model/compute_threads.h"
 #include "model/model.h"
@@ -205,6 +206,7 @@ nlohmann::json tally_json(const Tally& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   std::string new_dir = INFILL_SOURCE_DIR "/resources/models/infill-tiny-2";
   std::string old_dir = INFILL_SOURCE_DIR "/resources/models/infill-tiny";
   std::string sheet = "model_quality_sheet.png", outside_package = "ukui-wallpapers";

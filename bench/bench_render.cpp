@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
 #include "image_metrics.h"
 #include "common/remove_tree.h"
 #include "machine_info.h"
@@ -82,6 +83,7 @@ bool parse_flag(int argc, char** argv, const char* flag, int& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   int count = 100, steps = 8, threads = static_cast<int>(std::thread::hardware_concurrency());
   parse_flag(argc, argv, "--count", count);
   parse_flag(argc, argv, "--steps", steps);

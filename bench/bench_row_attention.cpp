@@ -21,6 +21,7 @@
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
 #include "bench_stats.h"
 #include "kernels/masked_attention.h"
 #include "machine_info.h"
@@ -44,6 +45,7 @@ double median_ms(int repeats, const std::function<void()>& fn) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   infill::ComputeDevice device;
   int repeats = 20;
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -19,6 +19,7 @@
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
 #include "bench_stats.h"
 #include "common/remove_tree.h"
 #include "machine_info.h"
@@ -353,6 +354,7 @@ json batching_regimes(const StepCostModel& measured, int64_t token_budget, doubl
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   bool quick = false;
   int requests = 0;
   for (int i = 1; i < argc; ++i) {

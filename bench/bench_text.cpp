@@ -28,6 +28,7 @@
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
 #include "bench_stats.h"
 #include "machine_info.h"
 #include "model/compute_threads.h"
@@ -86,6 +87,7 @@ int usage(const char* error) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   std::string size = "qwen3-4b", tokenizer_dir, weights, dump, transformer_file;
   int repeats = 2, threads = 0;
   for (int i = 1; i < argc; ++i) {

@@ -7,6 +7,8 @@
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
+#include "common/blas_kernel.h"
+
 namespace infill::bench {
 
 /// `gpu`: the GPU a benchmark computed on, or "none used".
@@ -22,6 +24,7 @@ inline nlohmann::json machine_info(const std::string& gpu = "none used") {
   return {{"cpu", cpu},
           {"hardware_threads", std::thread::hardware_concurrency()},
           {"torch_threads", at::get_num_threads()},
+          {"blas", describe(blas_kernel_choice())},
           {"gpu", gpu}};
 }
 

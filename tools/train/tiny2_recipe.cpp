@@ -9,6 +9,7 @@
 #include "bpe_trainer.h"
 #include "captions.h"
 #include "colour_words.h"
+#include "common/blas_kernel.h"
 #include "flux2_trainer.h"
 #include "loss_plot.h"
 #include "model/compute_threads.h"
@@ -95,6 +96,11 @@ Status make_infill_tiny2(const Tiny2Options& o, const std::function<void(const s
   for (const char* sub : {"vae", "tokenizer", "text_encoder", "transformer"}) fs::create_directories(out / sub, ec);
   if (ec) return io_error("cannot create " + o.out + ": " + ec.message());
   nlohmann::ordered_json record = {{"seed", o.seed}, {"threads", o.threads}};
+  // The GEMM kernels round differently (SkylakeX, Haswell, Prescott): the same seed gives the
+  // same weights with the same kernels, so the record names them.
+  const std::string blas = describe(blas_kernel_choice());
+  progress("blas: " + blas);
+  record["blas"] = blas;
 
   // 1. Data.
   INFILL_ASSIGN_OR_RETURN(Dataset data, load_dataset(DatasetOptions{}));
