@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/blas_kernel.h"
+#include "bench_stats.h"
 #include "machine_info.h"
 #include "model/compute_threads.h"
 #include "model/flux2_transformer.h"
@@ -66,8 +67,7 @@ double median_step_ms(const infill::Flux2Config& config, const Shape& shape, int
     ms.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return infill::bench::percentile(ms, 0.5);
 }
 
 }  // namespace
