@@ -8,7 +8,6 @@
 //
 // usage: bench_blas_kernel [--threads N] [--repeats N] [--model DIR]
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -18,8 +17,8 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
-#include "common/blas_kernel.h"
 #include "bench_stats.h"
+#include "common/blas_kernel.h"
 #include "machine_info.h"
 #include "model/compute_threads.h"
 #include "model/flux2_transformer.h"
@@ -36,7 +35,7 @@ struct Shape {
   int64_t grid;  // tokens per side: crop / 16 (8x8 PCA patches, 2x2 per token)
 };
 
-// The median of `repeats` training steps after one warm-up step.
+// The median of `repeats` training steps after one warm-up step, in ms.
 double median_step_ms(const infill::Flux2Config& config, const Shape& shape, int text_rows,
                       int repeats) {
   torch::manual_seed(1);
@@ -59,15 +58,7 @@ double median_step_ms(const infill::Flux2Config& config, const Shape& shape, int
     loss.backward();
     optimiser.step();
   };
-  step();
-  std::vector<double> ms;
-  for (int i = 0; i < repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    ms.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return infill::bench::percentile(ms, 0.5);
+  return infill::bench::median_ms(repeats, step);
 }
 
 }  // namespace

@@ -5,9 +5,7 @@
 //
 // usage: bench_codec [--threads N] [--repeats N] [--widths 64,32,16,8] [--blocks 1,1,1,0]
 #include <algorithm>
-#include <chrono>
 #include <exception>
-#include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -17,26 +15,13 @@
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_stats.h"
 #include "common/blas_kernel.h"
 #include "machine_info.h"
 #include "model/compute_threads.h"
 #include "model/learned_decoder_codec.h"
 
 namespace {
-
-double median_ms(int repeats, const std::function<void()>& fn) {
-  fn();  // warm-up (oneDNN primitive creation, allocator)
-  std::vector<double> ms;
-  for (int i = 0; i < repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    ms.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  const size_t n = ms.size();
-  return n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-}
 
 std::vector<int> int_list(const std::string& text) {
   std::vector<int> out;
@@ -90,11 +75,11 @@ int main(int argc, char** argv) {
   const at::Tensor latent = at::randn({1, codec.latent_channels(), kImage / f, kImage / f}, gen);
   const int box = kBox / f, at_latent = (kImage / f - box) / 2;  // a box in the middle
 
-  const double learned_ms = median_ms(repeats, [&] { codec.decode(latent); });
-  const double pca_ms = median_ms(repeats, [&] { codec.decode_pca(latent); });
-  const double crop_ms = median_ms(
+  const double learned_ms = infill::bench::median_ms(repeats, [&] { codec.decode(latent); });
+  const double pca_ms = infill::bench::median_ms(repeats, [&] { codec.decode_pca(latent); });
+  const double crop_ms = infill::bench::median_ms(
       repeats, [&] { codec.decode_crop(latent, at_latent, at_latent, box, box, margin); });
-  const double encode_ms = median_ms(repeats, [&] {
+  const double encode_ms = infill::bench::median_ms(repeats, [&] {
     codec.encode(at::rand({1, 3, kImage, kImage}, gen));
   });
 

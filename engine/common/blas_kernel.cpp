@@ -152,6 +152,8 @@ std::string use_openblas_core(std::string_view core) {
 
 BlasKernelChoice select_blas_kernel() {
   std::lock_guard lock(choice_mutex);
+  // After our own switch the core in use is not the one OpenBLAS chose: keep that record.
+  if (last_choice.changed) return last_choice;
   BlasKernelChoice c;
   const OpenBlas blas = OpenBlas::find();
   if (!blas.present()) {
@@ -161,8 +163,6 @@ BlasKernelChoice select_blas_kernel() {
   }
   c.library = blas.get_config();
   c.detected = c.in_use = blas.corename();
-  // After our own switch the core in use is not the one OpenBLAS chose: keep that record.
-  if (last_choice.changed) return last_choice;
   if (const char* named = std::getenv("OPENBLAS_CORETYPE"); named != nullptr && *named != '\0') {
     c.reason = std::string("OPENBLAS_CORETYPE=") + named + " in the environment";
     return last_choice = c;
