@@ -657,33 +657,52 @@ TEST_CASE("sdk: calls reuse a kept-alive connection, and one the engine closed i
   ServerFixture f;
   infill_client* c = make_client({unix_endpoint(f)});
   const infill_template_info t = upload(c, f);
+  // The client's pool drops a connection idle for 1 s (http.cpp's kMaxIdle, below the engine's
+  // 1.5 s here): a busy machine that stalls this thread that long between two calls makes the
+  // second connect anew. Such a pair is timed from the first call's start to the second's end
+  // (longer than the connection's idle time), and allowed one connection more.
+  constexpr auto kPoolIdle = std::chrono::milliseconds(1000);
   const uint64_t before = f.server->accepted_connections();
+  int stalled_pairs = 0;
+  Clock::time_point previous_start{};
   for (int i = 0; i < 20; ++i) {
+    const auto start = Clock::now();
     infill_template_info info;
     infill_template_info_init(&info);
     REQUIRE_OK(infill_client_get_template(c, t.id, &info));
     CHECK(info.width == 64);
+    if (i > 0 && Clock::now() - previous_start >= kPoolIdle) ++stalled_pairs;
+    previous_start = start;
   }
   // Twenty calls, one after the other: at most one new connection (the first may reuse the
-  // upload's, unless it outlived the pool's idle limit on a busy machine).
-  CHECK(f.server->accepted_connections() - before <= 1);
+  // upload's, unless it outlived the pool's idle limit on a busy machine), and one per stall.
+  INFO("pairs of calls a stall kept 1 s or more apart: " << stalled_pairs);
+  CHECK(f.server->accepted_connections() - before <= uint64_t(1 + stalled_pairs));
 
   // The engine goes away and comes back: the pooled connection is closed; the next call
-  // notices and connects anew.
+  // notices and connects anew, and the one after reuses that connection (unless a stall kept
+  // them 1 s apart).
   restart_server(f);
+  const auto t0 = Clock::now();
   infill_template_info info;
   infill_template_info_init(&info);
   REQUIRE_OK(infill_client_get_template(c, t.id, &info));
   infill_health health;
   infill_health_init(&health);
   REQUIRE_OK(infill_client_health(c, &health));
-  CHECK(f.server->accepted_connections() == 1);
+  const bool stalled = Clock::now() - t0 >= kPoolIdle;
+  CHECK(f.server->accepted_connections() >= 1);
+  CHECK(f.server->accepted_connections() <= (stalled ? 2u : 1u));
   infill_client_destroy(c);
 }
 
 TEST_CASE("sdk: destroying a client with edits in flight ends each once and cancels them on the engine", "[sdk][engine]") {
-  StepGate gate(1);  // held before the second step: both edits are in flight at the destroy
-  ServerFixture f(true, infill::test::test_limits(), false, gate.hook());
+  // Both edits step together from the first step (no step until both are ready: the pool may
+  // prepare either first), and the second step waits at the gate: both are in flight at the
+  // destroy.
+  StepGate gate(1);
+  ServerFixture f(true, infill::test::test_limits(), false, gate.hook(), {},
+                  [](ServiceOptions& o) { o.may_step = infill::test::step_when_ready(2); });
   const auto opener = gate.open_on_exit();
   infill_client* c = make_client({unix_endpoint(f)});
   const infill_template_info t = upload(c, f);
@@ -695,7 +714,9 @@ TEST_CASE("sdk: destroying a client with edits in flight ends each once and canc
   REQUIRE_OK(infill_client_submit_edit(c, &p1, &j1));
   REQUIRE_OK(infill_client_submit_edit(c, &p2, nullptr));
   REQUIRE(gate.wait_held(60000));
-  REQUIRE(r1.wait_progress());  // submitted first, so in the first step (the pool decodes in order)
+  // Both were in the first step; their progress events are on the way.
+  REQUIRE(r1.wait_progress());
+  REQUIRE(r2.wait_progress());
   const uint64_t id1 = infill_job_id(j1);
   infill_client_destroy(c);  // its DELETEs were answered before it returns
   gate.open();

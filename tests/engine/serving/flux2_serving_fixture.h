@@ -4,6 +4,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -88,12 +89,15 @@ struct Flux2Serving {
   }
 };
 
+/// `deadline_ms`: relative to the submission; the class's default when absent.
 inline std::future<RequestResult> submit(ServingRuntime& rt, uint64_t id, std::shared_ptr<const TemplateImage> tmpl, EditParams params,
-                                  RequestClass cls = RequestClass::kInteractive) {
+                                  RequestClass cls = RequestClass::kInteractive,
+                                  std::optional<double> deadline_ms = std::nullopt) {
   auto done = std::make_shared<std::promise<RequestResult>>();
   ServingRequest r;
   r.id = id;
   r.cls = cls;
+  r.deadline_ms = deadline_ms;
   r.tmpl = std::move(tmpl);
   r.params = std::move(params);
   r.on_complete = [done](const RequestResult& result) { done->set_value(result); };

@@ -15,9 +15,11 @@
 
 #include "request_collector.h"
 #include "serving_fixture.h"
+#include "support/step_gate.h"
 
 using namespace infill;
 using infill::test::ServingFixture;
+using infill::test::StepGate;
 using Collector = infill::test::RequestCollector;
 
 namespace {
@@ -251,9 +253,15 @@ TEST_CASE("a failure in pre- or post-processing or in a step fails only its requ
 TEST_CASE("cancel, supersede and expiry each end a request once", "[serving][runtime]") {
   ServingFixture f;
   Collector c;
-  auto rt = start(f, RuntimeOptions{});
+  // No step runs until every submit and cancel below is made: the requests they name are all
+  // still live then, however the test thread and the worker share a busy machine.
+  StepGate gate(0);
+  RuntimeOptions o;
+  o.worker.before_step = gate.hook();
+  auto rt = start(f, o);
+  const auto opener = gate.open_on_exit();
   ServingRequest a = request(f, 1, ServingFixture::rect_mask(0, 0, 32, 32), 1, c);
-  a.params.schedule.steps = 40;  // long enough to still be running when superseded
+  a.params.schedule.steps = 40;
   REQUIRE(rt->submit(std::move(a)).ok());
   ServingRequest b = request(f, 2, ServingFixture::rect_mask(0, 0, 32, 32), 2, c);
   b.supersedes = 1;
@@ -275,6 +283,7 @@ TEST_CASE("cancel, supersede and expiry each end a request once", "[serving][run
   e.deadline_ms = 0.001;
   e.expire_at_deadline = true;
   REQUIRE(rt->submit(std::move(e)).ok());
+  gate.open();
   REQUIRE(rt->drain(60000));
 
   const RequestResult& old = c.only(1);
@@ -290,10 +299,13 @@ TEST_CASE("cancel, supersede and expiry each end a request once", "[serving][run
 TEST_CASE("under overload the deadline policy cuts steps within the class bound and says so",
           "[serving][runtime][reduction]") {
   ServingFixture f;
-  // A cost model that predicts 10 ms a step whatever the batch: 40 steps are 400 ms, far past
-  // a 300 ms deadline, while 20-29 steps fit (unless pre-processing took over 100 ms).
+  // A cost model that predicts 100 ms a step whatever the batch: 40 steps are 4 s, far past a
+  // 3 s deadline, while 20-29 steps fit (unless pre-processing took over 1 s). The scheduler
+  // compares these predictions with the real clock, so the scale leaves a busy machine's
+  // pre-processing and steps (a few ms each when idle) far inside it; the edit itself still
+  // runs at the machine's speed.
   auto slow = StepCostModel::from_json(
-      R"({"format":"infill-step-cost","version":1,"fingerprint":"test","coefficients":[10,0,0,0],"train":4})");
+      R"({"format":"infill-step-cost","version":1,"fingerprint":"test","coefficients":[100,0,0,0],"train":4})");
   REQUIRE(slow.ok());
   f.cost = std::make_shared<const StepCostModel>(*slow);
   for (RequestClass cls : {RequestClass::kLive, RequestClass::kInteractive, RequestClass::kBatch}) {
@@ -304,7 +316,7 @@ TEST_CASE("under overload the deadline policy cuts steps within the class bound 
     ServingRequest r = request(f, 1, ServingFixture::rect_mask(8, 8, 24, 16), 1, c);
     r.params.schedule.steps = 40;
     r.cls = cls;
-    r.deadline_ms = 300.0;
+    r.deadline_ms = 3000.0;
     REQUIRE(rt->submit(std::move(r)).ok());
     REQUIRE(rt->drain(60000));
     const RequestResult& res = c.only(1);

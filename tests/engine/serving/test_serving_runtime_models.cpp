@@ -3,6 +3,7 @@
 // fails only its requests, and supersede and the model checks work across models.
 #include "support/catch.h"
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -11,9 +12,11 @@
 #include "pipeline/dit_edit_model.h"
 #include "request_collector.h"
 #include "serving_fixture.h"
+#include "support/step_gate.h"
 
 using namespace infill;
 using infill::test::ServingFixture;
+using infill::test::StepGate;
 using Collector = infill::test::RequestCollector;
 
 namespace {
@@ -142,12 +145,17 @@ TEST_CASE("two models on one worker: a failed forward of one fails only its requ
   o.worker.may_step = infill::test::step_when_ready(2);
   // Model a's forward fails once (request 1's); model b's in the same round goes on.
   std::atomic<bool> armed{true};
-  o.worker.before_step = [&](std::span<const uint64_t> ids) {
+  // Request 3's steps wait here until the edit that supersedes it is submitted: it is still
+  // live then, however the test thread and the worker share a busy machine.
+  StepGate hold_3(0);
+  o.worker.before_step = [&, hold = hold_3.hook()](std::span<const uint64_t> ids) {
     for (uint64_t id : ids)
       if (id == 1 && armed.exchange(false)) throw std::runtime_error("injected step fault");
+    if (std::find(ids.begin(), ids.end(), uint64_t{3}) != ids.end()) hold(ids);
   };
   auto rt = ServingRuntime::create({{model_a, f.cost}, {model_b, f.cost}}, f.store, o);
   REQUIRE(rt.ok());
+  const auto opener = hold_3.open_on_exit();
   REQUIRE((*rt)->submit(request(1, model_a, f.templates[0], ServingFixture::rect_mask(0, 0, 16, 16), 1, c)).ok());
   REQUIRE((*rt)->submit(request(2, model_b, b.tmpl, ServingFixture::rect_mask(0, 0, 16, 16), 2, c)).ok());
   REQUIRE((*rt)->drain(60000));
@@ -164,6 +172,7 @@ TEST_CASE("two models on one worker: a failed forward of one fails only its requ
   ServingRequest newer = request(4, model_b, b.tmpl, ServingFixture::rect_mask(0, 0, 32, 32), 4, c);
   newer.supersedes = 3;
   REQUIRE((*rt)->submit(std::move(newer)).ok());
+  hold_3.open();
   REQUIRE((*rt)->drain(60000));
   CHECK(c.only(3).state == RequestState::kCancelled);
   CHECK(c.only(3).status.message().find("superseded by request 4") != std::string::npos);
