@@ -1,22 +1,48 @@
 // infill-model-check FILE...: runs the call recorded in each reference tensor file and prints
 // one JSON line per file; exit 0 only when every file loads and matches (model/reference_check.h).
-// infill-model-check --folder PATH: loads a FLUX.2 model folder as the engine would and
-// describes it in one JSON line; exit 0 only when it loads.
+// infill-model-check --folder PATH [--lora FILE[:STRENGTH]]...: loads a FLUX.2 model folder as
+// the engine would and describes it, and each LoRA read for it, in one JSON line; exit 0 only
+// when everything loads.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/blas_kernel.h"
 #include "model/flux2_model.h"
+#include "model/lora_adapter.h"
 #include "model/reference_check.h"
 
 namespace {
 
-// One JSON line describing the model folder at `path`, or the error that kept it from loading.
-int describe_folder(const std::string& path) {
+// A --lora argument: FILE or FILE:STRENGTH.
+struct LoraArg {
+  std::string file;
+  double strength = 1.0;
+};
+
+bool parse_lora_arg(const std::string& text, LoraArg& out) {
+  out = LoraArg{text, 1.0};
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos) return true;
+  try {
+    size_t used = 0;
+    const double s = std::stod(text.substr(colon + 1), &used);
+    if (used != text.size() - colon - 1) return false;
+    out = LoraArg{text.substr(0, colon), s};
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// One JSON line describing the model folder at `path` and the LoRAs read for it, or the error
+// that kept one from loading.
+int describe_folder(const std::string& path, const std::vector<LoraArg>& loras) {
   nlohmann::ordered_json line;
   line["folder"] = path;
   const auto t0 = std::chrono::steady_clock::now();
@@ -55,6 +81,26 @@ int describe_folder(const std::string& path) {
   line["max_sequence_length"] = f.max_sequence_length;
   line["text_encoder"] = f.text_encoder_dir;
   line["tokenizer"] = f.tokenizer_dir;
+  nlohmann::ordered_json adapters = nlohmann::ordered_json::array();
+  for (const LoraArg& arg : loras) {
+    auto lora = infill::load_lora(arg.file, c, "the model in " + path);
+    if (!lora.ok()) {
+      line["loras"] = std::move(adapters);
+      line["error"] = lora.status().to_string();
+      line["ok"] = false;
+      std::printf("%s\n", line.dump().c_str());
+      return 1;
+    }
+    adapters.push_back({{"file", arg.file},
+                        {"strength", arg.strength},
+                        {"id", (*lora)->id},
+                        {"format", infill::lora_format_name((*lora)->format)},
+                        {"min_rank", (*lora)->min_rank()},
+                        {"max_rank", (*lora)->max_rank()},
+                        {"layers", (*lora)->layers.size()},
+                        {"bytes", (*lora)->bytes()}});
+  }
+  if (!loras.empty()) line["loras"] = std::move(adapters);
   line["load_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   line["ok"] = true;
   std::printf("%s\n", line.dump().c_str());
@@ -64,12 +110,14 @@ int describe_folder(const std::string& path) {
 void usage(FILE* out) {
   std::fprintf(out,
                "usage: infill-model-check [--blocks] [--device cpu|cuda[:N]] [--bf16] FILE...\n"
-               "       infill-model-check --folder PATH\n"
+               "       infill-model-check --folder PATH [--lora FILE[:STRENGTH]]...\n"
                "Runs the call recorded in each reference file (weights.*, input.*, output.*, trace.*)\n"
                "and prints one JSON line per file: {\"file\", \"model\", \"max_abs_err\", \"max_rel_err\", \"ok\"}.\n"
                "ok: max |diff| / max |reference| <= %g (%g with --bf16). --blocks adds every compared tensor.\n"
                "--device runs the transformer there (default cpu); --bf16 computes in bf16 on a CUDA device.\n"
-               "--folder loads a FLUX.2 model folder (diffusers or single-file layout) and describes it.\n"
+               "A transformer reference file applies the LoRA files its metadata \"loras\" names, from its folder.\n"
+               "--folder loads a FLUX.2 model folder (diffusers or single-file layout) and describes it,\n"
+               "with each --lora file read for that model (format, ranks, layers; errors name the key).\n"
                "Exit code 0 only when every file is ok (or the folder loads).\n",
                infill::kReferenceTolerance, infill::kReferenceToleranceBf16);
 }
@@ -81,17 +129,29 @@ int main(int argc, char** argv) {
   bool blocks = false;
   infill::ReferenceCheckOptions options;
   std::vector<std::string> files;
+  std::string folder;
+  std::vector<LoraArg> loras;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       usage(stdout);
       return 0;
     }
-    if (std::strcmp(argv[i], "--folder") == 0) {
-      if (i + 1 != argc - 1) {
-        std::fprintf(stderr, "infill-model-check: --folder takes exactly one PATH\n");
+    if (std::strcmp(argv[i], "--folder") == 0 || std::strcmp(argv[i], "--lora") == 0) {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "infill-model-check: %s needs a value\n", argv[i]);
         return 2;
       }
-      return describe_folder(argv[i + 1]);
+      if (argv[i][2] == 'f') {
+        folder = argv[++i];
+        continue;
+      }
+      LoraArg arg;
+      if (!parse_lora_arg(argv[++i], arg)) {
+        std::fprintf(stderr, "infill-model-check: --lora '%s': expected FILE or FILE:STRENGTH (a number)\n", argv[i]);
+        return 2;
+      }
+      loras.push_back(arg);
+      continue;
     }
     if (std::strcmp(argv[i], "--blocks") == 0) {
       blocks = true;
@@ -115,6 +175,14 @@ int main(int argc, char** argv) {
     } else {
       files.emplace_back(argv[i]);
     }
+  }
+  if (!folder.empty() || !loras.empty()) {
+    if (folder.empty() || !files.empty()) {
+      std::fprintf(stderr, "infill-model-check: --lora goes with --folder PATH (the model it is read for), "
+                           "not with reference files\n");
+      return 2;
+    }
+    return describe_folder(folder, loras);
   }
   if (files.empty()) {
     usage(stderr);
@@ -140,6 +208,7 @@ int main(int argc, char** argv) {
       line["max_rel_err"] = check->max_rel_err;
       line["device"] = options.device.name();
       line["dtype"] = options.bfloat16 ? "bfloat16" : "float32";
+      if (check->loras > 0) line["loras"] = check->loras;
       line["ok"] = check->ok;
       all_ok = all_ok && check->ok;
       if (blocks) {

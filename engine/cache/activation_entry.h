@@ -29,6 +29,9 @@ struct ActivationKey {
   /// entries, FLUX.2's template-keyed ones under the empty prompt); a prompt's digest for a
   /// FLUX.2 prompt-keyed entry.
   std::string conditioning;
+  /// The LoRAs the entry was recorded with, with their strengths (adapter_set_key): a LoRA
+  /// changes the K/V of every token. "" for none.
+  std::string adapters;
 
   /// Canonical text form, e.g. "model=..;template=..;w=64;h=64;steps=20;sampler=euler_rf;seed=7".
   std::string canonical() const;

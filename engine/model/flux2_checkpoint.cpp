@@ -1,11 +1,11 @@
 #include "model/flux2_checkpoint.h"
 
 #include <optional>
-#include <regex>
 
 #include <ATen/ATen.h>
 
 #include "common/shape_text.h"
+#include "model/flux2_weight_names.h"
 #include "model/safetensors_torch.h"
 
 namespace infill {
@@ -25,53 +25,6 @@ namespace {
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
-
-// Renames of diffusers' conversion, inverted: diffusers name (without prefix) -> upstream.
-// Block-level names carry the block index in a capture group.
-struct Rename {
-  std::regex pattern;
-  std::string upstream;  // "$1" is the block index
-};
-
-const std::vector<Rename>& diffusers_renames() {
-  static const std::vector<Rename> renames = [] {
-    std::vector<std::pair<std::string, std::string>> table = {
-        {R"(x_embedder\.weight)", "img_in.weight"},
-        {R"(context_embedder\.weight)", "txt_in.weight"},
-        {R"(time_guidance_embed\.timestep_embedder\.linear_1\.weight)", "time_in.in_layer.weight"},
-        {R"(time_guidance_embed\.timestep_embedder\.linear_2\.weight)", "time_in.out_layer.weight"},
-        {R"(time_guidance_embed\.guidance_embedder\.linear_1\.weight)", "guidance_in.in_layer.weight"},
-        {R"(time_guidance_embed\.guidance_embedder\.linear_2\.weight)", "guidance_in.out_layer.weight"},
-        {R"(double_stream_modulation_img\.linear\.weight)", "double_stream_modulation_img.lin.weight"},
-        {R"(double_stream_modulation_txt\.linear\.weight)", "double_stream_modulation_txt.lin.weight"},
-        {R"(single_stream_modulation\.linear\.weight)", "single_stream_modulation.lin.weight"},
-        {R"(proj_out\.weight)", "final_layer.linear.weight"},
-        {R"(transformer_blocks\.(\d+)\.attn\.norm_q\.weight)", "double_blocks.$1.img_attn.norm.query_norm.scale"},
-        {R"(transformer_blocks\.(\d+)\.attn\.norm_k\.weight)", "double_blocks.$1.img_attn.norm.key_norm.scale"},
-        {R"(transformer_blocks\.(\d+)\.attn\.to_out\.0\.weight)", "double_blocks.$1.img_attn.proj.weight"},
-        {R"(transformer_blocks\.(\d+)\.ff\.linear_in\.weight)", "double_blocks.$1.img_mlp.0.weight"},
-        {R"(transformer_blocks\.(\d+)\.ff\.linear_out\.weight)", "double_blocks.$1.img_mlp.2.weight"},
-        {R"(transformer_blocks\.(\d+)\.attn\.norm_added_q\.weight)", "double_blocks.$1.txt_attn.norm.query_norm.scale"},
-        {R"(transformer_blocks\.(\d+)\.attn\.norm_added_k\.weight)", "double_blocks.$1.txt_attn.norm.key_norm.scale"},
-        {R"(transformer_blocks\.(\d+)\.attn\.to_add_out\.weight)", "double_blocks.$1.txt_attn.proj.weight"},
-        {R"(transformer_blocks\.(\d+)\.ff_context\.linear_in\.weight)", "double_blocks.$1.txt_mlp.0.weight"},
-        {R"(transformer_blocks\.(\d+)\.ff_context\.linear_out\.weight)", "double_blocks.$1.txt_mlp.2.weight"},
-        {R"(single_transformer_blocks\.(\d+)\.attn\.to_qkv_mlp_proj\.weight)", "single_blocks.$1.linear1.weight"},
-        {R"(single_transformer_blocks\.(\d+)\.attn\.to_out\.weight)", "single_blocks.$1.linear2.weight"},
-        {R"(single_transformer_blocks\.(\d+)\.attn\.norm_q\.weight)", "single_blocks.$1.norm.query_norm.scale"},
-        {R"(single_transformer_blocks\.(\d+)\.attn\.norm_k\.weight)", "single_blocks.$1.norm.key_norm.scale"},
-    };
-    std::vector<Rename> out;
-    for (auto& [from, to] : table) out.push_back({std::regex(from), to});
-    return out;
-  }();
-  return renames;
-}
-
-// diffusers' split q/k/v of double block N: image stream to_{q,k,v}, text stream
-// add_{q,k,v}_proj.
-const std::regex kImageQkv(R"(transformer_blocks\.(\d+)\.attn\.to_([qkv])\.weight)");
-const std::regex kTextQkv(R"(transformer_blocks\.(\d+)\.attn\.add_([qkv])_proj\.weight)");
 
 }  // namespace
 
@@ -137,39 +90,27 @@ Result<Flux2Checkpoint> Flux2Checkpoint::open(const std::vector<std::string>& pa
     }
   } else if (diffusers_prefix) {
     c.naming_ = Naming::kDiffusers;
-    // q/k/v triples, collected by (stream, block) before they are fused.
+    // q/k/v triples, collected by upstream weight before they are fused.
     std::map<std::string, std::map<char, std::string>> triples;
     for (const auto& [name, where] : stored) {
       if (name.rfind(*diffusers_prefix, 0) != 0) continue;
-      const std::string key = name.substr(diffusers_prefix->size());
-      std::smatch m;
-      if (std::regex_match(key, m, kImageQkv)) {
-        triples["double_blocks." + m[1].str() + ".img_attn.qkv.weight"][m[2].str()[0]] = name;
-        continue;
-      }
-      if (std::regex_match(key, m, kTextQkv)) {
-        triples["double_blocks." + m[1].str() + ".txt_attn.qkv.weight"][m[2].str()[0]] = name;
-        continue;
-      }
-      if (key == "norm_out.linear.weight") {
-        (*sources)["final_layer.adaLN_modulation.1.weight"] = Source{Source::Kind::kSwappedHalves, {{where.first, name}}};
-        c.shapes_["final_layer.adaLN_modulation.1.weight"] = where.second->shape;
-        continue;
-      }
-      bool renamed = false;
-      for (const Rename& r : diffusers_renames()) {
-        if (std::regex_match(key, m, r.pattern)) {
-          const std::string upstream = m.format(r.upstream);
-          (*sources)[upstream] = Source{Source::Kind::kDirect, {{where.first, name}}};
-          c.shapes_[upstream] = where.second->shape;
-          renamed = true;
-          break;
-        }
-      }
-      if (!renamed) {
+      const std::optional<UpstreamWeight> upstream = upstream_weight_of_diffusers(name.substr(diffusers_prefix->size()));
+      if (!upstream) {
         return invalid_argument(paths[where.first] + ": tensor " + name +
                                 " is not part of a diffusers Flux2Transformer2DModel");
       }
+      switch (upstream->part) {
+        case UpstreamWeight::Part::kQ: triples[upstream->name]['q'] = name; continue;
+        case UpstreamWeight::Part::kK: triples[upstream->name]['k'] = name; continue;
+        case UpstreamWeight::Part::kV: triples[upstream->name]['v'] = name; continue;
+        case UpstreamWeight::Part::kSwappedHalves:
+          (*sources)[upstream->name] = Source{Source::Kind::kSwappedHalves, {{where.first, name}}};
+          break;
+        case UpstreamWeight::Part::kWhole:
+          (*sources)[upstream->name] = Source{Source::Kind::kDirect, {{where.first, name}}};
+          break;
+      }
+      c.shapes_[upstream->name] = where.second->shape;
     }
     for (auto& [upstream, parts] : triples) {
       Source src{Source::Kind::kFusedQkv, {}};

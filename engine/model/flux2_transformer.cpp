@@ -12,6 +12,7 @@
 #include "kernels/masked_attention.h"
 #include "kernels/token_rows.h"
 #include "model/flux2_checkpoint.h"
+#include "model/lora_round.h"
 #include "model/row_attention.h"
 #include "model/safetensors_torch.h"
 #include "model/stored_linear.h"
@@ -24,7 +25,8 @@ constexpr double kNormEps = 1e-6;  // LayerNorm and QK RMSNorm, as upstream
 
 // A bias-free linear layer whose weight stays in its stored dtype (model/stored_linear.h).
 struct Linear {
-  at::Tensor w;  // [out, in]
+  at::Tensor w;      // [out, in]
+  std::string name;  // the weight's checkpoint name: what LoRAs adapt
   at::Tensor operator()(const at::Tensor& x) const { return stored_linear(x, w); }
 };
 
@@ -63,7 +65,8 @@ struct Flux2Transformer::Weights {
     const int64_t h = cfg.hidden_size, d = cfg.head_dim(), m = cfg.mlp_hidden;
     std::vector<Slot> s;
     auto lin = [&](const std::string& name, Linear& l, int64_t out, int64_t in) {
-      s.push_back({name + ".weight", {out, in}, &l.w});
+      l.name = name + ".weight";
+      s.push_back({l.name, {out, in}, &l.w});
     };
     lin("img_in", img_in, h, cfg.input_channels());
     lin("txt_in", txt_in, h, cfg.context_dim);
@@ -151,6 +154,16 @@ std::string Flux2Config::family_size() const {
     return "dev";
   }
   return "custom";
+}
+
+std::vector<Flux2LinearLayer> flux2_linear_layers(const Flux2Config& config) {
+  Flux2Transformer::Weights w;
+  w.cfg = config;
+  std::vector<Flux2LinearLayer> layers;
+  for (const auto& slot : w.slots()) {
+    if (slot.shape.size() == 2) layers.push_back({slot.name, slot.shape[0], slot.shape[1]});
+  }
+  return layers;
 }
 
 Result<std::string> find_flux2_transformer_prefix(const SafetensorsFile& file) {
@@ -486,6 +499,17 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
 
   const size_t n = segments.size();
   std::vector<SegmentState> states(n);
+  // The segments' LoRAs, stacked per layer: a layer's low-rank terms cost two GEMMs for every
+  // row of the round (model/lora_round.h); nothing at all when no segment has adapters.
+  std::vector<const AdapterSet*> sets;
+  for (const Flux2Segment& seg : segments) sets.push_back(&seg.adapters);
+  const LoraRound round = LoraRound::build(sets, opts);
+  // x W^T plus the round's terms of W for x's rows, whose coefficients are `coef`.
+  auto linear = [&round](const Linear& l, const at::Tensor& x, const at::Tensor& coef) {
+    at::Tensor y = l(x);
+    if (!round.empty()) round.add(l.name, x, coef, y);
+    return y;
+  };
   std::vector<at::Tensor> txt_parts, img_parts;
   std::vector<int64_t> txt_rows, img_rows, all_rows;
   for (size_t i = 0; i < n; ++i) {
@@ -541,15 +565,18 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     s.cos = cos.to(opts);
     s.sin = sin.to(opts);
 
-    at::Tensor vec = w.time_in1(at::silu(w.time_in0(flux2_timestep_embedding(seg.timestep, cfg.time_embed_dim).to(opts))));
+    const at::Tensor cs = round.segment_coefficients(i);
+    const at::Tensor t_emb = flux2_timestep_embedding(seg.timestep, cfg.time_embed_dim).to(opts);
+    at::Tensor vec = linear(w.time_in1, at::silu(linear(w.time_in0, t_emb, cs)), cs);
     if (cfg.guidance_embed) {
-      vec = vec + w.guidance_in1(at::silu(w.guidance_in0(flux2_timestep_embedding(seg.guidance, cfg.time_embed_dim).to(opts))));
+      const at::Tensor g_emb = flux2_timestep_embedding(seg.guidance, cfg.time_embed_dim).to(opts);
+      vec = vec + linear(w.guidance_in1, at::silu(linear(w.guidance_in0, g_emb, cs)), cs);
     }
     const at::Tensor act = at::silu(vec).unsqueeze(0);
-    s.mod_img = w.mod_img(act).chunk(6, 1);
-    s.mod_txt = w.mod_txt(act).chunk(6, 1);
-    s.mod_single = w.mod_single(act).chunk(3, 1);
-    s.mod_final = w.final_ada(act).chunk(2, 1);
+    s.mod_img = linear(w.mod_img, act, cs).chunk(6, 1);
+    s.mod_txt = linear(w.mod_txt, act, cs).chunk(6, 1);
+    s.mod_single = linear(w.mod_single, act, cs).chunk(3, 1);
+    s.mod_final = linear(w.final_ada, act, cs).chunk(2, 1);
 
     if (s.rt > 0) txt_parts.push_back(seg.txt.to(opts));
     img_parts.push_back(seg.img.to(opts));
@@ -558,9 +585,18 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     all_rows.push_back(rows);
   }
   Packing pt = packing(txt_rows), pi = packing(img_rows), pa = packing(all_rows);
+  // Each packed row's LoRA coefficients (text, image and joined rows), following the packing.
+  at::Tensor ct, ci, ca;
+  auto update_coefficients = [&] {
+    if (round.empty()) return;
+    ct = round.row_coefficients(txt_rows);
+    ci = round.row_coefficients(img_rows);
+    ca = round.row_coefficients(all_rows);
+  };
+  update_coefficients();
   int64_t total_txt = std::accumulate(txt_rows.begin(), txt_rows.end(), int64_t{0});
-  at::Tensor x_txt = total_txt > 0 ? w.txt_in(concat_rows(txt_parts)) : at::empty({0, H}, opts);
-  at::Tensor x_img = w.img_in(concat_rows(img_parts));
+  at::Tensor x_txt = total_txt > 0 ? linear(w.txt_in, concat_rows(txt_parts), ct) : at::empty({0, H}, opts);
+  at::Tensor x_img = linear(w.img_in, concat_rows(img_parts), ci);
   at::Tensor x;  // the single blocks' joined rows
 
   // After `block`, the segments whose recomputed prefix ends there drop to their kept rows;
@@ -599,6 +635,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     pt = packing(txt_rows);
     pi = packing(img_rows);
     pa = packing(all_rows);
+    update_coefficients();
     total_txt = std::accumulate(txt_rows.begin(), txt_rows.end(), int64_t{0});
   };
 
@@ -610,8 +647,8 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
       modulate_(pt.slice(ht, i), states[i].mod_txt[0], states[i].mod_txt[1]);
       modulate_(pi.slice(hi, i), states[i].mod_img[0], states[i].mod_img[1]);
     }
-    const at::Tensor qkv_t = total_txt > 0 ? blk.txt.qkv(ht) : at::empty({0, 3 * H}, opts);
-    const at::Tensor qkv_i = blk.img.qkv(hi);
+    const at::Tensor qkv_t = total_txt > 0 ? linear(blk.txt.qkv, ht, ct) : at::empty({0, 3 * H}, opts);
+    const at::Tensor qkv_i = linear(blk.img.qkv, hi, ci);
     at::Tensor attn_t = at::empty({total_txt, H}, opts), attn_i = at::empty_like(x_img);
     for (size_t i = 0; i < n; ++i) {
       SegmentState& s = states[i];
@@ -626,28 +663,28 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
       pt.slice(attn_t, i).copy_(out.narrow(0, 0, s.rt));
       pi.slice(attn_i, i).copy_(out.narrow(0, s.rt, s.ri));
     }
-    const at::Tensor proj_t = total_txt > 0 ? blk.txt.proj(attn_t) : attn_t;
-    const at::Tensor proj_i = blk.img.proj(attn_i);
+    const at::Tensor proj_t = total_txt > 0 ? linear(blk.txt.proj, attn_t, ct) : attn_t;
+    const at::Tensor proj_i = linear(blk.img.proj, attn_i, ci);
     for (size_t i = 0; i < n; ++i) {
       pt.slice(x_txt, i).addcmul_(pt.slice(proj_t, i), states[i].mod_txt[2]);
       pi.slice(x_img, i).addcmul_(pi.slice(proj_i, i), states[i].mod_img[2]);
     }
-    auto mlp = [&](const Stream& st, at::Tensor& x, const Packing& p, bool text) {
+    auto mlp = [&](const Stream& st, at::Tensor& x, const Packing& p, const at::Tensor& coef, bool text) {
       if (x.size(0) == 0) return;
       at::Tensor h = layer_norm(x);
       for (size_t i = 0; i < n; ++i) {
         const auto& mod = text ? states[i].mod_txt : states[i].mod_img;
         modulate_(p.slice(h, i), mod[3], mod[4]);
       }
-      at::Tensor up = st.mlp_in(h);
-      at::Tensor out = st.mlp_out(at::silu(up.narrow(1, 0, M)).mul_(up.narrow(1, M, M)));
+      at::Tensor up = linear(st.mlp_in, h, coef);
+      at::Tensor out = linear(st.mlp_out, at::silu(up.narrow(1, 0, M)).mul_(up.narrow(1, M, M)), coef);
       for (size_t i = 0; i < n; ++i) {
         const auto& mod = text ? states[i].mod_txt : states[i].mod_img;
         p.slice(x, i).addcmul_(p.slice(out, i), mod[5]);
       }
     };
-    mlp(blk.txt, x_txt, pt, true);
-    mlp(blk.img, x_img, pi, false);
+    mlp(blk.txt, x_txt, pt, ct, true);
+    mlp(blk.img, x_img, pi, ci, false);
     if (trace != nullptr) {
       trace->double_img.push_back(x_img.to(at::kCPU, at::kFloat).clone());
       trace->double_txt.push_back(x_txt.to(at::kCPU, at::kFloat).clone());
@@ -667,7 +704,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     const int block = cfg.double_blocks + sb;
     at::Tensor h = layer_norm(x);
     for (size_t i = 0; i < n; ++i) modulate_(pa.slice(h, i), states[i].mod_single[0], states[i].mod_single[1]);
-    const at::Tensor y = blk.linear1(h);  // [R, 3H + 2M]: q, k, v, then the MLP's gate and up halves
+    const at::Tensor y = linear(blk.linear1, h, ca);  // [R, 3H + 2M]: q, k, v, then the MLP's gate and up halves
     at::Tensor inner = at::empty({x.size(0), H + M}, opts);
     for (size_t i = 0; i < n; ++i) {
       SegmentState& s = states[i];
@@ -678,7 +715,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
       pa.slice(inner, i).narrow(1, 0, H).copy_(segment_attention(s, block, q, k, v, heads, scale));
     }
     inner.narrow(1, H, M).copy_(at::silu(y.narrow(1, 3 * H, M)).mul_(y.narrow(1, 3 * H + M, M)));
-    const at::Tensor out = blk.linear2(inner);
+    const at::Tensor out = linear(blk.linear2, inner, ca);
     for (size_t i = 0; i < n; ++i) pa.slice(x, i).addcmul_(pa.slice(out, i), states[i].mod_single[2]);
     if (trace != nullptr) trace->single.push_back(x.to(at::kCPU, at::kFloat).clone());
     end_prefixes_after(block);
@@ -691,7 +728,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     modulate_(h, states[i].mod_final[0], states[i].mod_final[1]);
     outs.push_back(h);
   }
-  return w.final_linear(concat_rows(outs)).to(at::kCPU, at::kFloat);
+  return linear(w.final_linear, concat_rows(outs), ci).to(at::kCPU, at::kFloat);
 }
 
 }  // namespace infill

@@ -27,6 +27,7 @@
 #include "common/status.h"
 #include "model/compute_device.h"
 #include "model/kv_io.h"
+#include "model/lora_adapter.h"
 #include "model/safetensors.h"
 
 namespace infill {
@@ -69,6 +70,15 @@ Result<std::string> find_flux2_transformer_prefix(const SafetensorsFile& file);
 
 class Flux2Checkpoint;
 
+/// A linear (bias-free) layer of the transformer: its upstream weight name and shape.
+struct Flux2LinearLayer {
+  std::string name;  ///< "double_blocks.0.img_attn.qkv.weight", "img_in.weight", ...
+  int64_t out = 0;
+  int64_t in = 0;
+};
+/// Every linear layer of a transformer of `config`, in checkpoint order (what LoRAs adapt).
+std::vector<Flux2LinearLayer> flux2_linear_layers(const Flux2Config& config);
+
 /// Infers every size from the weights' shapes; errors name the tensor.
 Result<Flux2Config> infer_flux2_config(const Flux2Checkpoint& checkpoint);
 /// The same for the upstream-named weights under `prefix` of `file`.
@@ -108,6 +118,10 @@ struct Flux2Segment {
   at::Tensor keep_positions;
   /// Receives every block's K/V ([L, H], post QK-norm and RoPE) of a full forward. Not owned.
   KvSink* sink = nullptr;
+  /// LoRAs applied to this segment's rows (model/lora_round.h): each adapted layer adds
+  /// strength * (x A^T) B^T for them. Every adapter must have been loaded for this model's
+  /// config (load_lora).
+  AdapterSet adapters;
 };
 
 /// Per-block outputs of a forward of one segment, for checking against a reference.

@@ -1,14 +1,17 @@
 #include "model/reference_check.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
+#include <nlohmann/json.hpp>
 
 #include "model/flux2_autoencoder.h"
 #include "model/flux2_checkpoint.h"
 #include "model/flux2_transformer.h"
+#include "model/lora_adapter.h"
 #include "model/safetensors.h"
 #include "model/safetensors_torch.h"
 
@@ -39,8 +42,30 @@ Result<at::Tensor> required(const SafetensorsFile& file, const std::string& name
   return load_float_tensor(file, name);
 }
 
+// The LoRAs named in the file's "loras" metadata (JSON list of {"file", "strength", ...}),
+// read from the reference file's folder, in the order applied.
+Result<AdapterSet> recorded_loras(const SafetensorsFile& file, const Flux2Config& config) {
+  AdapterSet set;
+  const auto it = file.metadata().find("loras");
+  if (it == file.metadata().end()) return set;
+  const nlohmann::json list = nlohmann::json::parse(it->second, nullptr, false);
+  if (!list.is_array()) return invalid_argument(file.path() + ": metadata \"loras\" is not a JSON list");
+  const std::filesystem::path folder = std::filesystem::path(file.path()).parent_path();
+  for (const nlohmann::json& entry : list) {
+    if (!entry.is_object() || !entry.contains("file") || !entry["file"].is_string()) {
+      return invalid_argument(file.path() + ": an entry of metadata \"loras\" has no \"file\"");
+    }
+    const double strength = entry.contains("strength") && entry["strength"].is_number() ? entry["strength"].get<double>() : 1.0;
+    INFILL_ASSIGN_OR_RETURN(auto adapter, load_lora((folder / entry["file"].get<std::string>()).string(), config,
+                                                    "the reference file's transformer"));
+    set.push_back({std::move(adapter), strength});
+  }
+  return set;
+}
+
 Status check_transformer(const SafetensorsFile& file, ReferenceCheck& check, const ReferenceCheckOptions& options) {
   INFILL_ASSIGN_OR_RETURN(Flux2Transformer model, Flux2Transformer::load(file, kWeightsPrefix));
+  INFILL_ASSIGN_OR_RETURN(AdapterSet loras, recorded_loras(file, model.config()));
   if (options.device.cuda) {
     INFILL_RETURN_IF_ERROR(model.to_device(options.device, options.bfloat16 ? at::kBFloat16 : at::kFloat));
   }
@@ -56,6 +81,8 @@ Status check_transformer(const SafetensorsFile& file, ReferenceCheck& check, con
   seg.img = x;
   seg.img_ids = x_ids;
   seg.timestep = timestep.item<double>();
+  seg.adapters = loras;
+  check.loras = loras.size();
   if (model.config().guidance_embed) {
     INFILL_ASSIGN_OR_RETURN(at::Tensor guidance, required(file, "input.guidance"));
     seg.guidance = guidance.item<double>();

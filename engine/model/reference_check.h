@@ -6,7 +6,9 @@
 /// A reference file is a safetensors file holding `weights.*` (the network under its
 /// checkpoint names), `input.*`, `output.*` and optionally `trace.*` (per-block
 /// intermediates), all without the batch dimension, and `__metadata__` with "model"
-/// ("flux2-transformer" or "flux2-autoencoder"). The errors compared are
+/// ("flux2-transformer" or "flux2-autoencoder"), and for a transformer optionally "loras": the
+/// LoRA files beside it applied in order, each with its "strength"
+/// (../shared/testdata/flux2_lora/). The errors compared are
 /// max |ours - reference| and that divided by max |reference|.
 
 #include <string>
@@ -27,6 +29,8 @@ struct ReferenceComparison {
 struct ReferenceCheck {
   std::string file;
   std::string model;  ///< the file's metadata "model"
+  /// LoRAs applied from the file's metadata "loras" (files beside it, in order).
+  size_t loras = 0;
   /// Outputs first, then every trace tensor in block order.
   std::vector<ReferenceComparison> comparisons;
   /// The worst of all comparisons.

@@ -105,6 +105,11 @@ struct SafetensorsFile::Mapping {
   }
 };
 
+std::span<const std::byte> SafetensorsFile::file_bytes() const {
+  if (!mapping_) return {};
+  return {static_cast<const std::byte*>(mapping_->addr), mapping_->bytes};
+}
+
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {

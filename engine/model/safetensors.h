@@ -66,6 +66,8 @@ class SafetensorsFile {
   /// The raw bytes of one tensor, valid while this object (or a copy) lives.
   std::span<const std::byte> bytes(const TensorInfo& info) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  /// Every byte of the file (header and data), e.g. to hash it; valid while this object lives.
+  std::span<const std::byte> file_bytes() const;
 
  private:
   struct Mapping;

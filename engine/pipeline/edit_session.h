@@ -23,6 +23,7 @@
 
 #include "cache/activation_entry.h"
 #include "common/status.h"
+#include "model/lora_adapter.h"
 #include "model/model.h"
 #include "pipeline/cached_kv.h"
 #include "pipeline/image_io.h"
@@ -61,6 +62,8 @@ struct EditParams {
   int halo_tokens = 1;      ///< masked-token dilation, in tokens
   float feather_px = 4.0f;  ///< inward feather of the composite
   int decode_margin = 4;    ///< latent pixels of context decoded around the mask's box
+  /// LoRAs, in order, each with its strength (FLUX.2 only); part of every cache key.
+  AdapterSet adapters;
 };
 
 struct EditOutput {

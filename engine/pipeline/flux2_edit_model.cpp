@@ -86,6 +86,7 @@ Result<Flux2EditParams> session_params(const Flux2EditModelParts& parts, const P
   p.halo_tokens = params.halo_tokens;
   p.feather_px = params.feather_px;
   p.decode_margin = params.decode_margin;
+  p.adapters = params.adapters;
   return p;
 }
 
@@ -185,6 +186,7 @@ ActivationKey Flux2EditModel::cache_key(const TemplateImage& tmpl, const EditPar
   key.steps = resolved_steps(params);
   key.sampler = "flux2_euler_rf";  // template-keyed: recorded under the empty prompt
   key.seed = params.schedule.template_seed;
+  key.adapters = adapter_set_key(params.adapters);
   return key;
 }
 
@@ -265,7 +267,8 @@ Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prepare(std::shared_
   std::string id = tmpl->id;
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2PrepareRun> run,
                           Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), empty_prompt_->rows, resolved_steps(params),
-                                                  params.schedule.template_seed, params.guidance_scale));
+                                                  params.schedule.template_seed, params.guidance_scale, at::Tensor(),
+                                                  params.adapters));
   return std::unique_ptr<StepPrepare>(std::make_unique<Flux2StepPrepare>(std::move(run), std::move(key), std::move(id)));
 }
 
@@ -282,7 +285,8 @@ Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prompt_prepare(std::
   } else {
     const bool guided = flux2_runs_cfg(parts_.transformer->config(), p.guidance);
     INFILL_ASSIGN_OR_RETURN(run, Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), p.prompt, p.steps,
-                                                         p.template_seed, p.guidance, guided ? p.null_prompt : at::Tensor()));
+                                                         p.template_seed, p.guidance, guided ? p.null_prompt : at::Tensor(),
+                                                         p.adapters));
   }
   return std::unique_ptr<StepPrepare>(std::make_unique<Flux2StepPrepare>(std::move(run), std::move(key), std::move(id)));
 }

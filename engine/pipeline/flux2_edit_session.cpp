@@ -178,6 +178,7 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
 
 void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, KvSource* kv, bool compute_text) const {
   s = Flux2Segment{};
+  s.adapters = params_.adapters;
   s.timestep = sampler_->model_timestep(step_) / 1000.0;
   s.guidance = params_.guidance;
   const at::Tensor& idx = tokens_.indices;

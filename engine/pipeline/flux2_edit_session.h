@@ -70,6 +70,9 @@ struct Flux2EditParams {
   int halo_tokens = 1;          ///< masked-token dilation, in tokens
   float feather_px = 4.0f;      ///< inward feather of the composite
   int decode_margin = 4;        ///< latent pixels of context decoded around the mask's box
+  /// LoRAs of every segment (both halves under guidance); the entries read must have been
+  /// recorded under the same set and strengths (their keys say so).
+  AdapterSet adapters;
 };
 
 /// Whether an edit at `guidance` runs classifier-free guidance (a second, null-prompt segment

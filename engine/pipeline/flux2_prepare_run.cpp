@@ -24,7 +24,7 @@ double Flux2PrepareRun::attention_pairs() const {
 Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr<const Flux2Transformer> model,
                                                                  std::shared_ptr<const TemplateImage> tmpl,
                                                                  at::Tensor text, int steps, uint64_t template_seed,
-                                                                 double guidance, at::Tensor null_text) {
+                                                                 double guidance, at::Tensor null_text, AdapterSet adapters) {
   const Flux2Config& cfg = model->config();
   if (tmpl->latent.size(0) != cfg.in_channels) {
     return invalid_argument("template latent has " + std::to_string(tmpl->latent.size(0)) + " channels, the model reads " +
@@ -63,6 +63,7 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr
     run->null_text_ = null_text.to(at::kFloat).contiguous();
     run->null_sink_ = std::make_unique<EntryKvSink>(*run->entry_, 0, cfg.depth());
   }
+  run->adapters_ = std::move(adapters);
   run->model_ = std::move(model);
   run->tmpl_ = std::move(tmpl);
   return run;
@@ -75,7 +76,7 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::from_stroke(std::share
   const bool guided = flux2_runs_cfg(model->config(), p.guidance);
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2PrepareRun> run,
                           create(model, tmpl, p.prompt, p.steps, p.template_seed, p.guidance,
-                                 guided ? p.null_prompt : at::Tensor()));
+                                 guided ? p.null_prompt : at::Tensor(), p.adapters));
   INFILL_ASSIGN_OR_RETURN(run->stroke_, Flux2EditSession::create(std::move(model), std::move(stroke.codec), std::move(tmpl),
                                                                  p, Flux2Cache{}, run->sink_.get(), run->null_sink_.get()));
   return run;
@@ -101,6 +102,7 @@ void Flux2PrepareRun::run_step() {
   segments[0].timestep = sampler_->model_timestep(i) / 1000.0;
   segments[0].guidance = guidance_;
   segments[0].sink = sink_.get();
+  segments[0].adapters = adapters_;
   sink_->set_step(i);
   if (null_sink_) {  // the null half: the same tokens under the empty prompt
     segments[1] = segments[0];

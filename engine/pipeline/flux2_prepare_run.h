@@ -54,7 +54,7 @@ class Flux2PrepareRun {
   static Result<std::unique_ptr<Flux2PrepareRun>> create(std::shared_ptr<const Flux2Transformer> model,
                                                          std::shared_ptr<const TemplateImage> tmpl, at::Tensor text,
                                                          int steps, uint64_t template_seed, double guidance,
-                                                         at::Tensor null_text = {});
+                                                         at::Tensor null_text = {}, AdapterSet adapters = {});
   /// A prompt-keyed entry recorded from `stroke` (keyed by its prompt, steps and template seed).
   /// Steps before the stroke's first (strength < 1) record the template's trajectory.
   static Result<std::unique_ptr<Flux2PrepareRun>> from_stroke(std::shared_ptr<const Flux2Transformer> model,
@@ -81,6 +81,7 @@ class Flux2PrepareRun {
   std::shared_ptr<const TemplateImage> tmpl_;
   std::optional<Sampler> sampler_;
   std::shared_ptr<ActivationEntry> entry_;
+  AdapterSet adapters_;  // every segment's LoRAs: the entry is keyed by them
   std::unique_ptr<EntryKvSink> sink_, null_sink_;  // null_sink_: the null half's, when recorded
   at::Tensor text_, null_text_, text_ids_, clean_, noise_, image_ids_;
   at::Tensor no_mask_rows_;  // [N, mask_channels] zeros
