@@ -22,6 +22,7 @@
 
 #include "common/blas_kernel.h"
 #include "bench_stats.h"
+#include "flux2_bench_inputs.h"
 #include "cache/activation_entry.h"
 #include "machine_info.h"
 #include "process_memory.h"
@@ -41,28 +42,12 @@ using infill::Flux2Transformer;
 namespace {
 
 using infill::bench::drop_from_page_cache;
+using infill::bench::rectangle_tokens;
 using infill::bench::peak_rss_bytes;
 using infill::bench::reset_peak;
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-Flux2Config klein_4b() {
-  Flux2Config c;  // the defaults are klein 4B: hidden 3072, 24 heads, 5 + 20 blocks, context 7680
-  return c;
-}
-
-Flux2Config small() {
-  Flux2Config c;
-  c.hidden_size = 256;
-  c.num_heads = 4;
-  c.double_blocks = 2;
-  c.single_blocks = 4;
-  c.mlp_hidden = 768;
-  c.context_dim = 512;
-  c.axes_dim = {16, 16, 16, 16};
-  return c;
 }
 
 // FLOPs of a forward computing `rows` of a sequence of `length` tokens: the linear layers
@@ -75,42 +60,6 @@ double forward_flop(const Flux2Config& c, int64_t rows, int64_t image_rows, int6
   flop += 2.0 * image_rows * (c.in_channels * h + h * c.in_channels) + 2.0 * text_rows * c.context_dim * h;
   flop += 4.0 * rows * static_cast<double>(length) * h * c.depth();
   return flop;
-}
-
-struct Inputs {
-  at::Tensor txt, txt_ids, img, img_ids;  // img: image grid then reference grid
-};
-
-Inputs make_inputs(const Flux2Config& c, int text_tokens, int grid, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  Inputs in;
-  in.txt = at::empty({text_tokens, c.context_dim}).normal_(0, 1, gen);
-  in.txt_ids = at::zeros({text_tokens, 4});
-  in.txt_ids.select(1, 3).copy_(at::arange(text_tokens, at::kFloat));
-  const int64_t n = int64_t{grid} * grid;
-  in.img = at::empty({2 * n, c.in_channels}).normal_(0, 1, gen);
-  in.img_ids = at::zeros({2 * n, 4});
-  const at::Tensor ys = at::arange(grid, at::kFloat).repeat_interleave(grid);
-  const at::Tensor xs = at::arange(grid, at::kFloat).repeat({grid});
-  for (int g = 0; g < 2; ++g) {
-    at::Tensor part = in.img_ids.narrow(0, g * n, n);
-    part.select(1, 0).fill_(g == 0 ? 0.0 : 10.0);  // reference tokens at t = 10, as klein edits
-    part.select(1, 1).copy_(ys);
-    part.select(1, 2).copy_(xs);
-  }
-  return in;
-}
-
-// The image tokens of a centred rectangle covering about `fraction` of the grid (the mask
-// and its halo, as one box): ascending ids.
-at::Tensor rectangle_tokens(int grid, double fraction) {
-  const int side_w = std::max(1, static_cast<int>(std::lround(std::sqrt(fraction) * grid)));
-  const int side_h = std::max(1, static_cast<int>(std::lround(fraction * grid * grid / side_w)));
-  const int x0 = (grid - side_w) / 2, y0 = (grid - side_h) / 2;
-  std::vector<int64_t> ids;
-  for (int y = y0; y < y0 + side_h; ++y)
-    for (int x = x0; x < x0 + side_w; ++x) ids.push_back(int64_t{y} * grid + x);
-  return at::tensor(ids, at::kLong);
 }
 
 // Hands the forward its slabs only: a GPU forward then copies each block when it reaches it,
@@ -176,7 +125,7 @@ int main(int argc, char** argv) {
   if (size != "klein-4b" && size != "small") return usage("--size must be klein-4b or small");
   if (repeats < 1 || full_repeats < 1 || text_tokens < 0 || grid < 2) return usage("counts must be positive");
   threads = infill::set_compute_threads(threads);
-  const Flux2Config cfg = size == "small" ? small() : klein_4b();
+  const Flux2Config cfg = size == "small" ? infill::bench::small_flux2_config() : infill::bench::klein_4b_config();
   if (weights.empty()) weights = (fs::temp_directory_path() / ("infill-bench-flux2-" + size + ".safetensors")).string();
 
   nlohmann::ordered_json out;
@@ -202,23 +151,12 @@ int main(int argc, char** argv) {
 
   // Weights: generated once into a file, then loaded from it like a user's checkpoint.
   {
-    bool reuse = false;
-    if (fs::exists(weights)) {
-      auto file = infill::SafetensorsFile::open(weights);
-      auto prefix = file.ok() ? infill::find_flux2_transformer_prefix(*file) : infill::Result<std::string>(file.status());
-      auto found = prefix.ok() ? infill::infer_flux2_config(*file, *prefix) : infill::Result<Flux2Config>(prefix.status());
-      reuse = found.ok() && found->hidden_size == cfg.hidden_size && found->depth() == cfg.depth();
+    double generated_ms = 0;
+    if (const std::string error = infill::bench::ensure_flux2_weights(weights, cfg, &generated_ms); !error.empty()) {
+      std::cerr << "bench_flux2: " << error << "\n";
+      return 1;
     }
-    if (!reuse) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const Flux2Transformer generated = Flux2Transformer::random(cfg, 42, at::kBFloat16);
-      const infill::Status saved = generated.save(weights);
-      if (!saved.ok()) {
-        std::cerr << "bench_flux2: " << saved.to_string() << "\n";
-        return 1;
-      }
-      out["weights_generated_ms"] = ms_since(t0);
-    }
+    if (generated_ms > 0) out["weights_generated_ms"] = generated_ms;
   }
   drop_from_page_cache(weights);
   reset_peak();
@@ -248,7 +186,7 @@ int main(int argc, char** argv) {
                  {"peak_rss_bytes", peak_rss_bytes()}};
 
   c10::InferenceMode guard;
-  const Inputs in = make_inputs(cfg, text_tokens, grid, 7);
+  const infill::bench::Flux2BenchInputs in = infill::bench::make_flux2_bench_inputs(cfg, text_tokens, grid, 7);
   const int64_t image_tokens = int64_t{grid} * grid;
   const int64_t length = text_tokens + 2 * image_tokens;
   const double t = 0.7;

@@ -310,6 +310,26 @@ int64_t Flux2Transformer::weight_bytes() const {
 
 at::Device Flux2Transformer::device() const { return w_->img_in.w.device(); }
 
+at::ScalarType Flux2Transformer::compute_dtype() const {
+  return device().is_cpu() ? at::kFloat : w_->img_in.w.scalar_type();
+}
+
+Flux2Transformer Flux2Transformer::merged(const AdapterSet& adapters) const {
+  c10::InferenceMode guard;
+  auto w = std::make_unique<Weights>(*w_);  // tensors shared until replaced below
+  for (auto& slot : w->slots()) {
+    at::Tensor sum;
+    for (const AdapterUse& use : adapters) {
+      const auto it = use.adapter->layers.find(slot.name);
+      if (it == use.adapter->layers.end()) continue;
+      const at::Tensor delta = at::mm(it->second.up, it->second.down).mul_(use.strength).to(slot.tensor->device());
+      sum = sum.defined() ? sum.add_(delta) : delta;
+    }
+    if (sum.defined()) *slot.tensor = slot.tensor->to(at::kFloat).add(sum).to(slot.tensor->scalar_type());
+  }
+  return Flux2Transformer(std::move(w));
+}
+
 Status Flux2Transformer::to_device(const ComputeDevice& target, at::ScalarType dtype) {
   INFILL_RETURN_IF_ERROR(check_compute_device(target));
   const at::Device device = target.torch_device();
@@ -492,7 +512,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
   const double scale = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim()));
   const at::Device device = w.img_in.w.device();
   // float32 on the CPU (no fast bf16 GEMM there), the weights' dtype on a GPU (to_device).
-  const at::ScalarType dtype = device.is_cpu() ? at::kFloat : w.img_in.w.scalar_type();
+  const at::ScalarType dtype = compute_dtype();
   const auto opts = at::TensorOptions().device(device).dtype(dtype);
   TORCH_CHECK(!segments.empty(), "FLUX.2 forward: no segments");
   TORCH_CHECK(trace == nullptr || segments.size() == 1, "FLUX.2 forward: a trace needs a single segment");

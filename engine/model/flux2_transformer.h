@@ -157,6 +157,13 @@ class Flux2Transformer {
   Status to_device(const ComputeDevice& device, at::ScalarType dtype = at::kBFloat16);
   /// Where the weights live (and the forward computes).
   at::Device device() const;
+  /// The dtype the forward computes in: float32 on the CPU, the weights' dtype elsewhere.
+  at::ScalarType compute_dtype() const;
+  /// A transformer whose adapted weights are W + sum of strength * up @ down over `adapters`
+  /// (computed in float32, stored in W's dtype and device); the others are shared with this
+  /// one, which is unchanged. The merged-weight alternative to applying the adapters per
+  /// segment, for rounds where every segment has the same set (bench_adapters weighs them).
+  Flux2Transformer merged(const AdapterSet& adapters) const;
 
   /// One forward over all segments, on the weights' device (inputs may be on the CPU).
   /// Returns the prediction of every computed image (and reference) row in segment order:

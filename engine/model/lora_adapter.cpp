@@ -64,6 +64,16 @@ std::string adapter_set_key(const AdapterSet& set) {
   return key;
 }
 
+std::shared_ptr<const LoraAdapter> LoraAdapter::on(const at::TensorOptions& options) const {
+  c10::InferenceMode guard;
+  auto copy = std::make_shared<LoraAdapter>(*this);
+  for (auto& [_, layer] : copy->layers) {
+    layer.down = layer.down.to(options);
+    layer.up = layer.up.to(options);
+  }
+  return copy;
+}
+
 namespace {
 
 std::string shape_of(const at::Tensor& t) { return shape_text(std::vector<int64_t>(t.sizes().begin(), t.sizes().end())); }

@@ -60,6 +60,9 @@ struct LoraAdapter {
   /// The update of `weight` at strength 1: up @ down [out, in] float32 (undefined when the
   /// adapter leaves it alone).
   at::Tensor delta(const std::string& weight) const;
+  /// The same adapter with its tensors on `options`' device and dtype (a GPU model's copy, in
+  /// its compute dtype, made once rather than at every step); same id.
+  std::shared_ptr<const LoraAdapter> on(const at::TensorOptions& options) const;
 };
 
 /// One adapter of a request: a LoRA and its strength (negative strengths subtract it).

@@ -168,6 +168,11 @@ class EditModel {
   virtual int codec_factor() const = 0;
   /// Where forward computes: errors of a step name it.
   virtual ComputeDevice device() const { return {}; }
+  /// Reads the LoRA file at `path` for this model (model/lora_adapter.h): errors name the file
+  /// and the key; models that take no adapters refuse.
+  virtual Result<std::shared_ptr<const LoraAdapter>> read_adapter(const std::string& path) const {
+    return invalid_argument("model " + name() + " takes no LoRA adapters (FLUX.2 models do); " + path + " was not read");
+  }
 };
 
 }  // namespace infill

@@ -239,6 +239,20 @@ Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session_planned(std:
 
 int Flux2EditModel::streamable_blocks() const { return parts_.transformer->config().depth(); }
 
+Result<std::shared_ptr<const LoraAdapter>> Flux2EditModel::read_adapter(const std::string& path) const {
+  INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const LoraAdapter> adapter,
+                          load_lora(path, parts_.transformer->config(), "model " + parts_.name));
+  // On a GPU the adapter lives there in the compute dtype, so a step copies nothing.
+  const at::Device device = parts_.transformer->device();
+  if (device.is_cpu()) return adapter;
+  try {
+    return adapter->on(at::TensorOptions().device(device).dtype(parts_.transformer->compute_dtype()));
+  } catch (const c10::Error& e) {
+    return Status(ErrorCode::kResourceExhausted, path + ": no room on " + device.str() + " for the LoRA (" +
+                                                     std::to_string(adapter->bytes()) + " bytes): " + e.what_without_backtrace());
+  }
+}
+
 Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session_recomputing(std::shared_ptr<const TemplateImage> tmpl,
                                                                                 const EditParams& params,
                                                                                 std::shared_ptr<const ActivationEntry> entry,

@@ -75,6 +75,7 @@ class Flux2EditModel final : public EditModel {
   /// A template-keyed entry in the disk tier streams block by block; the plan's recomputed
   /// prefix runs every token through the first blocks, the masked ones from there on.
   int streamable_blocks() const override;
+  Result<std::shared_ptr<const LoraAdapter>> read_adapter(const std::string& path) const override;
   Result<std::unique_ptr<StepSession>> create_streamed_session(std::shared_ptr<const TemplateImage> tmpl,
                                                                const EditParams& params,
                                                                std::shared_ptr<StreamedKvSource> streamed,

@@ -15,6 +15,7 @@ enum class ApiBody {
   kNone,
   kJson,            ///< a JSON object (responses: documented per route)
   kImage,           ///< an encoded image, raw or as the 'image' part of multipart/form-data
+  kSafetensors,     ///< a .safetensors file, raw or as the 'file' part of multipart/form-data
   kEditParameters,  ///< JSON edit parameters, or multipart/form-data with a 'mask' part
   kJsonOrResult,    ///< JSON status, or the result file with Accept: image/*
   kResult,          ///< the result file: PNG, TIFF or OpenEXR (the edit's output_format)
@@ -34,7 +35,7 @@ struct ApiOperation {
   bool open_on_tcp = false;         ///< answers without the bearer token (only /health)
 };
 
-inline constexpr std::array<ApiOperation, 13> kApiOperations = {{
+inline constexpr std::array<ApiOperation, 17> kApiOperations = {{
     {"GET", "/health", "getHealth", "Liveness and readiness: 200 when the models are loaded, 503 while loading",
      ApiBody::kNone, ApiBody::kJson, 200, "", true},
     {"HEAD", "/health", "headHealth", "The same as GET /health without a body", ApiBody::kNone, ApiBody::kNone, 200, "", true},
@@ -56,6 +57,14 @@ inline constexpr std::array<ApiOperation, 13> kApiOperations = {{
     {"GET", "/v1/edits/{id}/result", "getEditResult",
      "The result of a done edit: PNG, TIFF or OpenEXR as its output_format asked", ApiBody::kNone, ApiBody::kResult, 200,
      "404 409"},
+    {"POST", "/v1/adapters", "createAdapter",
+     "Upload a LoRA file (read for the model first: refused naming the key when it does not fit)",
+     ApiBody::kSafetensors, ApiBody::kJson, 201, "400 404 413"},
+    {"GET", "/v1/adapters", "listAdapters", "Every LoRA file in the adapter store", ApiBody::kNone, ApiBody::kJson, 200, ""},
+    {"GET", "/v1/adapters/{id}", "getAdapter", "One LoRA file's format, rank, layers and size", ApiBody::kNone,
+     ApiBody::kJson, 200, "404"},
+    {"DELETE", "/v1/adapters/{id}", "deleteAdapter", "Remove a LoRA file (edits holding it finish with it)",
+     ApiBody::kNone, ApiBody::kJson, 200, "404"},
     {"GET", "/v1/events", "streamEvents",
      "The client's events (queued, started, progress, preview, done, failed) as Server-Sent Events, or over a "
      "WebSocket with Upgrade: websocket",

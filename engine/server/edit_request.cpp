@@ -56,6 +56,31 @@ std::variant<EditRequestFields, ApiReply> parse_edit_request(const json& p, std:
     if (r) return *r;
   }
   if (f.template_id.empty()) return error_reply(400, "missing_parameter", "template is required (the id POST /v1/templates returned)");
+  if (p.contains("adapters")) {
+    const proto::EditParameter& spec = proto::edit_parameter("adapters");
+    const json& list = p["adapters"];
+    if (!list.is_array() || list.size() > spec.max_length)
+      return error_reply(400, "invalid_parameter", "adapters must be an array of at most " + std::to_string(spec.max_length) +
+                                                       " objects {\"id\", \"strength\"}");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string at = "adapters[" + std::to_string(i) + "]";
+      const json& a = list[i];
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_string())
+        return error_reply(400, "invalid_parameter", at + " must be an object with an \"id\" string (from POST /v1/adapters)");
+      for (const auto& [key, _] : a.items())
+        if (key != "id" && key != "strength")
+          return error_reply(400, "invalid_parameter", at + "." + key + " is not known (known: id, strength)");
+      double strength = 1.0;
+      if (a.contains("strength")) {
+        if (!a["strength"].is_number()) return error_reply(400, "invalid_parameter", at + ".strength must be a number");
+        strength = a["strength"].get<double>();
+        if (!proto::in_range(spec, strength))
+          return error_reply(400, "invalid_parameter",
+                             at + ".strength is " + a["strength"].dump() + ", expected " + proto::range_text(spec));
+      }
+      f.adapters.emplace_back(a["id"].get<std::string>(), strength);
+    }
+  }
   if (!cls_name.empty()) {
     auto c = parse_request_class(cls_name);
     if (!c.ok()) return error_reply(400, "invalid_parameter", "class: " + c.status().message());

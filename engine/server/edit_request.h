@@ -7,7 +7,9 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -29,6 +31,8 @@ struct EditRequestFields {
   /// decoded) or a rectangle (mask_rect, checked against the template later).
   std::string mask_bytes;
   nlohmann::json mask_rect;  ///< null when the mask is bytes
+  /// LoRAs in order: (adapter id, strength); checked against the store in the service.
+  std::vector<std::pair<std::string, double>> adapters;
 };
 
 /// The fields of `params`, or the 400 reply naming the parameter and what was expected.

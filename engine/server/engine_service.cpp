@@ -6,11 +6,16 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <stdlib.h>
+
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <variant>
 
+#include "common/remove_tree.h"
+#include "pipeline/adapter_store.h"
 #include "pipeline/edit_model.h"
 #include "pipeline/image_io.h"
 #include "pipeline/template_image.h"
@@ -101,6 +106,8 @@ struct EngineService::Impl {
   // Written once by load() before `ready` is set; read-only afterwards.
   std::unique_ptr<ModelRegistry> models;
   std::unique_ptr<TemplateRegistry> templates;
+  std::shared_ptr<AdapterStore> adapters;
+  std::string private_adapter_dir;  // removed at exit: the store's folder without a cache_dir
   std::unique_ptr<JobJournal> journal;  // null without options.journal_path
   // Every journal write after load() goes through it: off the io thread and off every lock.
   std::unique_ptr<JournalWriter> journal_writer;
@@ -158,6 +165,7 @@ EngineService::~EngineService() {
   impl_->pool.reset();
   impl_->journal_writer.reset();  // runs the writes still queued (their events go out first)
   set_event_sink({});
+  if (!impl_->private_adapter_dir.empty()) remove_tree(impl_->private_adapter_dir);
 }
 
 Status EngineService::load() {
@@ -187,6 +195,16 @@ Status EngineService::load() {
   const bool journaled = !s.options.journal_path.empty();
   s.templates = std::make_unique<TemplateRegistry>(*s.models, s.options.limits.max_templates,
                                                    s.options.limits.max_image_pixels, journaled);
+  std::string adapter_dir = s.options.adapter_dir;
+  if (adapter_dir.empty() && !s.options.cache_dir.empty()) adapter_dir = s.options.cache_dir + "/adapters";
+  if (adapter_dir.empty()) {
+    std::string pattern = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : "/tmp") + "/infill-adapters-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) return fail(io_error("cannot create a folder for the adapter store: " + pattern));
+    adapter_dir = s.private_adapter_dir = pattern;
+  }
+  auto adapters = AdapterStore::open(adapter_dir, s.options.adapter_host_bytes);
+  if (!adapters.ok()) return fail(adapters.status());
+  s.adapters = std::move(*adapters);
   if (journaled) {
     auto journal = JobJournal::open(s.options.journal_path);
     if (!journal.ok()) return fail(journal.status());
@@ -352,6 +370,66 @@ void EngineService::create_template(std::string bytes, std::string name, std::fu
   });
 }
 
+namespace {
+
+json adapter_json(const StoredAdapter& a) {
+  return {{"id", a.id},        {"name", a.name},         {"format", a.format}, {"rank", a.max_rank},
+          {"min_rank", a.min_rank}, {"layers", a.layers}, {"bytes", a.file_bytes}};
+}
+
+}  // namespace
+
+void EngineService::create_adapter(std::string bytes, std::string name, std::string model, std::function<void(ApiReply)> done) {
+  if (!ready()) return done(impl_->not_ready());
+  std::shared_ptr<Impl> s = impl_;
+  s->pool->post([s, bytes = std::move(bytes), name = std::move(name), model = std::move(model), done = std::move(done)]() {
+    ApiReply reply;
+    try {
+      c10::InferenceMode guard;
+      size_t slot = 0;
+      if (!model.empty()) {
+        const int found = s->models->find(model);
+        if (found < 0) {
+          return done(error_reply(404, "unknown_model", "model '" + model + "' is not loaded (loaded: " +
+                                                             s->models->ids_text() + "; see GET /v1/models)"));
+        }
+        slot = static_cast<size_t>(found);
+      }
+      bool created = false;
+      auto added = s->adapters->add(bytes, name, s->models->model(slot), created);
+      if (!added.ok()) {
+        reply = added.status().code() == ErrorCode::kIoError ? status_reply(added.status())
+                                                               : error_reply(400, "invalid_adapter", added.status().message());
+      } else {
+        reply = json_reply(created ? 201 : 200, adapter_json(*added));
+      }
+    } catch (const std::exception& e) {  // never across the pool thread
+      reply = error_reply(500, "internal", std::string("adapter upload failed: ") + e.what());
+    }
+    done(std::move(reply));
+  });
+}
+
+ApiReply EngineService::adapters() const {
+  if (!ready()) return impl_->not_ready();
+  json list = json::array();
+  for (const StoredAdapter& a : impl_->adapters->list()) list.push_back(adapter_json(a));
+  return json_reply(200, {{"adapters", list}});
+}
+
+ApiReply EngineService::adapter_status(std::string_view id) const {
+  if (!ready()) return impl_->not_ready();
+  const auto found = impl_->adapters->find(std::string(id));
+  if (!found) return error_reply(404, "unknown_adapter", "adapter '" + std::string(id) + "' is not in the store");
+  return json_reply(200, adapter_json(*found));
+}
+
+ApiReply EngineService::delete_adapter(std::string_view id) {
+  if (!ready()) return impl_->not_ready();
+  if (Status st = impl_->adapters->remove(std::string(id)); !st.ok()) return error_reply(404, "unknown_adapter", st.message());
+  return json_reply(200, {{"id", std::string(id)}, {"state", "deleted"}});
+}
+
 ApiReply EngineService::template_status(std::string_view id) const {
   if (!ready()) return impl_->not_ready();
   return impl_->templates->status(id);
@@ -417,6 +495,12 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   const EditModel& model_used = models->model(slot);
   const std::string& model_id = model_used.info().id;
   const RequestClass cls = f.cls;
+  auto adapter_set = adapters->resolve(f.adapters, model_used);
+  if (!adapter_set.ok()) {
+    if (adapter_set.status().code() == ErrorCode::kNotFound)
+      return error_reply(404, "unknown_adapter", adapter_set.status().message());
+    return error_reply(400, "invalid_adapter", adapter_set.status().message());
+  }
 
   auto found_template = templates->for_model(template_id, slot);
   if (auto* failed = std::get_if<ApiReply>(&found_template)) return *failed;
@@ -434,6 +518,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   req.tmpl = tmpl;
   req.model = models->shared_model(slot);
   req.params.mask = *mask;
+  req.params.adapters = std::move(*adapter_set);
   req.params.guidance_scale = f.guidance ? *f.guidance : model_used.info().default_guidance;
   req.params.seed = f.seed ? static_cast<uint64_t>(*f.seed) : 0;
   if (f.strength) req.params.strength = *f.strength;

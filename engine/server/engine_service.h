@@ -62,6 +62,11 @@ struct ServiceOptions {
   std::function<void(std::span<const uint64_t> ids)> before_step;
   /// Test seam: WorkerOptions::may_step of every worker (no batched step while it says no).
   std::function<bool(size_t ready)> may_step;
+  /// The adapter store's folder (LoRA files, pipeline/adapter_store.h); "" = `cache_dir`/adapters,
+  /// or a private folder removed at exit when there is no cache_dir.
+  std::string adapter_dir;
+  /// LoRAs read for a model and kept in memory (LRU).
+  int64_t adapter_host_bytes = int64_t{2} << 30;
 };
 
 /// An edit as submitted: JSON parameters (see docs/api.md) and, optionally, the mask as an
@@ -101,6 +106,16 @@ class EngineService {
   /// Decodes and encodes an uploaded image (on the pool); replies 201 with the template.
   void create_template(std::string bytes, std::string name, std::function<void(ApiReply)> done);
   ApiReply template_status(std::string_view id) const;
+  /// Reads an uploaded LoRA file for model `model` ("" = the default) on the pool and keeps it:
+  /// 201 with the adapter's JSON (200 for bytes already kept), 400 naming the key when the model
+  /// cannot use it, 404 for an unknown model.
+  void create_adapter(std::string bytes, std::string name, std::string model, std::function<void(ApiReply)> done);
+  /// `GET /v1/adapters`.
+  ApiReply adapters() const;
+  /// `GET /v1/adapters/{id}`.
+  ApiReply adapter_status(std::string_view id) const;
+  /// `DELETE /v1/adapters/{id}`.
+  ApiReply delete_adapter(std::string_view id);
   /// Validates, decodes the mask (on the pool) and queues the edit; replies 202 with its id.
   void submit_edit(EditSubmission submission, std::function<void(ApiReply)> done);
   /// {"id","state",...}; the result file with `want_result` when done (409 before), as the

@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 // Boost 1.74's asio/awaitable.hpp uses std::exchange without including <utility> (g++ 12).
+#include <algorithm>
 #include <utility>
 
 #include <sys/socket.h>
@@ -365,6 +366,37 @@ awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& 
   if (path.rfind("/v1/templates/", 0) == 0) {
     co_return service->template_status(path.substr(std::strlen("/v1/templates/")));
   }
+  if (path == "/v1/adapters") {
+    if (method == http::verb::get) co_return service->adapters();
+    std::string name = query.count("name") ? query.at("name") : "";
+    std::string model = query.count("model") ? query.at("model") : "";
+    std::string bytes;
+    auto ct = req.find(http::field::content_type);
+    if (ct != req.end() && sv(ct->value()).rfind("multipart/", 0) == 0) {
+      auto boundary = multipart_boundary(sv(ct->value()));
+      if (!boundary.ok()) co_return error_reply(400, "invalid_multipart", boundary.status().message());
+      auto parts = parse_multipart(req.body(), *boundary);
+      if (!parts.ok()) co_return error_reply(400, "invalid_multipart", parts.status().message());
+      const FormPart* file = nullptr;
+      for (const auto& p : *parts)
+        if (p.name == "file" || (!file && !p.filename.empty())) file = &p;
+      if (!file) co_return error_reply(400, "invalid_multipart", "multipart adapter upload has no 'file' part");
+      if (!file->filename.empty() && name.empty()) name = file->filename;
+      bytes = file->data;
+    } else {
+      bytes = std::move(req.body());
+    }
+    auto start = [this, bytes = std::move(bytes), name, model](std::function<void(ApiReply)> done) mutable {
+      service->create_adapter(std::move(bytes), name, model, std::move(done));
+    };
+    ApiReply reply = co_await call(std::move(start));
+    co_return reply;
+  }
+  if (path.rfind("/v1/adapters/", 0) == 0) {
+    const std::string id = path.substr(std::strlen("/v1/adapters/"));
+    if (method == http::verb::get) co_return service->adapter_status(id);
+    co_return service->delete_adapter(id);  // DELETE: the route table allows nothing else here
+  }
   if (path == "/v1/edits") {
     EditSubmission sub;
     auto ct = req.find(http::field::content_type);
@@ -585,6 +617,10 @@ awaitable<void> HttpServer::Impl::session(Stream stream, bool is_tcp) {
                          "client id '" + client.substr(0, 80) + "' must be 1-64 characters of A-Z a-z 0-9 . _ -");
       break;
     }
+    // A LoRA upload may be larger than any other body.
+    const uint64_t body_limit =
+        path == "/v1/adapters" ? std::max(options.limits.max_adapter_bytes, options.limits.max_body_bytes) : options.limits.max_body_bytes;
+    parser.body_limit(body_limit);
     if (head[http::field::expect] == "100-continue" && !parser.is_done()) {
       http::response<http::empty_body> cont{http::status::continue_, head.version()};
       stream.expires_after(ms(options.limits.body_timeout_ms));
@@ -595,8 +631,7 @@ awaitable<void> HttpServer::Impl::session(Stream stream, bool is_tcp) {
       stream.expires_after(ms(options.limits.body_timeout_ms));
       co_await http::async_read(stream, buffer, parser, asio::redirect_error(use_awaitable, ec));
       if (ec == http::error::body_limit) {
-        fail = error_reply(413, "body_too_large",
-                           "request body is larger than " + std::to_string(options.limits.max_body_bytes) + " bytes");
+        fail = error_reply(413, "body_too_large", "request body is larger than " + std::to_string(body_limit) + " bytes");
         break;
       }
       if (ec) {

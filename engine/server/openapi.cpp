@@ -63,6 +63,15 @@ json request_body(ApiBody body) {
                     {"properties",
                      {{"mask", {{"type", "string"}, {"contentMediaType", "image/png"}}},
                       {"params", {{"type", "string"}, {"contentMediaType", "application/json"}}}}}}}}}}}};
+    case ApiBody::kSafetensors:
+      return {{"required", true},
+              {"content",
+               {{"application/octet-stream", {{"schema", {{"type", "string"}, {"contentMediaType", "application/octet-stream"}}}}},
+                {"multipart/form-data",
+                 {{"schema",
+                   {{"type", "object"},
+                    {"required", {"file"}},
+                    {"properties", {{"file", {{"type", "string"}, {"contentMediaType", "application/octet-stream"}}}}}}}}}}}};
     default: return nullptr;
   }
 }
@@ -99,6 +108,8 @@ std::string response_schema(std::string_view operation_id) {
   if (operation_id == "createTemplate" || operation_id == "getTemplate") return "Template";
   if (operation_id == "submitEdit") return "EditAccepted";
   if (operation_id == "getEdit" || operation_id == "cancelEdit") return "Edit";
+  if (operation_id == "createAdapter" || operation_id == "getAdapter") return "Adapter";
+  if (operation_id == "listAdapters") return "Adapters";
   return "Object";
 }
 
@@ -145,6 +156,16 @@ json edit_parameters_schema() {
         s["minItems"] = 4;
         s["maxItems"] = 4;
         break;
+      case proto::ParamType::kAdapterList:
+        s["type"] = "array";
+        s["maxItems"] = p.max_length;
+        s["items"] = {{"type", "object"},
+                      {"required", {"id"}},
+                      {"additionalProperties", false},
+                      {"properties",
+                       {{"id", {{"type", "string"}}},
+                        {"strength", {{"type", "number"}, {"minimum", p.min}, {"maximum", p.max}, {"default", 1}}}}}};
+        break;
     }
     if (p.has_default) s["default"] = p.default_value;
     properties[std::string(p.name)] = s;
@@ -180,7 +201,15 @@ json openapi_document() {
     json parameters = json::array();
     if (std::string_view(op.path).find("{id}") != std::string_view::npos)
       parameters.push_back({{"$ref", "#/components/parameters/" +
-                                         std::string(std::string_view(op.path).rfind("/v1/templates", 0) == 0 ? "TemplateId" : "EditId")}});
+                                         std::string(std::string_view(op.path).rfind("/v1/templates", 0) == 0  ? "TemplateId"
+                                                     : std::string_view(op.path).rfind("/v1/adapters", 0) == 0 ? "AdapterId"
+                                                                                                                : "EditId")}});
+    if (op.operation_id == "createAdapter") {
+      parameters.push_back({{"name", "name"}, {"in", "query"}, {"schema", {{"type", "string"}}},
+                            {"description", "The adapter's name (default: the multipart file name, else 'adapter')"}});
+      parameters.push_back({{"name", "model"}, {"in", "query"}, {"schema", {{"type", "string"}}},
+                            {"description", "The model the LoRA is read for (default: the default model)"}});
+    }
     if (op.operation_id == "createTemplate")
       parameters.push_back({{"name", "name"}, {"in", "query"}, {"schema", {{"type", "string"}}},
                             {"description", "The template's name (default: the multipart file name, else 'upload')"}});
@@ -222,6 +251,13 @@ json openapi_document() {
                                      {"status_url", {{"type", "string"}}}})},
       {"Edit", loose_object("An edit's state and, once ended, its metrics or error", {"id"},
                             {{"id", {{"type", "integer"}}}, {"state", {{"type", "string"}}}})},
+      {"Adapter", loose_object("A LoRA file in the engine's adapter store", {"id"},
+                               {{"id", {{"type", "string"}, {"description", "SHA-256 of the file's bytes"}}},
+                                {"name", {{"type", "string"}}}, {"format", {{"type", "string"}}},
+                                {"rank", {{"type", "integer"}}}, {"layers", {{"type", "integer"}}},
+                                {"bytes", {{"type", "integer"}}}})},
+      {"Adapters", loose_object("Every LoRA file in the adapter store", {"adapters"},
+                                {{"adapters", {{"type", "array"}, {"items", {{"$ref", "#/components/schemas/Adapter"}}}}}})},
       {"Object", loose_object("A JSON object (docs/api.md)")}};
   return {{"openapi", "3.1.0"},
           {"info",
@@ -236,7 +272,8 @@ json openapi_document() {
            {{"schemas", schemas},
             {"parameters",
              {{"EditId", {{"name", "id"}, {"in", "path"}, {"required", true}, {"schema", {{"type", "integer"}, {"minimum", 1}}}}},
-              {"TemplateId", {{"name", "id"}, {"in", "path"}, {"required", true}, {"schema", {{"type", "string"}}}}}}},
+              {"TemplateId", {{"name", "id"}, {"in", "path"}, {"required", true}, {"schema", {{"type", "string"}}}}},
+              {"AdapterId", {{"name", "id"}, {"in", "path"}, {"required", true}, {"schema", {{"type", "string"}}}}}}},
             {"securitySchemes", {{"bearer", {{"type", "http"}, {"scheme", "bearer"}}}}}}}};
 }
 

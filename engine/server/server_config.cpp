@@ -89,6 +89,7 @@ Result<EngineConfig> parse_engine_config(std::string_view json_text, const std::
   ServerLimits& l = c.limits;
   Fields limits = {
       {"max_body_bytes", int_field(l.max_body_bytes, 1024, int64_t{1} << 34)},
+      {"max_adapter_bytes", int_field(l.max_adapter_bytes, 1024, int64_t{1} << 36)},
       {"max_header_bytes", int_field(l.max_header_bytes, 1024, 1 << 20)},
       {"max_image_pixels", int_field(l.max_image_pixels, 1, int64_t{1} << 32)},
       {"max_queued_per_client", int_field(l.max_queued_per_client, 1, 1 << 20)},

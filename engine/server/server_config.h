@@ -16,6 +16,8 @@ namespace infill {
 /// Limits that keep one client from exhausting the engine.
 struct ServerLimits {
   uint64_t max_body_bytes = uint64_t{64} << 20;  ///< request body; larger -> 413
+  /// The body of POST /v1/adapters (a LoRA file: tens to hundreds of MB); larger -> 413.
+  uint64_t max_adapter_bytes = uint64_t{4} << 30;
   uint32_t max_header_bytes = 16 << 10;           ///< request line + headers; larger -> 431
   int64_t max_image_pixels = 4096 * 4096;         ///< uploads (the model's own limit also applies)
   int max_queued_per_client = 16;                 ///< live edits per client id; more -> 429

@@ -15,7 +15,14 @@
 
 namespace infill::protocol {
 
-enum class ParamType { kInteger, kNumber, kString, kEnum, kRectangle /* [x, y, w, h] */ };
+enum class ParamType {
+  kInteger,
+  kNumber,
+  kString,
+  kEnum,
+  kRectangle,    ///< [x, y, w, h]
+  kAdapterList,  ///< [{"id": string, "strength": number}]: max_length entries at most, strengths in [min, max]
+};
 
 /// Who may set a parameter (bit flags).
 enum ParamClient : unsigned {
@@ -53,7 +60,7 @@ struct EditParameter {
 // g++ 12 warns about every omitted field all the same (GCC bug 96868), hence the pragma.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-inline constexpr std::array<EditParameter, 17> kEditParameters = {{
+inline constexpr std::array<EditParameter, 18> kEditParameters = {{
     {.name = "template", .job_name = "template", .type = ParamType::kString, .clients = kApi | kSdk | kJobFile,
      .description = "the template: its id from POST /v1/templates (job files: an image path)"},
     {.name = "prompt", .job_name = "prompt", .type = ParamType::kString, .max_length = 1000,
@@ -94,6 +101,9 @@ inline constexpr std::array<EditParameter, 17> kEditParameters = {{
      .description = "the mask as base64 PNG (or a 'mask' file part, or mask_rect)"},
     {.name = "mask_rect", .type = ParamType::kRectangle, .clients = kApi | kSdk,
      .description = "the mask as a rectangle [x, y, w, h] (an array)"},
+    {.name = "adapters", .type = ParamType::kAdapterList, .min = -10, .max = 10, .max_length = 8, .clients = kApi,
+     .description = "LoRAs applied in order, each {\"id\": from POST /v1/adapters, \"strength\": default 1}; FLUX.2 "
+                    "models only; part of the cache key"},
 }};
 #pragma GCC diagnostic pop
 

@@ -8,6 +8,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -16,6 +18,7 @@
 #include "model/flux2_transformer.h"
 #include "model/patch_pca_codec.h"
 #include "model/qwen3_encoder.h"
+#include "model/safetensors_torch.h"
 
 namespace infill::test {
 
@@ -91,6 +94,19 @@ inline void write_tiny_flux2_folder(const std::string& dir) {
   ae.num_res_blocks = 1;
   ae.z_channels = 32;
   if (!Flux2Autoencoder::random(ae, 7).save(dir + "/ae.safetensors").ok()) throw std::runtime_error("autoencoder");
+}
+
+// A random LoRA of `rank` on every linear layer of a transformer of `config`, in the upstream
+// (ai-toolkit) format, written to `path`.
+inline void write_random_lora(const std::string& path, const Flux2Config& config, uint64_t seed, int64_t rank = 4) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const Flux2LinearLayer& l : flux2_linear_layers(config)) {
+    const std::string module = "diffusion_model." + l.name.substr(0, l.name.size() - 7);
+    tensors.emplace_back(module + ".lora_A.weight", at::randn({rank, l.in}, gen) * 0.2);
+    tensors.emplace_back(module + ".lora_B.weight", at::randn({l.out, rank}, gen) * 0.2);
+  }
+  if (!write_safetensors(path, tensors).ok()) throw std::runtime_error("writing the LoRA " + path);
 }
 
 }  // namespace infill::test

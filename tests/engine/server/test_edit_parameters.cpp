@@ -85,6 +85,9 @@ TEST_CASE("docs/api.md's parameter table states each API parameter's range from 
       std::string escaped;  // '|' is written \| inside a Markdown table
       for (char c : p.choices) escaped += c == '|' ? std::string("\\|") : std::string(1, c);
       CHECK(line.find("one of " + escaped) != std::string::npos);
+    } else if (p.type == proto::ParamType::kAdapterList) {
+      CHECK(line.find("at most " + std::to_string(p.max_length) + " adapters") != std::string::npos);
+      CHECK(line.find("strength " + proto::range_text(p)) != std::string::npos);
     } else if (p.max_length > 0) {
       CHECK(line.find("at most " + std::to_string(p.max_length) + " bytes") != std::string::npos);
     }

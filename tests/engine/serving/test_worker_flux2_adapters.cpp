@@ -27,16 +27,9 @@ using namespace infill::test;
 
 namespace {
 
-// A random LoRA of rank 4 on every linear layer of `config`, in the upstream (ai-toolkit) format.
+// A random LoRA of rank 4 on every linear layer of `config`, read back for it.
 std::shared_ptr<const LoraAdapter> random_lora(const std::string& path, const Flux2Config& config, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const Flux2LinearLayer& l : flux2_linear_layers(config)) {
-    const std::string module = "diffusion_model." + l.name.substr(0, l.name.size() - 7);
-    tensors.emplace_back(module + ".lora_A.weight", at::randn({4, l.in}, gen) * 0.2);
-    tensors.emplace_back(module + ".lora_B.weight", at::randn({l.out, 4}, gen) * 0.2);
-  }
-  REQUIRE(write_safetensors(path, tensors).ok());
+  write_random_lora(path, config, seed);
   auto lora = load_lora(path, config, "flux2-test");
   REQUIRE(lora.ok());
   return *lora;

@@ -306,6 +306,10 @@ TEST_CASE("job file: docs/job.schema.json and the reader take every job paramete
         break;
       case proto::ParamType::kRectangle:
         FAIL("no rectangle parameters in job files");
+        break;
+      case proto::ParamType::kAdapterList:
+        FAIL("no adapter lists in job files yet");
+        break;
     }
   }
   CHECK(rows == 9);  // template prompt seed steps strength guidance sampler halo feather
