@@ -78,11 +78,6 @@ namespace {
 
 std::string shape_of(const at::Tensor& t) { return shape_text(std::vector<int64_t>(t.sizes().begin(), t.sizes().end())); }
 
-bool starts_with(const std::string& s, const std::string& head) { return s.rfind(head, 0) == 0; }
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 enum class Role { kDown = 1, kUp = 2, kAlpha = 3 };
 
 // One module of the file: its stored keys by role.
@@ -111,7 +106,8 @@ const std::set<std::string>& known_module_patterns() {
 }
 
 std::string module_pattern(const std::string& module) {
-  return std::regex_replace(module, std::regex(R"(_blocks\.\d+\.)"), "_blocks.#.");
+  static const std::regex block_index(R"(_blocks\.\d+\.)");
+  return std::regex_replace(module, block_index, "_blocks.#.");
 }
 
 // kohya writes a module name with '_' for '.', which is ambiguous ("img_attn_qkv"): it is read
@@ -129,7 +125,8 @@ std::optional<std::string> kohya_module_to_upstream(const std::string& kohya) {
   std::smatch match;
   std::string index;
   std::string pattern = kohya;
-  if (std::regex_match(kohya, match, std::regex(R"((double_blocks|single_blocks)_(\d+)_(.+))"))) {
+  static const std::regex block_module(R"((double_blocks|single_blocks)_(\d+)_(.+))");
+  if (std::regex_match(kohya, match, block_module)) {
     index = match[2].str();
     pattern = match[1].str() + "_#_" + match[3].str();
   }
@@ -155,12 +152,12 @@ std::optional<ParsedKey> parse_key(const std::string& key) {
       {".alpha", Role::kAlpha},
   };
   for (const auto& [suffix, role] : kRoles) {
-    if (!ends_with(key, suffix)) continue;
+    if (!key.ends_with(suffix)) continue;
     const std::string stem = key.substr(0, key.size() - suffix.size());
-    if (starts_with(stem, "lora_unet_")) return ParsedKey{LoraFormat::kKohya, stem.substr(10), role};
-    if (starts_with(stem, "transformer.")) return ParsedKey{LoraFormat::kDiffusers, stem.substr(12), role};
+    if (stem.starts_with("lora_unet_")) return ParsedKey{LoraFormat::kKohya, stem.substr(10), role};
+    if (stem.starts_with("transformer.")) return ParsedKey{LoraFormat::kDiffusers, stem.substr(12), role};
     for (const std::string prefix : {"model.diffusion_model.", "diffusion_model.", "base_model.model."}) {
-      if (!starts_with(stem, prefix)) continue;
+      if (!stem.starts_with(prefix)) continue;
       const std::string module = stem.substr(prefix.size());
       // fal's trainer writes upstream names under PEFT's "base_model.model."; diffusers names
       // there are read as diffusers.
@@ -184,8 +181,8 @@ std::optional<std::string> unsupported_kind(const std::string& key) {
 }
 
 bool text_encoder_key(const std::string& key) {
-  return starts_with(key, "lora_te") || starts_with(key, "text_encoder.") || starts_with(key, "text_encoders.") ||
-         starts_with(key, "base_model.model.text_encoder") || starts_with(key, "te.");
+  return key.starts_with("lora_te") || key.starts_with("text_encoder.") || key.starts_with("text_encoders.") ||
+         key.starts_with("base_model.model.text_encoder") || key.starts_with("te.");
 }
 
 // PEFT's scale for a diffusers module: lora_alpha / r, or / sqrt(r) with use_rslora, either
@@ -201,7 +198,7 @@ struct PeftScale {
     if (!present) return 1.0;
     auto lookup = [&](const std::map<std::string, double>& patterns, double fallback) {
       for (const auto& [key, value] : patterns) {
-        if (module == key || ends_with(module, "." + key)) return value;
+        if (module == key || module.ends_with("." + key)) return value;
       }
       return fallback;
     };
