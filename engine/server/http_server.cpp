@@ -301,6 +301,25 @@ Result<EditSubmission> multipart_submission(const std::vector<FormPart>& parts) 
   return s;
 }
 
+// An upload: the raw body, or the `part` file part of a multipart form (else its first file
+// part), with the part's file name ("" when none).
+struct Upload {
+  std::string bytes;
+  std::string filename;
+};
+
+Result<Upload> uploaded_file(Request& req, const std::string& part, const std::string& what) {
+  auto ct = req.find(http::field::content_type);
+  if (ct == req.end() || sv(ct->value()).rfind("multipart/", 0) != 0) return Upload{std::move(req.body()), ""};
+  INFILL_ASSIGN_OR_RETURN(std::string boundary, multipart_boundary(sv(ct->value())));
+  INFILL_ASSIGN_OR_RETURN(std::vector<FormPart> parts, parse_multipart(req.body(), boundary));
+  const FormPart* file = nullptr;
+  for (const auto& p : parts)
+    if (p.name == part || (!file && !p.filename.empty())) file = &p;
+  if (!file) return invalid_argument("multipart " + what + " upload has no '" + part + "' file part");
+  return Upload{file->data, file->filename};
+}
+
 bool is_json(const Request& req) {
   auto ct = req.find(http::field::content_type);
   if (ct == req.end()) return true;  // curl -d without -H sends form-urlencoded; no header: assume JSON
@@ -340,24 +359,10 @@ awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& 
     co_return json_reply(200, openapi_document());
   }
   if (path == "/v1/templates") {
-    std::string name = query.count("name") ? query.at("name") : "upload";
-    std::string bytes;
-    auto ct = req.find(http::field::content_type);
-    if (ct != req.end() && sv(ct->value()).rfind("multipart/", 0) == 0) {
-      auto boundary = multipart_boundary(sv(ct->value()));
-      if (!boundary.ok()) co_return error_reply(400, "invalid_multipart", boundary.status().message());
-      auto parts = parse_multipart(req.body(), *boundary);
-      if (!parts.ok()) co_return error_reply(400, "invalid_multipart", parts.status().message());
-      const FormPart* image = nullptr;
-      for (const auto& p : *parts)
-        if (p.name == "image" || (!image && !p.filename.empty())) image = &p;
-      if (!image) co_return error_reply(400, "invalid_multipart", "multipart template upload has no 'image' file part");
-      if (!image->filename.empty() && !query.count("name")) name = image->filename;
-      bytes = image->data;
-    } else {
-      bytes = std::move(req.body());
-    }
-    auto start = [this, bytes = std::move(bytes), name](std::function<void(ApiReply)> done) mutable {
+    auto upload = uploaded_file(req, "image", "template");
+    if (!upload.ok()) co_return error_reply(400, "invalid_multipart", upload.status().message());
+    std::string name = query.count("name") ? query.at("name") : upload->filename.empty() ? "upload" : upload->filename;
+    auto start = [this, bytes = std::move(upload->bytes), name](std::function<void(ApiReply)> done) mutable {
       service->create_template(std::move(bytes), name, std::move(done));
     };
     ApiReply reply = co_await call(std::move(start));
@@ -368,25 +373,11 @@ awaitable<ApiReply> HttpServer::Impl::dispatch(Request& req, const std::string& 
   }
   if (path == "/v1/adapters") {
     if (method == http::verb::get) co_return service->adapters();
-    std::string name = query.count("name") ? query.at("name") : "";
+    auto upload = uploaded_file(req, "file", "adapter");
+    if (!upload.ok()) co_return error_reply(400, "invalid_multipart", upload.status().message());
+    std::string name = query.count("name") ? query.at("name") : upload->filename;
     std::string model = query.count("model") ? query.at("model") : "";
-    std::string bytes;
-    auto ct = req.find(http::field::content_type);
-    if (ct != req.end() && sv(ct->value()).rfind("multipart/", 0) == 0) {
-      auto boundary = multipart_boundary(sv(ct->value()));
-      if (!boundary.ok()) co_return error_reply(400, "invalid_multipart", boundary.status().message());
-      auto parts = parse_multipart(req.body(), *boundary);
-      if (!parts.ok()) co_return error_reply(400, "invalid_multipart", parts.status().message());
-      const FormPart* file = nullptr;
-      for (const auto& p : *parts)
-        if (p.name == "file" || (!file && !p.filename.empty())) file = &p;
-      if (!file) co_return error_reply(400, "invalid_multipart", "multipart adapter upload has no 'file' part");
-      if (!file->filename.empty() && name.empty()) name = file->filename;
-      bytes = file->data;
-    } else {
-      bytes = std::move(req.body());
-    }
-    auto start = [this, bytes = std::move(bytes), name, model](std::function<void(ApiReply)> done) mutable {
+    auto start = [this, bytes = std::move(upload->bytes), name, model](std::function<void(ApiReply)> done) mutable {
       service->create_adapter(std::move(bytes), name, model, std::move(done));
     };
     ApiReply reply = co_await call(std::move(start));
