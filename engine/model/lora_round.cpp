@@ -43,7 +43,8 @@ LoraRound LoraRound::build(std::span<const AdapterSet* const> sets, const at::Te
     }
     Stacked s;
     s.down = (downs.size() == 1 ? downs[0] : at::cat(downs, 0)).to(options).contiguous();
-    s.up_t = (ups.size() == 1 ? ups[0] : at::cat(ups, 1)).to(options).t().contiguous();
+    // A transposed view: the GEMM reads it as is, so a one-adapter round copies nothing.
+    s.up_t = (ups.size() == 1 ? ups[0] : at::cat(ups, 1)).to(options).t();
     s.owner = at::tensor(owner, at::kLong).to(options.device());
     round.layers_.emplace(weight, std::move(s));
   }

@@ -50,7 +50,7 @@ class LoraRound {
  private:
   struct Stacked {
     at::Tensor down;   // [sum r, in]
-    at::Tensor up_t;   // [sum r, out]
+    at::Tensor up_t;   // [sum r, out], a view of up_all
     at::Tensor owner;  // int64 [sum r]: the adapter index of each column
   };
   std::vector<const LoraAdapter*> adapters_;

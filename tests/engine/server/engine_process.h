@@ -119,4 +119,19 @@ inline nlohmann::json wait_edit(const Endpoint& ep, uint64_t id, int timeout_ms)
   return j;
 }
 
+// Submits `params` (JSON), waits for the edit to end and returns its result file's body; a
+// failed REQUIRE names the edit's last state when it does not end done.
+inline std::string edit_result_body(const Endpoint& ep, const nlohmann::json& params) {
+  Response r = request(ep, "POST", "/v1/edits", params.dump(), {"Content-Type: application/json"});
+  INFO(r.body);
+  REQUIRE(r.status == 202);
+  const uint64_t id = r.json()["id"];
+  const nlohmann::json done = wait_edit(ep, id, 120000);
+  INFO(done.dump());
+  REQUIRE(done["state"] == "done");
+  Response file = request(ep, "GET", "/v1/edits/" + std::to_string(id) + "/result");
+  REQUIRE(file.status == 200);
+  return file.body;
+}
+
 }  // namespace infill::test

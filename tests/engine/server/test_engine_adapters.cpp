@@ -23,16 +23,7 @@ std::string file_string(const std::string& path) {
 
 // The edit's result as pixels, or a failed REQUIRE naming the edit's last state.
 PixelImage run_edit(const Endpoint& ep, const nlohmann::json& params) {
-  Response r = request(ep, "POST", "/v1/edits", params.dump(), {"Content-Type: application/json"});
-  INFO(r.body);
-  REQUIRE(r.status == 202);
-  const uint64_t id = r.json()["id"];
-  const nlohmann::json done = wait_edit(ep, id, 120000);
-  INFO(done.dump());
-  REQUIRE(done["state"] == "done");
-  Response png = request(ep, "GET", "/v1/edits/" + std::to_string(id) + "/result");
-  REQUIRE(png.status == 200);
-  auto img = decode_image(bytes_of(png.body), "result", 1 << 20);
+  auto img = decode_image(bytes_of(edit_result_body(ep, params)), "result", 1 << 20);
   REQUIRE(img.ok());
   return *img;
 }

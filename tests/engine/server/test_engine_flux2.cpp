@@ -46,16 +46,8 @@ TEST_CASE("infill-engine serves a FLUX.2 folder with free-text prompts beside in
   const std::string tmpl = t.json()["id"];
 
   nlohmann::json p = {{"template", tmpl}, {"mask_rect", {16, 16, 32, 16}}, {"seed", 3}, {"prompt", "make the cup red, please!"}};
-  Response r = request(ep, "POST", "/v1/edits", p.dump(), {"Content-Type: application/json"});
-  INFO(r.body);
-  REQUIRE(r.status == 202);
-  const uint64_t id = r.json()["id"];
-  const nlohmann::json done = wait_edit(ep, id, 120000);
-  INFO(done.dump());
-  REQUIRE(done["state"] == "done");
-  Response png = request(ep, "GET", "/v1/edits/" + std::to_string(id) + "/result");
-  REQUIRE(png.status == 200);
-  auto img = decode_image(bytes_of(png.body), "result", 1 << 20);
+  const std::string png = edit_result_body(ep, p);
+  auto img = decode_image(bytes_of(png), "result", 1 << 20);
   REQUIRE(img.ok());
   REQUIRE(img->width == picture.width);
   // Outside the 32x16 rectangle at (16, 16) every byte is the template's.
