@@ -56,6 +56,10 @@ struct infill_model_list {
   std::vector<infill_model_info> infos;
 };
 
+struct infill_adapter_list {
+  std::vector<infill_adapter_info> infos;
+};
+
 namespace {
 
 // The size of each caller-filled struct in API 1.0: the smallest struct_size accepted.
@@ -67,6 +71,12 @@ constexpr size_t kEditParamsSizeV1 = offsetof(infill_edit_params, model);
 constexpr size_t kEditParamsSizeWithModel = offsetof(infill_edit_params, model) + sizeof(const char*);
 // API 1.2 added infill_edit_params.output_format; older callers get PNG, as they were told.
 constexpr size_t kEditParamsSizeWithOutputFormat = offsetof(infill_edit_params, output_format) + sizeof(const char*);
+// API 1.3 added the adapter and reference lists: callers built against 1.2 or older send none.
+constexpr size_t kEditParamsSizeWithAdapters = offsetof(infill_edit_params, adapter_count) + sizeof(size_t);
+constexpr size_t kEditParamsSizeWithReferences = offsetof(infill_edit_params, reference_count) + sizeof(size_t);
+// infill_adapter_info and infill_edit_adapter came with 1.3: their first layout.
+constexpr size_t kAdapterInfoSizeV1 = sizeof(infill_adapter_info);
+constexpr size_t kEditAdapterSizeV1 = sizeof(infill_edit_adapter);
 
 infill_error* to_c(Error e) { return new infill_error{std::move(e)}; }
 
@@ -93,9 +103,19 @@ std::string struct_size_message(const char* type, size_t got, size_t want, const
 }
 
 void copy_string(char* dst, size_t size, const std::string& src) {
-  const size_t n = std::min(size - 1, src.size());
+  size_t n = std::min(size - 1, src.size());
+  // A cut string ends before the character it would split (UTF-8 continuation bytes).
+  if (n < src.size())
+    while (n > 0 && (static_cast<unsigned char>(src[n]) & 0xC0) == 0x80) --n;
   std::memcpy(dst, src.data(), n);
   dst[n] = '\0';
+}
+
+// A number as a person writes it ("11", "-10.5"), for messages.
+std::string number_text(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
 }
 
 // Copies the fields of `full` that fit in the caller's struct (its struct_size), keeping it.
@@ -151,6 +171,22 @@ Result<infill_template_info> template_from_json(const json& j, bool created) {
   return t;
 }
 
+Result<infill_adapter_info> adapter_from_json(const json& j, bool created) {
+  infill_adapter_info a{};
+  a.struct_size = sizeof a;
+  const std::string id = str(j, "id");
+  if (id.empty() || id.size() >= sizeof a.id) return make_error(INFILL_ERROR_PROTOCOL, "the engine's adapter answer has no valid id");
+  copy_string(a.id, sizeof a.id, id);
+  copy_string(a.name, sizeof a.name, str(j, "name"));
+  copy_string(a.format, sizeof a.format, str(j, "format"));
+  a.min_rank = static_cast<uint32_t>(u64(j, "min_rank"));
+  a.max_rank = static_cast<uint32_t>(u64(j, "rank"));
+  a.layers = static_cast<uint32_t>(u64(j, "layers"));
+  a.bytes = u64(j, "bytes");
+  a.created = created ? 1 : 0;
+  return a;
+}
+
 infill_error* check_client(const infill_client* client) {
   if (!client || !client->core) return invalid("client is NULL (create one with infill_client_create)");
   return nullptr;
@@ -160,6 +196,64 @@ infill_error* check_template_out(const infill_template_info* out) {
   if (out && out->struct_size < kTemplateInfoSizeV1)
     return invalid(struct_size_message("infill_template_info", out->struct_size, kTemplateInfoSizeV1, "infill_template_info_init"));
   return nullptr;
+}
+
+infill_error* check_adapter_out(const infill_adapter_info* out) {
+  if (out && out->struct_size < kAdapterInfoSizeV1)
+    return invalid(struct_size_message("infill_adapter_info", out->struct_size, kAdapterInfoSizeV1, "infill_adapter_info_init"));
+  return nullptr;
+}
+
+// The adapter list of API 1.3 as the edit's "adapters" (null when none), or the message
+// naming the bad element. The array's stride is its first element's struct_size, so that
+// callers built against a later API (larger elements) are read right.
+Result<json> adapters_json(const infill_edit_params& p) {
+  auto bad = [](std::string m) { return make_error(INFILL_ERROR_INVALID_ARGUMENT, "infill_edit_params." + m); };
+  if (p.adapter_count == 0) return json();
+  const infill::protocol::EditParameter& spec = infill::protocol::edit_parameter("adapters");
+  if (!p.adapters) return bad("adapters is NULL but adapter_count is " + std::to_string(p.adapter_count));
+  if (p.adapter_count > spec.max_length)
+    return bad("adapter_count is " + std::to_string(p.adapter_count) + ", expected at most " + std::to_string(spec.max_length) +
+               " (0 = none)");
+  const size_t stride = p.adapters[0].struct_size;
+  if (stride < kEditAdapterSizeV1)
+    return bad("adapters[0].struct_size is " + std::to_string(stride) + ", expected at least " + std::to_string(kEditAdapterSizeV1) +
+               " (prepare each element with infill_edit_adapter_init)");
+  json list = json::array();
+  for (size_t i = 0; i < p.adapter_count; ++i) {
+    const std::string at = "adapters[" + std::to_string(i) + "]";
+    const auto* a = reinterpret_cast<const infill_edit_adapter*>(reinterpret_cast<const char*>(p.adapters) + i * stride);
+    if (a->struct_size != stride)
+      return bad(at + ".struct_size is " + std::to_string(a->struct_size) + ", adapters[0]'s is " + std::to_string(stride) +
+                 " (prepare each element with infill_edit_adapter_init)");
+    if (!a->id || !*a->id) return bad(at + ".id is NULL or empty (the id infill_client_upload_adapter returned)");
+    if (std::isnan(a->strength) || !infill::protocol::in_range(spec, a->strength))
+      return bad(at + ".strength is " + number_text(a->strength) + ", expected " + infill::protocol::range_text(spec));
+    list.push_back({{"id", a->id}, {"strength", a->strength}});
+  }
+  return list;
+}
+
+// The reference list of API 1.3 as the edit's "references" (null when none).
+Result<json> references_json(const infill_edit_params& p) {
+  auto bad = [](std::string m) { return make_error(INFILL_ERROR_INVALID_ARGUMENT, "infill_edit_params." + m); };
+  if (p.reference_count == 0) return json();
+  const infill::protocol::EditParameter& spec = infill::protocol::edit_parameter("references");
+  if (!p.references) return bad("references is NULL but reference_count is " + std::to_string(p.reference_count));
+  if (p.reference_count > spec.max_length)
+    return bad("reference_count is " + std::to_string(p.reference_count) + ", expected at most " + std::to_string(spec.max_length) +
+               " (0 = none)");
+  json list = json::array();
+  for (size_t i = 0; i < p.reference_count; ++i) {
+    const std::string at = "references[" + std::to_string(i) + "]";
+    const char* id = p.references[i];
+    if (!id || !*id) return bad(at + " is NULL or empty (a template id from infill_client_upload_template)");
+    for (size_t k = 0; k < i; ++k)
+      if (list[k].get<std::string>() == id)
+        return bad(at + " repeats references[" + std::to_string(k) + "], \"" + id + "\" (each reference once)");
+    list.push_back(id);
+  }
+  return list;
 }
 
 // Builds the POST /v1/edits body from the C parameters, with a message for each bad field.
@@ -256,6 +350,16 @@ Result<json> edit_json(const infill_edit_params& p) {
     return bad("output_format is \"" + std::string(format) + "\", expected one of " +
                std::string(edit_parameter("output_format").choices) + " (NULL or \"\" = png)");
   j["output_format"] = format && *format ? format : "png";
+  if (p.struct_size >= kEditParamsSizeWithAdapters) {
+    auto adapters = adapters_json(p);
+    if (!adapters.ok()) return adapters.error();
+    if (!adapters->is_null()) j["adapters"] = std::move(*adapters);
+  }
+  if (p.struct_size >= kEditParamsSizeWithReferences) {
+    auto references = references_json(p);
+    if (!references.ok()) return references.error();
+    if (!references->is_null()) j["references"] = std::move(*references);
+  }
   return j;
 }
 
@@ -594,7 +698,131 @@ infill_error* infill_client_get_template(infill_client* client, const char* temp
   });
 }
 
+// ---- adapters ----
+
+void infill_adapter_info_init(infill_adapter_info* info) {
+  if (!info) return;
+  std::memset(static_cast<void*>(info), 0, sizeof *info);
+  info->struct_size = sizeof *info;
+}
+
+static infill_error* upload_adapter(infill_client* client, std::string bytes, const std::string& name, const char* model,
+                                    infill_adapter_info* out) {
+  const auto& http = client->core->http();
+  const std::string what = "uploading adapter " + (name.empty() ? std::string("(unnamed)") : name);
+  std::string query;
+  if (!name.empty()) query += "name=" + url_encode(name);
+  if (model && *model) query += std::string(query.empty() ? "" : "&") + "model=" + url_encode(model);
+  const std::string target = "/v1/adapters" + (query.empty() ? std::string() : "?" + query);
+  auto r = infill::sdk::http_call(http, "POST", target, bytes, "application/octet-stream");
+  if (!r.ok()) return to_c(r.error());
+  if (r->status != 200 && r->status != 201) return to_c(infill::sdk::response_error(http, *r, what));
+  auto j = parse_json(*r, what);
+  if (!j.ok()) return to_c(j.error());
+  auto a = adapter_from_json(*j, r->status == 201);
+  if (!a.ok()) return to_c(a.error());
+  if (out) fill_out(out, *a);
+  return nullptr;
+}
+
+infill_error* infill_client_upload_adapter(infill_client* client, const void* bytes, size_t size, const char* name,
+                                           const char* model, infill_adapter_info* out) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (auto* e = check_client(client)) return e;
+    if (!bytes) return invalid("bytes is NULL (the .safetensors file to upload)");
+    if (size == 0) return invalid("size is 0; give the size of the .safetensors file in bytes");
+    if (auto* e = check_adapter_out(out)) return e;
+    return upload_adapter(client, std::string(static_cast<const char*>(bytes), size), name ? name : "", model, out);
+  });
+}
+
+infill_error* infill_client_upload_adapter_file(infill_client* client, const char* path, const char* model,
+                                                infill_adapter_info* out) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (auto* e = check_client(client)) return e;
+    if (!path || !*path) return invalid("path is NULL or empty (the LoRA's .safetensors file)");
+    if (auto* e = check_adapter_out(out)) return e;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return to_c(make_error(INFILL_ERROR_IO, std::string("cannot open the LoRA file ") + path + ": " + std::strerror(errno)));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string bytes = ss.str();
+    if (bytes.empty()) return to_c(make_error(INFILL_ERROR_IO, std::string("the LoRA file ") + path + " is empty"));
+    std::string name = path;
+    if (auto slash = name.rfind('/'); slash != std::string::npos) name = name.substr(slash + 1);
+    return upload_adapter(client, std::move(bytes), name, model, out);
+  });
+}
+
+infill_error* infill_client_get_adapter(infill_client* client, const char* adapter_id, infill_adapter_info* out) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (auto* e = check_client(client)) return e;
+    if (!adapter_id || !*adapter_id) return invalid("adapter_id is NULL or empty");
+    if (!out) return invalid("out (infill_adapter_info*) is NULL");
+    if (auto* e = check_adapter_out(out)) return e;
+    const auto& http = client->core->http();
+    auto r = infill::sdk::http_call(http, "GET", "/v1/adapters/" + url_encode(adapter_id));
+    if (!r.ok()) return to_c(r.error());
+    if (r->status != 200) return to_c(infill::sdk::response_error(http, *r, std::string("adapter ") + adapter_id));
+    auto j = parse_json(*r, "GET /v1/adapters/{id}");
+    if (!j.ok()) return to_c(j.error());
+    auto a = adapter_from_json(*j, false);
+    if (!a.ok()) return to_c(a.error());
+    fill_out(out, *a);
+    return nullptr;
+  });
+}
+
+infill_error* infill_client_delete_adapter(infill_client* client, const char* adapter_id) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (auto* e = check_client(client)) return e;
+    if (!adapter_id || !*adapter_id) return invalid("adapter_id is NULL or empty");
+    const auto& http = client->core->http();
+    auto r = infill::sdk::http_call(http, "DELETE", "/v1/adapters/" + url_encode(adapter_id));
+    if (!r.ok()) return to_c(r.error());
+    if (r->status != 200) return to_c(infill::sdk::response_error(http, *r, std::string("deleting adapter ") + adapter_id));
+    return nullptr;
+  });
+}
+
+infill_error* infill_client_list_adapters(infill_client* client, infill_adapter_list** out_list) {
+  return guarded(__func__, [&]() -> infill_error* {
+    if (!out_list) return invalid("out_list is NULL");
+    *out_list = nullptr;
+    if (auto* e = check_client(client)) return e;
+    const auto& http = client->core->http();
+    auto r = infill::sdk::http_call(http, "GET", "/v1/adapters");
+    if (!r.ok()) return to_c(r.error());
+    if (r->status != 200) return to_c(infill::sdk::response_error(http, *r, "listing the adapters"));
+    auto j = parse_json(*r, "GET /v1/adapters");
+    if (!j.ok()) return to_c(j.error());
+    if (!j->contains("adapters") || !(*j)["adapters"].is_array())
+      return to_c(make_error(INFILL_ERROR_PROTOCOL, "GET /v1/adapters: the answer has no 'adapters' array"));
+    auto list = std::make_unique<infill_adapter_list>();
+    for (const json& a : (*j)["adapters"]) {
+      auto info = adapter_from_json(a, false);
+      if (!info.ok()) return to_c(info.error());
+      list->infos.push_back(*info);
+    }
+    *out_list = list.release();
+    return nullptr;
+  });
+}
+
+size_t infill_adapter_list_count(const infill_adapter_list* list) { return list ? list->infos.size() : 0; }
+const infill_adapter_info* infill_adapter_list_get(const infill_adapter_list* list, size_t index) {
+  return list && index < list->infos.size() ? &list->infos[index] : nullptr;
+}
+void infill_adapter_list_delete(infill_adapter_list* list) { delete list; }
+
 // ---- edits ----
+
+void infill_edit_adapter_init(infill_edit_adapter* adapter) {
+  if (!adapter) return;
+  std::memset(static_cast<void*>(adapter), 0, sizeof *adapter);
+  adapter->struct_size = sizeof *adapter;
+  adapter->strength = 1.0;
+}
 
 void infill_edit_params_init(infill_edit_params* p) {
   if (!p) return;

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
@@ -1197,5 +1198,131 @@ TEST_CASE("sdk: output_format brings a 16-bit template back at its depth, caller
   CHECK(bad.code == INFILL_ERROR_INVALID_ARGUMENT);
   CHECK(bad.contains("output_format is \"jpeg\""));
   CHECK(bad.contains("template|png|tiff|exr"));
+  infill_client_destroy(c);
+}
+
+TEST_CASE("sdk with a FLUX.2 model: a LoRA uploaded once, listed, changing the edits that name it, refused when unknown, deleted",
+          "[sdk][engine][flux2][lora]") {
+  ServerFixture f(true, infill::test::test_limits(), false, {}, [](const infill::test::TempDir& dir) {
+    infill::test::write_tiny_flux2_folder(dir.file("flux2"));
+    return dir.file("flux2");
+  });
+  const Flux2Config config = infill::test::tiny_flux2_config(3 * infill::test::tiny_qwen3_config().hidden_size);
+  const std::string lora_path = f.dir.file("style.safetensors");
+  {
+    c10::InferenceMode guard;
+    infill::test::write_random_lora(lora_path, config, 11);
+  }
+  std::ifstream in(lora_path, std::ios::binary);
+  const std::string lora((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  infill_client* c = make_client({unix_endpoint(f)});
+
+  infill_adapter_info a;
+  infill_adapter_info_init(&a);
+  REQUIRE_OK(infill_client_upload_adapter_file(c, lora_path.c_str(), nullptr, &a));
+  const std::string id = a.id;
+  CHECK(id.size() == 64);
+  CHECK(a.created == 1);
+  CHECK(std::string(a.name) == "style.safetensors");
+  CHECK(std::string(a.format) == "upstream");
+  CHECK(a.min_rank == 4);
+  CHECK(a.max_rank == 4);
+  CHECK(a.layers == flux2_linear_layers(config).size());
+  CHECK(a.bytes == lora.size());
+  // The same bytes again (from memory, through the C++ wrapper): the same adapter, not new.
+  infill::client::Client cpp([&] {
+    infill::client::ClientOptions o;
+    o.endpoint = unix_endpoint(f);
+    return o;
+  }());
+  const infill::client::AdapterInfo again = cpp.upload_adapter(lora, "again.safetensors");
+  CHECK(again.id == id);
+  CHECK_FALSE(again.created);
+  infill_adapter_list* list = nullptr;
+  REQUIRE_OK(infill_client_list_adapters(c, &list));
+  REQUIRE(infill_adapter_list_count(list) == 1);
+  CHECK(std::string(infill_adapter_list_get(list, 0)->id) == id);
+  infill_adapter_list_delete(list);
+  REQUIRE(cpp.adapters().size() == 1);
+  CHECK(cpp.get_adapter(id).layers == a.layers);
+
+  // A file the model cannot use: refused with the engine's message naming the upload.
+  const Err cut(infill_client_upload_adapter(c, lora.data(), lora.size() / 2, "cut.safetensors", nullptr, nullptr));
+  CHECK(cut.code == INFILL_ERROR_REJECTED);
+  CHECK(cut.http == 400);
+  CHECK(cut.engine_code == "invalid_adapter");
+  CHECK(cut.contains("cut.safetensors"));
+
+  // Edits: without the LoRA, with it, with it again. Inside the mask the LoRA changes the
+  // result, and the same request comes out the same; outside every pixel is the template's.
+  const infill_template_info t = upload(c, f);
+  const PixelImage mask = infill::test::rect_mask_image(64, 48, 16, 16, 24, 16);
+  auto run = [&](const infill_edit_adapter* adapters, size_t count) {
+    infill_edit_params p = rect_params(t.id, 0, 5);
+    p.prompt = "make the cup red";
+    p.adapters = adapters;
+    p.adapter_count = count;
+    infill_job* job = nullptr;
+    REQUIRE_OK(infill_client_submit_edit(c, &p, &job));
+    REQUIRE_OK(infill_job_wait(job, 120000));
+    REQUIRE(infill_job_get_state(job) == INFILL_JOB_DONE);
+    const void* png = nullptr;
+    size_t size = 0;
+    REQUIRE_OK(infill_job_result(job, &png, &size));
+    const std::string out(static_cast<const char*>(png), size);
+    infill_job_release(job);
+    check_only_mask_changed(f, out, mask);
+    return decode(out).data;
+  };
+  infill_edit_adapter with;
+  infill_edit_adapter_init(&with);
+  with.id = id.c_str();
+  with.strength = 1.5;
+  const auto plain = run(nullptr, 0);
+  const auto adapted = run(&with, 1);
+  CHECK((adapted != plain));
+  CHECK((run(&with, 1) == adapted));
+  // The C++ wrapper's adapter list makes the same request.
+  {
+    infill::client::EditRequest r;
+    r.template_id = t.id;
+    r.mask_rect = std::array<int32_t, 4>{16, 16, 24, 16};
+    r.seed = 5;
+    r.prompt = "make the cup red";
+    r.adapters = {{id, 1.5}};
+    infill::client::Job j = cpp.submit(r);
+    REQUIRE(j.wait(120000));
+    CHECK((decode(j.result_png()).data == adapted));
+  }
+
+  // An id the store does not hold: refused by the engine, its code and message surfaced.
+  const std::string unknown_id(64, 'a');
+  infill_edit_adapter unknown;
+  infill_edit_adapter_init(&unknown);
+  unknown.id = unknown_id.c_str();
+  infill_edit_params p = rect_params(t.id, 0, 5);
+  p.adapters = &unknown;
+  p.adapter_count = 1;
+  infill_job* job = nullptr;
+  const Err refused(infill_client_submit_edit(c, &p, &job));
+  CHECK(refused.code == INFILL_ERROR_NOT_FOUND);
+  CHECK(refused.http == 404);
+  CHECK(refused.engine_code == "unknown_adapter");
+  CHECK(refused.contains(unknown_id));
+  CHECK(job == nullptr);
+
+  // Deleted: gone from the list, and edits naming it are refused.
+  REQUIRE_OK(infill_client_delete_adapter(c, id.c_str()));
+  REQUIRE_OK(infill_client_list_adapters(c, &list));
+  CHECK(infill_adapter_list_count(list) == 0);
+  infill_adapter_list_delete(list);
+  infill_adapter_info_init(&a);
+  const Err gone(infill_client_get_adapter(c, id.c_str(), &a));
+  CHECK(gone.code == INFILL_ERROR_NOT_FOUND);
+  CHECK(gone.engine_code == "unknown_adapter");
+  CHECK(Err(infill_client_delete_adapter(c, id.c_str())).code == INFILL_ERROR_NOT_FOUND);
+  p.adapters = &with;
+  const Err after_delete(infill_client_submit_edit(c, &p, nullptr));
+  CHECK(after_delete.engine_code == "unknown_adapter");
   infill_client_destroy(c);
 }

@@ -360,3 +360,123 @@ TEST_CASE("sdk: every numeric parameter's range is the parameter table's, both e
   CHECK(checked == static_cast<int>(setters.size()));
   infill_client_destroy(c);
 }
+
+TEST_CASE("sdk: the adapter and reference lists follow the parameter table: lengths, strengths, repeats", "[sdk][params]") {
+  namespace proto = infill::protocol;
+  infill_client* c = make_client("unix:/nonexistent/engine.sock");
+  auto submit = [&](const std::function<void(infill_edit_params&)>& set) {
+    infill_edit_params p;
+    infill_edit_params_init(&p);
+    p.template_id = "0123";
+    p.mask_rect[2] = p.mask_rect[3] = 8;
+    set(p);
+    infill_job* job = nullptr;
+    return Err(infill_client_submit_edit(c, &p, &job));
+  };
+  // Distinct ids, as many as asked.
+  std::vector<std::string> ids;
+  for (int i = 0; i < 16; ++i) ids.push_back("id" + std::to_string(i));
+  int checked = 0;
+  for (const proto::EditParameter& row : proto::kEditParameters) {
+    if (!(row.clients & proto::kSdk)) continue;
+    INFO(row.name);
+    if (row.type == proto::ParamType::kAdapterList) {
+      std::vector<infill_edit_adapter> adapters(row.max_length + 1);
+      for (size_t i = 0; i < adapters.size(); ++i) {
+        infill_edit_adapter_init(&adapters[i]);
+        CHECK(adapters[i].strength == 1.0);
+        adapters[i].id = ids[i].c_str();
+      }
+      auto with = [&](size_t count) {
+        return submit([&](infill_edit_params& p) {
+          p.adapters = adapters.data();
+          p.adapter_count = count;
+        });
+      };
+      // The table's longest list and both strength edges pass the SDK's checks (the request
+      // then fails to connect) ...
+      adapters[0].strength = row.min;
+      adapters[1].strength = row.max;
+      CHECK(with(row.max_length).code == INFILL_ERROR_CONNECTION);
+      // ... one more entry, a strength beyond either edge, NaN, a missing id or an element
+      // not prepared by its init are refused, naming the element.
+      Err longer = with(row.max_length + 1);
+      CHECK(longer.code == INFILL_ERROR_INVALID_ARGUMENT);
+      CHECK(longer.contains("adapter_count is " + std::to_string(row.max_length + 1) + ", expected at most " +
+                            std::to_string(row.max_length)));
+      adapters[1].strength = row.max + 0.5;
+      Err strong = with(2);
+      CHECK(strong.code == INFILL_ERROR_INVALID_ARGUMENT);
+      CHECK(strong.contains("infill_edit_params.adapters[1].strength is 10.5, expected " + proto::range_text(row)));
+      adapters[1].strength = row.min - 0.5;
+      CHECK(with(2).contains("adapters[1].strength is -10.5"));
+      adapters[1].strength = std::nan("");
+      CHECK(with(2).contains("adapters[1].strength is nan"));
+      adapters[1].strength = 1;
+      adapters[1].id = "";
+      CHECK(with(2).contains("adapters[1].id is NULL or empty"));
+      adapters[1].id = ids[1].c_str();
+      adapters[1].struct_size = 0;
+      CHECK(with(2).contains("adapters[1].struct_size is 0"));
+      adapters[1].struct_size = sizeof(infill_edit_adapter);
+      Err null_list = submit([](infill_edit_params& p) { p.adapter_count = 1; });
+      CHECK(null_list.contains("adapters is NULL but adapter_count is 1"));
+      ++checked;
+    } else if (row.type == proto::ParamType::kTemplateList) {
+      std::vector<const char*> refs;
+      for (size_t i = 0; i <= row.max_length; ++i) refs.push_back(ids[i].c_str());
+      auto with = [&](size_t count) {
+        return submit([&](infill_edit_params& p) {
+          p.references = refs.data();
+          p.reference_count = count;
+        });
+      };
+      CHECK(with(row.max_length).code == INFILL_ERROR_CONNECTION);
+      Err longer = with(row.max_length + 1);
+      CHECK(longer.code == INFILL_ERROR_INVALID_ARGUMENT);
+      CHECK(longer.contains("reference_count is " + std::to_string(row.max_length + 1) + ", expected at most " +
+                            std::to_string(row.max_length)));
+      refs[2] = refs[0];
+      Err repeat = with(3);
+      CHECK(repeat.code == INFILL_ERROR_INVALID_ARGUMENT);
+      CHECK(repeat.contains("references[2] repeats references[0], \"id0\""));
+      refs[2] = nullptr;
+      CHECK(with(3).contains("references[2] is NULL or empty"));
+      Err null_list = submit([](infill_edit_params& p) { p.reference_count = 2; });
+      CHECK(null_list.contains("references is NULL but reference_count is 2"));
+      ++checked;
+    }
+  }
+  CHECK(checked == 2);  // both list rows are the SDK's
+  infill_client_destroy(c);
+}
+
+TEST_CASE("sdk: adapter calls check their inputs before the engine is asked", "[sdk]") {
+  infill::test::TempDir dir("infill-sdk");
+  infill_client* c = make_client(("unix:" + dir.file("engine.sock")).c_str());
+  infill_adapter_info info;
+  infill_adapter_info_init(&info);
+  CHECK(info.struct_size == sizeof info);
+  Err missing(infill_client_upload_adapter_file(c, dir.file("no-such-lora.safetensors").c_str(), nullptr, &info));
+  CHECK(missing.code == INFILL_ERROR_IO);
+  CHECK(missing.contains("cannot open the LoRA file " + dir.file("no-such-lora.safetensors")));
+  Err no_path(infill_client_upload_adapter_file(c, nullptr, nullptr, &info));
+  CHECK(no_path.code == INFILL_ERROR_INVALID_ARGUMENT);
+  CHECK(no_path.contains("path is NULL or empty"));
+  Err empty_bytes(infill_client_upload_adapter(c, "x", 0, "a.safetensors", nullptr, &info));
+  CHECK(empty_bytes.contains("size is 0"));
+  infill_adapter_info small = info;
+  small.struct_size = 8;
+  Err small_out(infill_client_upload_adapter(c, "x", 1, "a.safetensors", nullptr, &small));
+  CHECK(small_out.contains("infill_adapter_info.struct_size is 8"));
+  CHECK(Err(infill_client_delete_adapter(c, "")).contains("adapter_id is NULL or empty"));
+  CHECK(Err(infill_client_get_adapter(c, "abc", nullptr)).contains("out (infill_adapter_info*) is NULL"));
+  infill_adapter_list* list = nullptr;
+  Err down(infill_client_list_adapters(c, &list));
+  CHECK(down.code == INFILL_ERROR_CONNECTION);
+  CHECK(list == nullptr);
+  CHECK(infill_adapter_list_count(nullptr) == 0);
+  CHECK(infill_adapter_list_get(nullptr, 0) == nullptr);
+  infill_adapter_list_delete(nullptr);
+  infill_client_destroy(c);
+}

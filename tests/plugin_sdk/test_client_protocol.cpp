@@ -12,12 +12,15 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "infill/infill_client.h"
 #include "support/temp_dir.h"
@@ -450,5 +453,118 @@ TEST_CASE("sdk protocol: polling retries while a restarted engine is still loadi
   CHECK(polls.load() == 3);
   CHECK(engine.streams_opened() == 4);  // the first, two given up after a 503, the last
   infill_job_release(job);
+  infill_client_destroy(c);
+}
+
+TEST_CASE("sdk protocol: an edit's adapters and references as the engine reads them; callers older than 1.3 send none",
+          "[sdk][protocol][lora]") {
+  infill::test::TempDir dir("infill-sdk-fake");
+  std::mutex mu;
+  std::vector<nlohmann::json> bodies;
+  FakeEngine engine(dir.file("engine.sock"), [&](const std::string& m, const std::string& t, const std::string& body) {
+    if (m == "POST" && t == "/v1/edits") {
+      std::lock_guard lock(mu);
+      bodies.push_back(nlohmann::json::parse(body, nullptr, false));
+      return accepted(bodies.size());
+    }
+    return Reply{};
+  });
+  infill_client* c = client_for(dir.file("engine.sock"));
+  infill_edit_params p;
+  infill_edit_params_init(&p);
+  p.template_id = "fake";
+  p.mask_rect[2] = p.mask_rect[3] = 8;
+  infill_edit_adapter adapters[2];
+  infill_edit_adapter_init(&adapters[0]);
+  infill_edit_adapter_init(&adapters[1]);
+  adapters[0].id = "style";
+  adapters[1].id = "detail";
+  adapters[1].strength = -2.5;
+  const char* references[] = {"ref-a", "ref-b"};
+  p.adapters = adapters;
+  p.adapter_count = 2;
+  p.references = references;
+  p.reference_count = 2;
+  REQUIRE(infill_client_submit_edit(c, &p, nullptr) == nullptr);
+
+  // A caller built against API 1.4 whose elements are larger: read by their struct_size.
+  struct LaterAdapter {
+    infill_edit_adapter v13;
+    double later_field;
+  } later[2] = {};
+  for (LaterAdapter& a : later) {
+    infill_edit_adapter_init(&a.v13);
+    a.v13.struct_size = sizeof(LaterAdapter);
+    a.later_field = 99;
+  }
+  later[0].v13.id = "first";
+  later[1].v13.id = "second";
+  later[1].v13.strength = 0.25;
+  p.adapters = &later[0].v13;
+  p.reference_count = 0;
+  REQUIRE(infill_client_submit_edit(c, &p, nullptr) == nullptr);
+
+  // A caller built against API 1.2: its struct ends before the lists, which are not read.
+  p.struct_size = offsetof(infill_edit_params, adapters);
+  p.adapter_count = 1000;  // beyond the caller's struct: never read
+  p.reference_count = 1000;
+  REQUIRE(infill_client_submit_edit(c, &p, nullptr) == nullptr);
+
+  std::lock_guard lock(mu);
+  REQUIRE(bodies.size() == 3);
+  const nlohmann::json want_adapters = nlohmann::json::parse(R"([{"id":"style","strength":1.0},{"id":"detail","strength":-2.5}])");
+  CHECK(bodies[0]["adapters"] == want_adapters);
+  CHECK(bodies[0]["references"] == nlohmann::json::parse(R"(["ref-a","ref-b"])"));
+  CHECK(bodies[1]["adapters"] == nlohmann::json::parse(R"([{"id":"first","strength":1.0},{"id":"second","strength":0.25}])"));
+  CHECK_FALSE(bodies[1].contains("references"));
+  CHECK_FALSE(bodies[2].contains("adapters"));
+  CHECK_FALSE(bodies[2].contains("references"));
+  infill_client_destroy(c);
+}
+
+TEST_CASE("sdk protocol: adapter uploads carry the name and model; answers fill infill_adapter_info", "[sdk][protocol][lora]") {
+  infill::test::TempDir dir("infill-sdk-fake");
+  std::mutex mu;
+  std::vector<std::string> targets;
+  const std::string long_name = std::string(254, 'x') + "\xc3\xa9";  // 256 bytes: the 2-byte character is cut whole
+  const std::string adapter = nlohmann::json{{"id", std::string(64, 'c')}, {"name", long_name}, {"format", "kohya"},
+                                             {"rank", 16}, {"min_rank", 4}, {"layers", 140}, {"bytes", 46137344}}
+                                  .dump();
+  FakeEngine engine(dir.file("engine.sock"), [&](const std::string& m, const std::string& t, const std::string&) {
+    std::lock_guard lock(mu);
+    targets.push_back(m + " " + t);
+    if (m == "POST" && t.rfind("/v1/adapters", 0) == 0) return Reply{201, adapter, "application/json"};
+    if (m == "GET" && t == "/v1/adapters") return Reply{200, R"({"adapters":[)" + adapter + "]}", "application/json"};
+    return Reply{404, R"({"error":{"code":"unknown_adapter","message":"adapter 'gone' is not in the store","type":"not_found"}})",
+                 "application/json"};
+  });
+  infill_client* c = client_for(dir.file("engine.sock"));
+  infill_adapter_info info;
+  infill_adapter_info_init(&info);
+  REQUIRE(infill_client_upload_adapter(c, "bytes", 5, "my style.safetensors", "flux-2-klein", &info) == nullptr);
+  CHECK(std::string(info.id) == std::string(64, 'c'));
+  CHECK(std::string(info.name) == std::string(254, 'x'));
+  CHECK(std::string(info.format) == "kohya");
+  CHECK(info.max_rank == 16);
+  CHECK(info.min_rank == 4);
+  CHECK(info.layers == 140);
+  CHECK(info.bytes == 46137344);
+  CHECK(info.created == 1);
+  infill_adapter_list* list = nullptr;
+  REQUIRE(infill_client_list_adapters(c, &list) == nullptr);
+  REQUIRE(infill_adapter_list_count(list) == 1);
+  CHECK(infill_adapter_list_get(list, 0)->struct_size == sizeof(infill_adapter_info));
+  CHECK(infill_adapter_list_get(list, 0)->created == 0);
+  CHECK(infill_adapter_list_get(list, 1) == nullptr);
+  infill_adapter_list_delete(list);
+  infill_error* e = infill_client_delete_adapter(c, "gone");
+  REQUIRE(e != nullptr);
+  CHECK(infill_error_get_code(e) == INFILL_ERROR_NOT_FOUND);
+  CHECK(std::string(infill_error_engine_code(e)) == "unknown_adapter");
+  CHECK(std::string(infill_error_message(e)).find("adapter 'gone' is not in the store") != std::string::npos);
+  infill_error_delete(e);
+  std::lock_guard lock(mu);
+  CHECK(targets == std::vector<std::string>{"POST /v1/adapters?name=my%20style.safetensors&model=flux-2-klein",
+                                            "GET /v1/adapters", "DELETE /v1/adapters/gone"});
   infill_client_destroy(c);
 }

@@ -41,8 +41,11 @@ extern "C" {
 /// compiled against the same major and a minor up to its own (structs only grow).
 /// 1.1: infill_edit_params.model; infill_client_cancel_edit; infill_model_info.free_text and
 /// .family; infill_done.cache_mode and .prompt_truncated.
+/// 1.2: infill_edit_params.output_format; infill_done.media_type; infill_job_result_media_type.
+/// 1.3: adapters (infill_client_upload_adapter, _list_adapters, _get_adapter, _delete_adapter);
+/// infill_edit_params.adapters and .references.
 #define INFILL_CLIENT_API_VERSION_MAJOR 1
-#define INFILL_CLIENT_API_VERSION_MINOR 2
+#define INFILL_CLIENT_API_VERSION_MINOR 3
 #define INFILL_CLIENT_API_VERSION \
   ((uint32_t)((INFILL_CLIENT_API_VERSION_MAJOR << 16) | INFILL_CLIENT_API_VERSION_MINOR))
 
@@ -272,6 +275,66 @@ INFILL_CLIENT_API infill_error* infill_client_get_template(infill_client* client
                                                            infill_template_info* out);
 
 /* ---------------------------------------------------------------------------------------- */
+/* Adapters (LoRA)                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+/// A LoRA file in the engine's adapter store (FLUX.2 models). Prepare with
+/// infill_adapter_info_init; the library fills it. (Added in 1.3.)
+typedef struct infill_adapter_info {
+  size_t struct_size;
+  char id[80];     ///< SHA-256 of the file's bytes, 64 hex digits: infill_edit_adapter.id
+  char name[256];  ///< the name it was uploaded under ("" = none); cut at 255 bytes
+  /// The file's naming scheme as the engine read it: "upstream", "kohya" or "diffusers"; ""
+  /// for a file the engine found in its store and has not read since it started.
+  char format[16];
+  uint32_t min_rank, max_rank;  ///< the smallest and largest rank of its layers
+  uint32_t layers;              ///< the model's layers it changes
+  uint64_t bytes;               ///< the file's size
+  int created;                  ///< upload: 1 when new on the engine, 0 when it had these bytes
+} infill_adapter_info;
+
+INFILL_CLIENT_API void infill_adapter_info_init(infill_adapter_info* info);
+
+/// Uploads a LoRA (.safetensors, in the upstream, kohya or diffusers naming) from memory
+/// (POST /v1/adapters). The engine reads it for `model` (an infill_model_info.id; NULL or "" =
+/// the default model) before keeping it: a file that model cannot use is INFILL_ERROR_REJECTED
+/// with engine code "invalid_adapter", whose message names the key at fault. The id is the
+/// SHA-256 of the bytes: the same bytes again give the same adapter (created = 0). `name`
+/// (NULL allowed) labels it; `out` may be NULL. The bytes are not kept after the call.
+INFILL_CLIENT_API infill_error* infill_client_upload_adapter(infill_client* client, const void* bytes,
+                                                             size_t size, const char* name,
+                                                             const char* model,
+                                                             infill_adapter_info* out);
+/// Uploads a LoRA file; its file name is the adapter's name. A file that cannot be read is
+/// INFILL_ERROR_IO naming the path.
+INFILL_CLIENT_API infill_error* infill_client_upload_adapter_file(infill_client* client,
+                                                                  const char* path,
+                                                                  const char* model,
+                                                                  infill_adapter_info* out);
+/// One adapter (GET /v1/adapters/{id}); INFILL_ERROR_NOT_FOUND (engine code
+/// "unknown_adapter") when the store does not hold it.
+INFILL_CLIENT_API infill_error* infill_client_get_adapter(infill_client* client,
+                                                          const char* adapter_id,
+                                                          infill_adapter_info* out);
+/// Removes an adapter from the engine's store (DELETE /v1/adapters/{id}); edits already
+/// running with it finish with it. An id the store does not hold is INFILL_ERROR_NOT_FOUND.
+INFILL_CLIENT_API infill_error* infill_client_delete_adapter(infill_client* client,
+                                                             const char* adapter_id);
+
+/// The engine's adapters; opaque. Every struct in it lives as long as the list.
+typedef struct infill_adapter_list infill_adapter_list;
+
+/// GET /v1/adapters. On success the caller owns *out_list (free with infill_adapter_list_delete).
+INFILL_CLIENT_API infill_error* infill_client_list_adapters(infill_client* client,
+                                                            infill_adapter_list** out_list);
+INFILL_CLIENT_API size_t infill_adapter_list_count(const infill_adapter_list* list);
+/// The adapter at `index`, or NULL when index >= count. Owned by the list; its struct_size is
+/// the library's.
+INFILL_CLIENT_API const infill_adapter_info* infill_adapter_list_get(const infill_adapter_list* list,
+                                                                     size_t index);
+INFILL_CLIENT_API void infill_adapter_list_delete(infill_adapter_list* list);
+
+/* ---------------------------------------------------------------------------------------- */
 /* Edits                                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -345,6 +408,17 @@ typedef void (*infill_progress_fn)(void* user_data, const infill_progress* progr
 typedef void (*infill_preview_fn)(void* user_data, const infill_preview* preview);
 typedef void (*infill_done_fn)(void* user_data, const infill_done* done);
 
+/// One LoRA of an edit (infill_edit_params.adapters). Prepare each with
+/// infill_edit_adapter_init. (Added in 1.3.)
+typedef struct infill_edit_adapter {
+  size_t struct_size;  ///< set by infill_edit_adapter_init; the same in every element of an array
+  const char* id;      ///< required: infill_adapter_info.id
+  double strength;     ///< -10..10 (the parameter table's range); 1 by infill_edit_adapter_init
+} infill_edit_adapter;
+
+/// Sets struct_size and strength = 1.
+INFILL_CLIENT_API void infill_edit_adapter_init(infill_edit_adapter* adapter);
+
 /// An edit request. Prepare with infill_edit_params_init, then set the template, one mask and
 /// what else is needed. Pointers are read during infill_client_submit_edit only, except
 /// `user_data`, which is passed to the callbacks.
@@ -404,6 +478,18 @@ typedef struct infill_edit_params {
   /// OpenEXR, so 16-bit and float images come back at their depth), "png", "tiff" or "exr";
   /// NULL or "" = "png". Callers compiled against API 1.0 or 1.1 get PNG.
   const char* output_format;
+
+  /// API 1.3. LoRAs applied in order (FLUX.2 models): `adapter_count` elements (at most 8),
+  /// each with its id from infill_client_upload_adapter and a strength in -10..10. NULL / 0 =
+  /// none. The array's stride is adapters[0].struct_size. An id the engine's store does not
+  /// hold is INFILL_ERROR_NOT_FOUND with engine code "unknown_adapter"; a file the edit's model
+  /// cannot use is INFILL_ERROR_REJECTED with "invalid_adapter", naming the key.
+  const infill_edit_adapter* adapters;
+  size_t adapter_count;
+  /// API 1.3. Reference images besides the template (FLUX.2 models): `reference_count` template
+  /// ids (at most 4, no repeats) from infill_client_upload_template. NULL / 0 = none.
+  const char* const* references;
+  size_t reference_count;
 } infill_edit_params;
 
 /// Sets struct_size and every default (no mask, no callbacks, halo and feather = -1).

@@ -113,6 +113,21 @@ struct TemplateInfo {
   bool created = false;
 };
 
+/// An adapter in the engine's store (see infill_adapter_info).
+struct AdapterInfo {
+  std::string id, name;
+  std::string format;  ///< "upstream", "kohya", "diffusers"; "" when not read since the engine started
+  uint32_t min_rank = 0, max_rank = 0, layers = 0;
+  uint64_t bytes = 0;
+  bool created = false;  ///< upload: new on the engine
+};
+
+/// One LoRA of an edit: its id and strength (-10..10).
+struct EditAdapter {
+  std::string id;
+  double strength = 1.0;
+};
+
 /// What on_done receives: the final state, the error (when not DONE) and the result PNG.
 struct DoneEvent {
   uint64_t edit_id = 0;
@@ -146,6 +161,8 @@ struct EditRequest {
   double feather_px = -1;
   std::string model;  ///< an infill_model_info id; "" = the engine's default model
   std::string output_format;  ///< "template", "png", "tiff", "exr"; "" = png
+  std::vector<EditAdapter> adapters;    ///< LoRAs applied in order (FLUX.2 models), at most 8
+  std::vector<std::string> references;  ///< reference template ids (FLUX.2 models), at most 4
   std::function<void(const infill_progress&)> on_progress;
   std::function<void(const infill_preview&)> on_preview;
   std::function<void(const DoneEvent&)> on_done;
@@ -285,6 +302,37 @@ class Client {
     return convert(t);
   }
 
+  /// Uploads a LoRA (.safetensors) for `model` ("" = the engine's default model).
+  AdapterInfo upload_adapter(std::string_view bytes, const std::string& name = {}, const std::string& model = {}) {
+    infill_adapter_info a;
+    infill_adapter_info_init(&a);
+    detail::check(infill_client_upload_adapter(client_.get(), bytes.data(), bytes.size(),
+                                               name.empty() ? nullptr : name.c_str(),
+                                               model.empty() ? nullptr : model.c_str(), &a));
+    return convert(a);
+  }
+  AdapterInfo upload_adapter_file(const std::string& path, const std::string& model = {}) {
+    infill_adapter_info a;
+    infill_adapter_info_init(&a);
+    detail::check(infill_client_upload_adapter_file(client_.get(), path.c_str(), model.empty() ? nullptr : model.c_str(), &a));
+    return convert(a);
+  }
+  AdapterInfo get_adapter(const std::string& id) {
+    infill_adapter_info a;
+    infill_adapter_info_init(&a);
+    detail::check(infill_client_get_adapter(client_.get(), id.c_str(), &a));
+    return convert(a);
+  }
+  std::vector<AdapterInfo> adapters() {
+    infill_adapter_list* raw = nullptr;
+    detail::check(infill_client_list_adapters(client_.get(), &raw));
+    std::unique_ptr<infill_adapter_list, void (*)(infill_adapter_list*)> list(raw, &infill_adapter_list_delete);
+    std::vector<AdapterInfo> out;
+    for (size_t i = 0; i < infill_adapter_list_count(list.get()); ++i) out.push_back(convert(*infill_adapter_list_get(list.get(), i)));
+    return out;
+  }
+  void delete_adapter(const std::string& id) { detail::check(infill_client_delete_adapter(client_.get(), id.c_str())); }
+
   /// Submits an edit; the callbacks live until on_done has run.
   Job submit(const EditRequest& r) {
     infill_edit_params p;
@@ -314,6 +362,18 @@ class Client {
     p.feather_px = r.feather_px;
     p.model = r.model.empty() ? nullptr : r.model.c_str();
     p.output_format = r.output_format.empty() ? nullptr : r.output_format.c_str();
+    std::vector<infill_edit_adapter> adapters(r.adapters.size());
+    for (size_t i = 0; i < adapters.size(); ++i) {
+      infill_edit_adapter_init(&adapters[i]);
+      adapters[i].id = r.adapters[i].id.c_str();
+      adapters[i].strength = r.adapters[i].strength;
+    }
+    p.adapters = adapters.empty() ? nullptr : adapters.data();
+    p.adapter_count = adapters.size();
+    std::vector<const char*> references;
+    for (const std::string& id : r.references) references.push_back(id.c_str());
+    p.references = references.empty() ? nullptr : references.data();
+    p.reference_count = references.size();
     // Owned by the C library's on_done call: freed there, which comes exactly once.
     auto* ctx = new Callbacks{r.on_progress, r.on_preview, r.on_done};
     p.on_progress = ctx->on_progress ? &Client::progress_trampoline : nullptr;
@@ -364,6 +424,18 @@ class Client {
       ctx->on_done(e);
     } catch (...) {
     }
+  }
+  static AdapterInfo convert(const infill_adapter_info& a) {
+    AdapterInfo i;
+    i.id = a.id;
+    i.name = a.name;
+    i.format = a.format;
+    i.min_rank = a.min_rank;
+    i.max_rank = a.max_rank;
+    i.layers = a.layers;
+    i.bytes = a.bytes;
+    i.created = a.created != 0;
+    return i;
   }
   static TemplateInfo convert(const infill_template_info& t) {
     TemplateInfo i;

@@ -4,5 +4,8 @@
 int main() {
   infill::client::EditRequest request;
   request.mask_rect = {{0, 0, 8, 8}};
-  return request.steps == 0 ? 0 : 1;
+  request.adapters.push_back({"adapter-id", 0.5});
+  request.references.push_back("template-id");
+  infill::client::AdapterInfo info;
+  return request.steps == 0 && info.layers == 0 ? 0 : 1;
 }

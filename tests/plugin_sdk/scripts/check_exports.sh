@@ -10,7 +10,8 @@ if [ -n "$bad" ]; then
   printf '%s\n' "$bad"
   exit 1
 fi
-for needed in infill_api_version infill_client_create infill_client_submit_edit infill_error_delete infill_job_wait; do
+for needed in infill_api_version infill_client_create infill_client_submit_edit infill_error_delete infill_job_wait \
+    infill_client_upload_adapter_file infill_client_list_adapters infill_client_delete_adapter infill_edit_adapter_init; do
   printf '%s\n' "$symbols" | grep -qx "$needed" || { echo "$needed is not exported"; exit 1; }
 done
 echo "$(printf '%s\n' "$symbols" | wc -l) symbols, all infill_*"
