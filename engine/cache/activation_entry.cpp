@@ -11,7 +11,7 @@ std::string ActivationKey::canonical() const {
   return "model=" + model_id + ";template=" + template_hash + ";w=" + std::to_string(width) +
          ";h=" + std::to_string(height) + ";steps=" + std::to_string(steps) +
          ";sampler=" + sampler + ";seed=" + std::to_string(seed) + (conditioning.empty() ? "" : ";cond=" + conditioning) +
-         (adapters.empty() ? "" : ";adapters=" + adapters);
+         (adapters.empty() ? "" : ";adapters=" + adapters) + (references.empty() ? "" : ";refs=" + references);
 }
 
 std::string ActivationKey::digest() const { return hex64(fnv1a64(canonical())); }

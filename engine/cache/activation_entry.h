@@ -32,6 +32,8 @@ struct ActivationKey {
   /// The LoRAs the entry was recorded with, with their strengths (adapter_set_key): a LoRA
   /// changes the K/V of every token. "" for none.
   std::string adapters;
+  /// The reference images' ids in the entry's sequence, comma-separated; "" for none.
+  std::string references;
 
   /// Canonical text form, e.g. "model=..;template=..;w=64;h=64;steps=20;sampler=euler_rf;seed=7".
   std::string canonical() const;

@@ -92,6 +92,9 @@ Result<std::unique_ptr<StepSession>> DitEditModel::create_session(std::shared_pt
   if (!params.adapters.empty()) {
     return invalid_argument("model " + name() + " is of the DiT family, which takes no LoRA adapters (FLUX.2 models do)");
   }
+  if (!params.references.empty()) {
+    return invalid_argument("model " + name() + " is of the DiT family, which takes no reference images (FLUX.2 models do)");
+  }
   CacheSource source;
   source.entry = std::move(entry);
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<EditSession> session, EditSession::create(model_, std::move(tmpl), params, std::move(source)));

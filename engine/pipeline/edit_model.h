@@ -173,6 +173,11 @@ class EditModel {
   virtual Result<std::shared_ptr<const LoraAdapter>> read_adapter(const std::string& path) const {
     return invalid_argument("model " + name() + " takes no LoRA adapters (FLUX.2 models do); " + path + " was not read");
   }
+  /// The reference image (pipeline/reference_image.h) made from `tmpl`, a template of this
+  /// model: errors name it and the limit it breaks; models that take no references refuse.
+  virtual Result<ReferenceImage> make_reference(const TemplateImage& tmpl) const {
+    return invalid_argument("model " + name() + " takes no reference images (FLUX.2 models do); " + tmpl.id + " was not used");
+  }
 };
 
 }  // namespace infill

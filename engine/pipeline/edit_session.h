@@ -28,6 +28,7 @@
 #include "pipeline/cached_kv.h"
 #include "pipeline/image_io.h"
 #include "pipeline/mask.h"
+#include "pipeline/reference_image.h"
 #include "pipeline/sampler.h"
 #include "pipeline/streamed_kv.h"
 #include "pipeline/template_image.h"
@@ -64,6 +65,9 @@ struct EditParams {
   int decode_margin = 4;    ///< latent pixels of context decoded around the mask's box
   /// LoRAs, in order, each with its strength (FLUX.2 only); part of every cache key.
   AdapterSet adapters;
+  /// Reference images (FLUX.2 only; reference_image.h), in order; their ids are part of every
+  /// cache key.
+  std::vector<ReferenceImage> references;
 };
 
 struct EditOutput {

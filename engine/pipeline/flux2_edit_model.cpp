@@ -67,6 +67,12 @@ class Flux2StepPrepare final : public StepPrepare {
 };
 
 // An edit's session parameters, its prompt encoded; `truncated` tells whether it was cut.
+std::vector<at::Tensor> reference_latents(const EditParams& params) {
+  std::vector<at::Tensor> latents;
+  for (const ReferenceImage& r : params.references) latents.push_back(r.latent);
+  return latents;
+}
+
 Result<Flux2EditParams> session_params(const Flux2EditModelParts& parts, const PromptEmbedding& empty_prompt,
                                        const EditParams& params, int steps, bool& truncated) {
   if (params.prompt.defined()) {
@@ -87,6 +93,7 @@ Result<Flux2EditParams> session_params(const Flux2EditModelParts& parts, const P
   p.feather_px = params.feather_px;
   p.decode_margin = params.decode_margin;
   p.adapters = params.adapters;
+  p.references = reference_latents(params);
   return p;
 }
 
@@ -187,6 +194,7 @@ ActivationKey Flux2EditModel::cache_key(const TemplateImage& tmpl, const EditPar
   key.sampler = "flux2_euler_rf";  // template-keyed: recorded under the empty prompt
   key.seed = params.schedule.template_seed;
   key.adapters = adapter_set_key(params.adapters);
+  for (const ReferenceImage& r : params.references) key.references += (key.references.empty() ? "" : ",") + r.id;
   return key;
 }
 
@@ -239,6 +247,25 @@ Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session_planned(std:
 
 int Flux2EditModel::streamable_blocks() const { return parts_.transformer->config().depth(); }
 
+Result<ReferenceImage> Flux2EditModel::make_reference(const TemplateImage& tmpl) const {
+  if (tmpl.latent.size(0) != parts_.transformer->config().in_channels)
+    return invalid_argument("reference image " + tmpl.id + " was not encoded for model " + name());
+  {
+    std::lock_guard lock(references_mu_);
+    for (auto it = recent_references_.begin(); it != recent_references_.end(); ++it) {
+      if (it->id != tmpl.id) continue;
+      recent_references_.splice(recent_references_.begin(), recent_references_, it);
+      return *it;
+    }
+  }
+  // Encoding a scaled-down image is a VAE pass: the strokes of a live session reuse it.
+  INFILL_ASSIGN_OR_RETURN(ReferenceImage made, make_reference_image(*parts_.codec, parts_.codec->factor(), tmpl));
+  std::lock_guard lock(references_mu_);
+  recent_references_.push_front(made);
+  if (recent_references_.size() > 2 * kMaxReferenceImages) recent_references_.pop_back();
+  return made;
+}
+
 Result<std::shared_ptr<const LoraAdapter>> Flux2EditModel::read_adapter(const std::string& path) const {
   INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const LoraAdapter> adapter,
                           load_lora(path, parts_.transformer->config(), "model " + parts_.name));
@@ -282,7 +309,7 @@ Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prepare(std::shared_
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2PrepareRun> run,
                           Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), empty_prompt_->rows, resolved_steps(params),
                                                   params.schedule.template_seed, params.guidance_scale, at::Tensor(),
-                                                  params.adapters));
+                                                  params.adapters, reference_latents(params)));
   return std::unique_ptr<StepPrepare>(std::make_unique<Flux2StepPrepare>(std::move(run), std::move(key), std::move(id)));
 }
 
@@ -300,7 +327,7 @@ Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prompt_prepare(std::
     const bool guided = flux2_runs_cfg(parts_.transformer->config(), p.guidance);
     INFILL_ASSIGN_OR_RETURN(run, Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), p.prompt, p.steps,
                                                          p.template_seed, p.guidance, guided ? p.null_prompt : at::Tensor(),
-                                                         p.adapters));
+                                                         p.adapters, p.references));
   }
   return std::unique_ptr<StepPrepare>(std::make_unique<Flux2StepPrepare>(std::move(run), std::move(key), std::move(id)));
 }

@@ -6,7 +6,9 @@
 /// load_flux2_edit_model reads a model folder as users download it (model/flux2_folder.h).
 
 #include <cstdint>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "model/flux2_transformer.h"
@@ -76,6 +78,8 @@ class Flux2EditModel final : public EditModel {
   /// prefix runs every token through the first blocks, the masked ones from there on.
   int streamable_blocks() const override;
   Result<std::shared_ptr<const LoraAdapter>> read_adapter(const std::string& path) const override;
+  /// Recently made references are kept (a scaled-down one costs a VAE encode).
+  Result<ReferenceImage> make_reference(const TemplateImage& tmpl) const override;
   Result<std::unique_ptr<StepSession>> create_streamed_session(std::shared_ptr<const TemplateImage> tmpl,
                                                                const EditParams& params,
                                                                std::shared_ptr<StreamedKvSource> streamed,
@@ -112,6 +116,9 @@ class Flux2EditModel final : public EditModel {
   std::shared_ptr<const PromptEmbedding> empty_prompt_;
   // Entries copied to the transformer's GPU; null on the CPU. Internally synchronised.
   std::shared_ptr<DeviceKvTier> device_tier_;
+  // The references made last, most recent first (two edits' worth).
+  mutable std::mutex references_mu_;
+  mutable std::list<ReferenceImage> recent_references_;
 };
 
 struct Flux2LoadOptions {

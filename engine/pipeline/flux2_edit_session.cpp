@@ -97,8 +97,18 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   s->grid_h_ = tmpl->latent.size(1);
   s->grid_w_ = tmpl->latent.size(2);
   s->text_rows_ = params.prompt.size(0);
+  if (params.references.size() > static_cast<size_t>(kMaxReferenceImages)) {
+    return invalid_argument(std::to_string(params.references.size()) + " reference images, expected at most " +
+                            std::to_string(kMaxReferenceImages));
+  }
+  for (size_t i = 0; i < params.references.size(); ++i) {
+    const at::Tensor& r = params.references[i];
+    if (!r.defined() || r.dim() != 3 || r.size(0) != cfg.in_channels || r.size(1) < 1 || r.size(2) < 1) {
+      return invalid_argument("reference image " + std::to_string(i) + " is not a latent of this model (expected [" +
+                              std::to_string(cfg.in_channels) + ", h, w])");
+    }
+  }
   const int64_t n = s->grid_h_ * s->grid_w_;
-  const int64_t sequence = s->text_rows_ + 2 * n;
   // The padding added to reach the model grid is never edited.
   at::Tensor padded = at::zeros({tmpl->model_height, tmpl->model_width}, at::kFloat);
   padded.narrow(0, 0, tmpl->height).narrow(1, 0, tmpl->width).copy_(mask);
@@ -106,7 +116,10 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
 
   s->clean_ = latent_to_tokens(tmpl->latent);
   s->mask_rows_ = flux2_mask_rows(padded, s->codec_->factor(), cfg.mask_cells());
-  s->no_mask_rows_ = at::zeros_like(s->mask_rows_);
+  Flux2ReferenceRows references = flux2_reference_rows(tmpl->latent, params.references, cfg.mask_channels);
+  s->reference_rows_ = std::move(references.rows);
+  s->sequence_ = s->text_rows_ + n + s->reference_rows_.size(0);
+  const int64_t sequence = s->sequence_;
   const at::Tensor template_noise_rows = latent_to_tokens(template_noise(*tmpl, params.template_seed));
   const at::Tensor edit_noise_rows = latent_to_tokens(template_noise(*tmpl, params.seed));
   const at::Tensor masked = s->tokens_.token_mask().unsqueeze(1);
@@ -116,7 +129,7 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   s->x_ = s->sampler_->add_noise(s->clean_, s->noise_, s->step_).contiguous();
 
   s->text_ids_ = flux2_text_ids(s->text_rows_);
-  s->image_ids_ = at::cat({flux2_grid_ids(s->grid_h_, s->grid_w_, 0), flux2_grid_ids(s->grid_h_, s->grid_w_, kFlux2ReferenceTime)});
+  s->image_ids_ = at::cat({flux2_grid_ids(s->grid_h_, s->grid_w_, 0), references.ids});
   const at::Tensor& idx = s->tokens_.indices;
   s->masked_ids_ = s->image_ids_.index_select(0, idx);
   s->masked_positions_ = idx + s->text_rows_;
@@ -185,7 +198,7 @@ void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, Kv
   if (kv == nullptr) {  // every token: text, image, reference
     s.txt = text;
     s.txt_ids = text_ids_;
-    s.img = at::cat({flux2_with_mask(x_, mask_rows_), flux2_with_mask(clean_, no_mask_rows_)});
+    s.img = at::cat({flux2_with_mask(x_, mask_rows_), reference_rows_});
     s.img_ids = image_ids_;
     return;
   }
@@ -195,13 +208,13 @@ void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, Kv
     // when computed) go on after it.
     s.txt = text;
     s.txt_ids = text_ids_;
-    s.img = at::cat({flux2_with_mask(x_, mask_rows_), flux2_with_mask(clean_, no_mask_rows_)});
+    s.img = at::cat({flux2_with_mask(x_, mask_rows_), reference_rows_});
     s.img_ids = image_ids_;
     s.full_blocks = cache_.recompute_blocks;
     s.keep_positions = compute_text ? masked_positions_text_ : masked_positions_;
     return;
   }
-  s.sequence_length = text_rows_ + 2 * grid_h_ * grid_w_;
+  s.sequence_length = sequence_;
   s.img = flux2_with_mask(x_.index_select(0, idx), mask_rows_.index_select(0, idx));
   s.img_ids = masked_ids_;
   if (compute_text) {

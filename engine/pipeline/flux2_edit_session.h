@@ -4,7 +4,9 @@
 /// packed with other sessions' segments -> apply()) so that a serving worker batches it.
 ///
 /// The template enters twice, as klein edits: as the noisy latent (image tokens, time 0) and as
-/// reference tokens (time 10, the clean latent). Per step, masked image tokens carry the
+/// reference tokens (time 10, the clean latent); the edit's reference images follow as
+/// reference tokens at time 20, 30, ... (flux2_sequence.h). Reference tokens are never masked:
+/// their K/V are read from the entries like the unmasked image tokens'. Per step, masked image tokens carry the
 /// sampler state; unmasked ones are reset to the template noised to the next level with the
 /// template's fixed noise, so their inputs equal those of the prepare run.
 ///
@@ -73,6 +75,9 @@ struct Flux2EditParams {
   /// LoRAs of every segment (both halves under guidance); the entries read must have been
   /// recorded under the same set and strengths (their keys say so).
   AdapterSet adapters;
+  /// Reference images' latents [C, h_i, w_i] (at most kMaxReferenceImages), in order; the
+  /// entries read must have been recorded with the same ones (their keys name them).
+  std::vector<at::Tensor> references;
 };
 
 /// Whether an edit at `guidance` runs classifier-free guidance (a second, null-prompt segment
@@ -151,9 +156,10 @@ class Flux2EditSession {
   std::optional<Sampler> sampler_;
   TokenSet tokens_;
   int64_t grid_h_ = 0, grid_w_ = 0, text_rows_ = 0;
+  int64_t sequence_ = 0;  // text + image + reference tokens
   at::Tensor clean_;          // [N, C] template latent tokens
   at::Tensor mask_rows_;      // [N, k] mask cells of image tokens (k = the model's mask_channels)
-  at::Tensor no_mask_rows_;   // [N, k] zeros: reference tokens
+  at::Tensor reference_rows_; // [R, C + k] the template's clean latent and the references', mask cells zero
   at::Tensor noise_;          // [N, C] template noise outside the mask, edit noise inside
   at::Tensor x_;              // [N, C] current noisy latent tokens
   at::Tensor last_velocity_;  // [M, C] of the last applied step, for previews

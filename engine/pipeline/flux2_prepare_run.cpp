@@ -14,17 +14,20 @@ Result<Sampler> flux2_sampler(const TemplateImage& tmpl, int steps) {
   return Sampler::make(SamplerKind::kEulerRF, steps, Prediction::kFlow, flux2_schedule_shift(image_tokens, steps));
 }
 
-int64_t Flux2PrepareRun::tokens() const { return (text_.size(0) + 2 * clean_.size(0)) * (null_sink_ ? 2 : 1); }
+int64_t Flux2PrepareRun::tokens() const {
+  return (text_.size(0) + clean_.size(0) + reference_.size(0)) * (null_sink_ ? 2 : 1);
+}
 
 double Flux2PrepareRun::attention_pairs() const {
-  const double sequence = static_cast<double>(text_.size(0) + 2 * clean_.size(0));
+  const double sequence = static_cast<double>(text_.size(0) + clean_.size(0) + reference_.size(0));
   return sequence * sequence * (null_sink_ ? 2 : 1);
 }
 
 Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr<const Flux2Transformer> model,
                                                                  std::shared_ptr<const TemplateImage> tmpl,
                                                                  at::Tensor text, int steps, uint64_t template_seed,
-                                                                 double guidance, at::Tensor null_text, AdapterSet adapters) {
+                                                                 double guidance, at::Tensor null_text, AdapterSet adapters,
+                                                                 std::vector<at::Tensor> references) {
   const Flux2Config& cfg = model->config();
   if (tmpl->latent.size(0) != cfg.in_channels) {
     return invalid_argument("template latent has " + std::to_string(tmpl->latent.size(0)) + " channels, the model reads " +
@@ -48,8 +51,14 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr
   run->noise_ = latent_to_tokens(template_noise(*tmpl, template_seed));
   // The prepare run sees no mask: every image token is unmasked, as an edit's cached tokens are.
   run->no_mask_rows_ = at::zeros({run->clean_.size(0), cfg.mask_channels}, at::kFloat);
-  run->reference_ = flux2_with_mask(run->clean_, run->no_mask_rows_);
-  run->image_ids_ = at::cat({flux2_grid_ids(h, w, 0), flux2_grid_ids(h, w, kFlux2ReferenceTime)});
+  for (size_t i = 0; i < references.size(); ++i) {
+    if (!references[i].defined() || references[i].dim() != 3 || references[i].size(0) != cfg.in_channels)
+      return invalid_argument("reference image " + std::to_string(i) + " is not a latent of this model (expected [" +
+                              std::to_string(cfg.in_channels) + ", h, w])");
+  }
+  Flux2ReferenceRows refs = flux2_reference_rows(tmpl->latent, references, cfg.mask_channels);
+  run->reference_ = std::move(refs.rows);
+  run->image_ids_ = at::cat({flux2_grid_ids(h, w, 0), refs.ids});
   run->guidance_ = guidance;
   ActivationLayout layout;
   layout.steps = steps;
@@ -76,7 +85,7 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::from_stroke(std::share
   const bool guided = flux2_runs_cfg(model->config(), p.guidance);
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2PrepareRun> run,
                           create(model, tmpl, p.prompt, p.steps, p.template_seed, p.guidance,
-                                 guided ? p.null_prompt : at::Tensor(), p.adapters));
+                                 guided ? p.null_prompt : at::Tensor(), p.adapters, p.references));
   INFILL_ASSIGN_OR_RETURN(run->stroke_, Flux2EditSession::create(std::move(model), std::move(stroke.codec), std::move(tmpl),
                                                                  p, Flux2Cache{}, run->sink_.get(), run->null_sink_.get()));
   return run;

@@ -54,7 +54,8 @@ class Flux2PrepareRun {
   static Result<std::unique_ptr<Flux2PrepareRun>> create(std::shared_ptr<const Flux2Transformer> model,
                                                          std::shared_ptr<const TemplateImage> tmpl, at::Tensor text,
                                                          int steps, uint64_t template_seed, double guidance,
-                                                         at::Tensor null_text = {}, AdapterSet adapters = {});
+                                                         at::Tensor null_text = {}, AdapterSet adapters = {},
+                                                         std::vector<at::Tensor> references = {});
   /// A prompt-keyed entry recorded from `stroke` (keyed by its prompt, steps and template seed).
   /// Steps before the stroke's first (strength < 1) record the template's trajectory.
   static Result<std::unique_ptr<Flux2PrepareRun>> from_stroke(std::shared_ptr<const Flux2Transformer> model,
@@ -85,7 +86,7 @@ class Flux2PrepareRun {
   std::unique_ptr<EntryKvSink> sink_, null_sink_;  // null_sink_: the null half's, when recorded
   at::Tensor text_, null_text_, text_ids_, clean_, noise_, image_ids_;
   at::Tensor no_mask_rows_;  // [N, mask_channels] zeros
-  at::Tensor reference_;     // [N, in_channels + mask_channels] the clean latent as reference tokens
+  at::Tensor reference_;     // [R, in_channels + mask_channels] the template's and the references' clean latents
   double guidance_ = 0.0;
   int step_ = 0;
   std::unique_ptr<Flux2EditSession> stroke_;  // null: the template's trajectory at every step

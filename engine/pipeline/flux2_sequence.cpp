@@ -1,5 +1,7 @@
 #include "pipeline/flux2_sequence.h"
 
+#include <vector>
+
 #include <ATen/ATen.h>
 
 namespace infill {
@@ -36,6 +38,19 @@ at::Tensor flux2_mask_rows(const at::Tensor& pixel_mask, int token_pixels, int c
 
 at::Tensor flux2_with_mask(const at::Tensor& rows, const at::Tensor& mask_rows) {
   return mask_rows.size(1) == 0 ? rows : at::cat({rows, mask_rows}, 1);
+}
+
+Flux2ReferenceRows flux2_reference_rows(const at::Tensor& template_latent, std::span<const at::Tensor> references,
+                                        int64_t mask_channels) {
+  std::vector<at::Tensor> rows, ids;
+  const auto add = [&](const at::Tensor& latent, int t) {
+    const at::Tensor tokens = latent_to_tokens(latent.to(at::kFloat));
+    rows.push_back(flux2_with_mask(tokens, at::zeros({tokens.size(0), mask_channels}, at::kFloat)));
+    ids.push_back(flux2_grid_ids(latent.size(1), latent.size(2), t));
+  };
+  add(template_latent, kFlux2ReferenceTime);
+  for (size_t i = 0; i < references.size(); ++i) add(references[i], kFlux2ReferenceTime * static_cast<int>(i + 2));
+  return {at::cat(rows), at::cat(ids)};
 }
 
 at::Tensor latent_to_tokens(const at::Tensor& chw) {

@@ -1,11 +1,13 @@
 #pragma once
 /// The token sequence of a FLUX.2 edit, as FLUX.2 [klein] edits: [text rows, image rows,
 /// reference rows]. Image tokens are the noisy latent's pixels (FLUX.2's latent is already 2x2
-/// patchified: one latent pixel, one token), reference tokens the template's clean latent,
-/// told apart by their position ids' time axis (0 for the image, 10 for the first reference,
-/// upstream's `scale` in prepare_image_ids). Pure functions.
+/// patchified: one latent pixel, one token), reference tokens the template's clean latent and
+/// then each reference image's (reference_image.h), told apart by their position ids' time axis
+/// (0 for the image, 10 for the template, 20, 30, ... for the edit's references: upstream's
+/// `scale + scale * i` in encode_image_refs). Pure functions.
 
 #include <cstdint>
+#include <span>
 
 #include <ATen/core/Tensor.h>
 
@@ -13,6 +15,16 @@ namespace infill {
 
 /// Time coordinate of the (first) reference image.
 constexpr int kFlux2ReferenceTime = 10;
+
+/// The reference rows of a sequence and their ids.
+struct Flux2ReferenceRows {
+  at::Tensor rows;  ///< [R, C + mask_channels]: clean latent tokens, mask cells zero
+  at::Tensor ids;   ///< [R, 4]
+};
+/// The template's clean latent `template_latent` [C, h, w] at t = 10, then each of
+/// `references` ([C, h_i, w_i]) at t = 20, 30, ...
+Flux2ReferenceRows flux2_reference_rows(const at::Tensor& template_latent, std::span<const at::Tensor> references,
+                                        int64_t mask_channels);
 
 /// float [length, 4] ids (0, 0, 0, l) of text rows l = 0 .. length-1.
 at::Tensor flux2_text_ids(int64_t length);

@@ -1,5 +1,7 @@
 #include "server/edit_request.h"
 
+#include <algorithm>
+
 #include <infill_protocol/edit_parameters.h>
 
 #include "server/multipart.h"
@@ -79,6 +81,22 @@ std::variant<EditRequestFields, ApiReply> parse_edit_request(const json& p, std:
                              at + ".strength is " + a["strength"].dump() + ", expected " + proto::range_text(spec));
       }
       f.adapters.emplace_back(a["id"].get<std::string>(), strength);
+    }
+  }
+  if (p.contains("references")) {
+    const proto::EditParameter& spec = proto::edit_parameter("references");
+    const json& list = p["references"];
+    if (!list.is_array() || list.size() > spec.max_length)
+      return error_reply(400, "invalid_parameter", "references must be an array of at most " + std::to_string(spec.max_length) +
+                                                       " template ids (from POST /v1/templates)");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string at = "references[" + std::to_string(i) + "]";
+      if (!list[i].is_string() || list[i].get<std::string>().empty())
+        return error_reply(400, "invalid_parameter", at + " must be a template id (a string from POST /v1/templates)");
+      const std::string id = list[i].get<std::string>();
+      if (std::find(f.references.begin(), f.references.end(), id) != f.references.end())
+        return error_reply(400, "invalid_parameter", at + " repeats " + id + " (each reference once)");
+      f.references.push_back(id);
     }
   }
   if (!cls_name.empty()) {

@@ -33,6 +33,7 @@ struct EditRequestFields {
   nlohmann::json mask_rect;  ///< null when the mask is bytes
   /// LoRAs in order: (adapter id, strength); checked against the store in the service.
   std::vector<std::pair<std::string, double>> adapters;
+  std::vector<std::string> references;  ///< reference templates' ids, in order
 };
 
 /// The fields of `params`, or the 400 reply naming the parameter and what was expected.

@@ -139,8 +139,9 @@ struct EngineService::Impl {
   /// waits for the write; the io thread never does).
   Status reserve_ids();
   /// Writes an accepted batch edit (and its template, the first time) to the journal.
+  // `files`: the template's and the references' files the journal does not hold yet.
   Status journal_edit(uint64_t id, const EditSubmission& sub, const EditRequestFields& f, const std::string& model_id,
-                      const std::optional<JournaledTemplate>& tmpl);
+                      const std::vector<JournaledTemplate>& files);
   Status resume_journal();
   void on_progress(uint64_t id, const RequestProgress& p);
   void on_preview(uint64_t id, int steps_done, const at::Tensor& rgb);
@@ -459,11 +460,11 @@ Status EngineService::Impl::reserve_ids() {
 }
 
 Status EngineService::Impl::journal_edit(uint64_t id, const EditSubmission& sub, const EditRequestFields& f,
-                                         const std::string& model_id, const std::optional<JournaledTemplate>& tmpl) {
-  if (tmpl) {
-    Status st = journal_writer->run([&](JobJournal& j) { return j.add_template(*tmpl); });
+                                         const std::string& model_id, const std::vector<JournaledTemplate>& files) {
+  for (const JournaledTemplate& file : files) {
+    Status st = journal_writer->run([&](JobJournal& j) { return j.add_template(file); });
     if (!st.ok()) return st;
-    templates->journaled(tmpl->id);
+    templates->journaled(file.id);
   }
   json stored = sub.params;
   stored.erase("mask_png_base64");  // kept once, as the mask bytes
@@ -502,6 +503,21 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
     return error_reply(400, "invalid_adapter", adapter_set.status().message());
   }
 
+  std::vector<ReferenceImage> references;
+  for (size_t i = 0; i < f.references.size(); ++i) {
+    const std::string at = "references[" + std::to_string(i) + "]";
+    auto found = templates->for_model(f.references[i], slot);
+    if (auto* failed = std::get_if<ApiReply>(&found)) {
+      json body = json::parse(failed->body);  // the registry's error, naming the reference
+      body["error"]["message"] = at + ": " + body["error"]["message"].get<std::string>();
+      failed->body = body.dump();
+      return *failed;
+    }
+    auto made = model_used.make_reference(*std::get<std::shared_ptr<const TemplateImage>>(found));
+    if (!made.ok()) return error_reply(400, "invalid_reference", at + ": " + made.status().message());
+    references.push_back(std::move(*made));
+  }
+
   auto found_template = templates->for_model(template_id, slot);
   if (auto* failed = std::get_if<ApiReply>(&found_template)) return *failed;
   const std::shared_ptr<const TemplateImage> tmpl = std::get<std::shared_ptr<const TemplateImage>>(found_template);
@@ -519,6 +535,7 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   req.model = models->shared_model(slot);
   req.params.mask = *mask;
   req.params.adapters = std::move(*adapter_set);
+  req.params.references = std::move(references);
   req.params.guidance_scale = f.guidance ? *f.guidance : model_used.info().default_guidance;
   req.params.seed = f.seed ? static_cast<uint64_t>(*f.seed) : 0;
   if (f.strength) req.params.strength = *f.strength;
@@ -553,14 +570,19 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   const AdmittedEdit admitted = std::get<AdmittedEdit>(admitted_or);
   const uint64_t id = admitted.id;
   const bool journal_now = admission.journaled && replay_id == 0;
-  const std::optional<JournaledTemplate> journal_template = templates->edit_waiting(template_id, journal_now);
+  std::vector<JournaledTemplate> journal_files;
+  if (auto file = templates->edit_waiting(template_id, journal_now)) journal_files.push_back(std::move(*file));
+  if (journal_now) {
+    for (const std::string& ref : f.references)
+      if (auto file = templates->unjournaled_file(ref)) journal_files.push_back(std::move(*file));
+  }
   auto withdraw = [&] {
     ledger->withdraw(id);
     templates->edit_stopped_waiting(template_id, false);
   };
   if (journal_now) {
     // Accepted means journaled: the 202 goes out only after the commit.
-    if (Status st = journal_edit(id, sub, f, model_id, journal_template); !st.ok()) {
+    if (Status st = journal_edit(id, sub, f, model_id, journal_files); !st.ok()) {
       withdraw();
       return error_reply(503, "journal_unavailable", "the batch edit was not accepted: " + st.message());
     }

@@ -166,6 +166,12 @@ json edit_parameters_schema() {
                        {{"id", {{"type", "string"}}},
                         {"strength", {{"type", "number"}, {"minimum", p.min}, {"maximum", p.max}, {"default", 1}}}}}};
         break;
+      case proto::ParamType::kTemplateList:
+        s["type"] = "array";
+        s["maxItems"] = p.max_length;
+        s["uniqueItems"] = true;
+        s["items"] = {{"type", "string"}};
+        break;
     }
     if (p.has_default) s["default"] = p.default_value;
     properties[std::string(p.name)] = s;

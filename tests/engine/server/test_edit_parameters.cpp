@@ -88,6 +88,8 @@ TEST_CASE("docs/api.md's parameter table states each API parameter's range from 
     } else if (p.type == proto::ParamType::kAdapterList) {
       CHECK(line.find("at most " + std::to_string(p.max_length) + " adapters") != std::string::npos);
       CHECK(line.find("strength " + proto::range_text(p)) != std::string::npos);
+    } else if (p.type == proto::ParamType::kTemplateList) {
+      CHECK(line.find("at most " + std::to_string(p.max_length) + " template ids") != std::string::npos);
     } else if (p.max_length > 0) {
       CHECK(line.find("at most " + std::to_string(p.max_length) + " bytes") != std::string::npos);
     }
