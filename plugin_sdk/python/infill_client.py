@@ -10,6 +10,9 @@ this module, so cancel, reconnect, limits and errors behave as in every other ho
     job.wait(60000)
     data, media_type = job.result()
 
+    lora = client.upload_adapter("style.safetensors")   # {"id", "name", "format", ...}
+    job = client.submit(info["id"], mask_rect=(8, 8, 32, 16), adapters=[(lora["id"], 0.8)])
+
 Callbacks run on the library's own thread (ctypes takes the GIL for them): hand work to your
 GUI thread from there. The library is found through `library`, $INFILL_CLIENT_LIBRARY, the
 linker's search path, or libinfill_client.so.1.
@@ -20,13 +23,13 @@ import os
 import threading
 
 API_MAJOR = 1
-API_MINOR = 2  # the header version these mirrors follow (INFILL_CLIENT_API_VERSION_MINOR)
+API_MINOR = 3  # the header version these mirrors follow (INFILL_CLIENT_API_VERSION_MINOR)
 
 c_size_t, c_u32, c_u64, c_i32 = ctypes.c_size_t, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32
 c_char_p, c_void_p, c_double, c_int = ctypes.c_char_p, ctypes.c_void_p, ctypes.c_double, ctypes.c_int
 
 
-# Mirrors of the structs in infill/infill_client.h (same field order and types, API 1.2).
+# Mirrors of the structs in infill/infill_client.h (same field order and types, API 1.3).
 class ClientOptions(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("api_version", c_u32), ("endpoint", c_char_p),
                 ("token", c_char_p), ("token_file", c_char_p), ("client_name", c_char_p),
@@ -40,6 +43,16 @@ class TemplateInfo(ctypes.Structure):
                 ("height", c_u32), ("model_width", c_u32), ("model_height", c_u32),
                 ("channels", c_u32), ("format", ctypes.c_char * 16), ("state", c_int),
                 ("edits_waiting", c_u32), ("created", c_int)]
+
+
+class AdapterInfo(ctypes.Structure):  # API 1.3
+    _fields_ = [("struct_size", c_size_t), ("id", ctypes.c_char * 80), ("name", ctypes.c_char * 256),
+                ("format", ctypes.c_char * 16), ("min_rank", c_u32), ("max_rank", c_u32), ("layers", c_u32),
+                ("bytes", c_u64), ("created", c_int)]
+
+
+class EditAdapter(ctypes.Structure):  # API 1.3
+    _fields_ = [("struct_size", c_size_t), ("id", c_char_p), ("strength", c_double)]
 
 
 class Progress(ctypes.Structure):
@@ -76,7 +89,9 @@ class EditParams(ctypes.Structure):
                 ("on_progress", PROGRESS_FN), ("on_preview", PREVIEW_FN), ("on_done", DONE_FN),
                 ("user_data", c_void_p),
                 ("model", c_char_p),  # API 1.1
-                ("output_format", c_char_p)]  # API 1.2
+                ("output_format", c_char_p),  # API 1.2
+                ("adapters", ctypes.POINTER(EditAdapter)), ("adapter_count", c_size_t),  # API 1.3
+                ("references", ctypes.POINTER(c_char_p)), ("reference_count", c_size_t)]
 
 
 JOB_STATES = {1: "queued", 2: "running", 3: "done", 4: "failed", 5: "cancelled", 6: "expired"}
@@ -85,11 +100,13 @@ EDIT_CLASSES = {"": 0, "live": 1, "interactive": 2, "batch": 3}
 
 class InfillError(Exception):
     """An error of the library: `code` (infill_error_code), `name` ("not_found", ...), the
-    message (naming the input at fault) and the engine's HTTP status when it answered."""
+    message (naming the input at fault), and when the engine answered its HTTP status and its
+    own code (`engine_code`: "unknown_adapter", "invalid_mask", ...; docs/api.md)."""
 
-    def __init__(self, code, name, message, http_status=0):
+    def __init__(self, code, name, message, http_status=0, engine_code=""):
         super().__init__(f"{message} [{name}{', HTTP %d' % http_status if http_status else ''}]")
         self.code, self.name, self.message, self.http_status = code, name, message, http_status
+        self.engine_code = engine_code
 
 
 def load_library(path=None):
@@ -104,6 +121,7 @@ def load_library(path=None):
         "infill_error_get_code": (c_int, [E]),
         "infill_error_message": (c_char_p, [E]),
         "infill_error_http_status": (c_int, [E]),
+        "infill_error_engine_code": (c_char_p, [E]),
         "infill_error_code_name": (c_char_p, [c_int]),
         "infill_error_delete": (None, [E]),
         "infill_client_options_init": (None, [ctypes.POINTER(ClientOptions)]),
@@ -113,6 +131,15 @@ def load_library(path=None):
         "infill_client_wait_ready": (E, [c_void_p, c_u32]),
         "infill_template_info_init": (None, [ctypes.POINTER(TemplateInfo)]),
         "infill_client_upload_template": (E, [c_void_p, c_void_p, c_size_t, c_char_p, ctypes.POINTER(TemplateInfo)]),
+        "infill_adapter_info_init": (None, [ctypes.POINTER(AdapterInfo)]),
+        "infill_client_upload_adapter_file": (E, [c_void_p, c_char_p, c_char_p, ctypes.POINTER(AdapterInfo)]),
+        "infill_client_get_adapter": (E, [c_void_p, c_char_p, ctypes.POINTER(AdapterInfo)]),
+        "infill_client_delete_adapter": (E, [c_void_p, c_char_p]),
+        "infill_client_list_adapters": (E, [c_void_p, ctypes.POINTER(c_void_p)]),
+        "infill_adapter_list_count": (c_size_t, [c_void_p]),
+        "infill_adapter_list_get": (ctypes.POINTER(AdapterInfo), [c_void_p, c_size_t]),
+        "infill_adapter_list_delete": (None, [c_void_p]),
+        "infill_edit_adapter_init": (None, [ctypes.POINTER(EditAdapter)]),
         "infill_edit_params_init": (None, [ctypes.POINTER(EditParams)]),
         "infill_client_submit_edit": (E, [c_void_p, ctypes.POINTER(EditParams), ctypes.POINTER(c_void_p)]),
         "infill_job_id": (c_u64, [c_void_p]),
@@ -142,13 +169,20 @@ def check_layout(struct):
                            f"this module's mirror {ctypes.sizeof(struct)}: update the mirror")
 
 
+def adapter_dict(info):
+    """An infill_adapter_info as a dict."""
+    return {"id": info.id.decode(), "name": info.name.decode(errors="replace"), "format": info.format.decode(),
+            "min_rank": info.min_rank, "max_rank": info.max_rank, "layers": info.layers, "bytes": info.bytes,
+            "created": bool(info.created)}
+
+
 def error_of(lib, err, free=True):
     """The InfillError for a non-NULL infill_error* (freed unless the job owns it)."""
     try:
         code = lib.infill_error_get_code(err)
         return InfillError(code, lib.infill_error_code_name(code).decode(),
                            lib.infill_error_message(err).decode(errors="replace"),
-                           lib.infill_error_http_status(err))
+                           lib.infill_error_http_status(err), lib.infill_error_engine_code(err).decode())
     finally:
         if free:
             lib.infill_error_delete(err)
@@ -238,11 +272,45 @@ class Client:
         return {"id": info.id.decode(), "width": info.width, "height": info.height,
                 "channels": info.channels, "format": info.format.decode()}
 
+    def upload_adapter(self, path, model=None):
+        """Uploads a LoRA file (.safetensors) for `model` (None: the engine's default model);
+        returns the adapter as a dict: id, name, format, min_rank, max_rank, layers, bytes and
+        created (False when the engine had these bytes already: the same id)."""
+        info = AdapterInfo()
+        self.lib.infill_adapter_info_init(ctypes.byref(info))
+        check_layout(info)
+        check(self.lib, self.lib.infill_client_upload_adapter_file(self._handle, os.fsencode(path),
+                                                                   model.encode() if model else None, ctypes.byref(info)))
+        return adapter_dict(info)
+
+    def adapter(self, adapter_id):
+        """One adapter of the engine's store as a dict; InfillError "not_found" when it has none."""
+        info = AdapterInfo()
+        self.lib.infill_adapter_info_init(ctypes.byref(info))
+        check(self.lib, self.lib.infill_client_get_adapter(self._handle, adapter_id.encode(), ctypes.byref(info)))
+        return adapter_dict(info)
+
+    def adapters(self):
+        """The engine's adapters, as dicts (see upload_adapter)."""
+        handle = c_void_p()
+        check(self.lib, self.lib.infill_client_list_adapters(self._handle, ctypes.byref(handle)))
+        try:
+            return [adapter_dict(self.lib.infill_adapter_list_get(handle, i).contents)
+                    for i in range(self.lib.infill_adapter_list_count(handle))]
+        finally:
+            self.lib.infill_adapter_list_delete(handle)
+
+    def delete_adapter(self, adapter_id):
+        """Removes an adapter from the engine's store; InfillError "not_found" when it has none."""
+        check(self.lib, self.lib.infill_client_delete_adapter(self._handle, adapter_id.encode()))
+
     def submit(self, template_id, mask=None, mask_rect=None, mask_png=None, prompt="", seed=0, steps=0, strength=0.0,
                edit_class="", preview_every_steps=0, supersedes=0, output_format="template", model=None,
-               on_progress=None, on_preview=None, on_done=None):
+               adapters=(), references=(), on_progress=None, on_preview=None, on_done=None):
         """Submits an edit. The mask, one of: `mask` (8-bit grey bytes, width, height; 0 = keep,
-        255 = regenerate), `mask_rect` (x, y, w, h) or `mask_png` (an encoded image's bytes). Callbacks: on_progress(steps_done, steps_total),
+        255 = regenerate), `mask_rect` (x, y, w, h) or `mask_png` (an encoded image's bytes).
+        `adapters`: LoRAs applied in order, each an id (strength 1) or an (id, strength) pair;
+        `references`: template ids of reference images (FLUX.2 models). Callbacks: on_progress(steps_done, steps_total),
         on_preview(png_bytes, steps_done), on_done(state, error or None, data, media_type)."""
         p = EditParams()
         self.lib.infill_edit_params_init(ctypes.byref(p))
@@ -267,6 +335,18 @@ class Client:
         p.preview_every_steps, p.supersedes = preview_every_steps, supersedes
         p.model = model.encode() if model else None
         p.output_format = output_format.encode() if output_format else None
+        if adapters:
+            array = (EditAdapter * len(adapters))()
+            for element, adapter in zip(array, adapters):
+                adapter_id, weight = (adapter, 1.0) if isinstance(adapter, str) else adapter
+                self.lib.infill_edit_adapter_init(ctypes.byref(element))
+                element.id, element.strength = adapter_id.encode(), weight
+            keep.append(array)
+            p.adapters, p.adapter_count = array, len(adapters)
+        if references:
+            ids = (c_char_p * len(references))(*[r.encode() for r in references])
+            keep.append(ids)
+            p.references, p.reference_count = ids, len(references)
 
         slot = {}
         lib = self.lib

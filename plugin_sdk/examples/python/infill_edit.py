@@ -3,10 +3,12 @@
 the result -- libinfill_client through its Python binding, infill_client.py (docs/sdk.md).
 
     python3 infill_edit.py [--endpoint E] [--token T] [--library PATH] [--steps N]
-                           TEMPLATE MASK OUT.png|OUT.tif|OUT.exr
+                           [--lora FILE[:STRENGTH]]... TEMPLATE MASK OUT.png|OUT.tif|OUT.exr
 
 MASK is an image file (0 = keep, 255 = regenerate) or a rectangle "rect:X,Y,W,H". OUT's
 extension picks the result's format (TIFF and OpenEXR keep 16-bit and float templates' depth).
+--lora uploads a LoRA (.safetensors, FLUX.2 models) and applies it at STRENGTH (-10..10,
+default 1); several apply in the order given.
 The library is found through --library, $INFILL_CLIENT_LIBRARY, or the linker's search path;
 the binding beside this script, in the source tree (plugin_sdk/python) or installed
 (libinfill-dev puts it into Python's dist-packages).
@@ -30,6 +32,8 @@ def main():
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None, help="a model id from GET /v1/models; default: the engine's default")
+    ap.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
+                    help="a LoRA to upload and apply (FLUX.2 models); strength -10..10, default 1")
     ap.add_argument("template")
     ap.add_argument("mask")
     ap.add_argument("out")
@@ -42,6 +46,19 @@ def main():
             with open(args.template, "rb") as f:
                 info = client.upload(f.read(), os.path.basename(args.template))
             print(f"template {info['id'][:12]}... {info['width']}x{info['height']}")
+            adapters = []
+            for spec in args.lora:
+                path, strength = spec, 1.0
+                head, _, tail = spec.rpartition(":")
+                if head:
+                    try:
+                        path, strength = head, float(tail)
+                    except ValueError:
+                        pass  # a ':' in the file name
+                lora = client.upload_adapter(path, model=args.model)
+                print(f"adapter {lora['id'][:12]}... {lora['name']} ({lora['format']}, rank {lora['max_rank']}, "
+                      f"{lora['layers']} layers) at {strength:g}")
+                adapters.append((lora["id"], strength))
 
             mask = {}
             if args.mask.startswith("rect:"):
@@ -58,7 +75,7 @@ def main():
                 finished.set()
 
             job = client.submit(
-                info["id"], steps=args.steps, seed=args.seed, model=args.model, preview_every_steps=2,
+                info["id"], steps=args.steps, seed=args.seed, model=args.model, adapters=adapters, preview_every_steps=2,
                 output_format={"tif": "tiff", "tiff": "tiff", "exr": "exr"}.get(extension, "png"),
                 on_progress=lambda done, total: print(f"progress {done}/{total}", flush=True),
                 on_preview=lambda png, steps: print(f"preview at step {steps}: {len(png)} bytes of PNG", flush=True),

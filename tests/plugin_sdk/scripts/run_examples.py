@@ -2,7 +2,14 @@
 """Runs the SDK's C and Python examples against a real infill-engine process (Unix socket for
 the C example, TCP with the engine's token for the Python one) and checks their results: the
 size of the template, and every pixel outside the mask unchanged. Bounded in time; the engine
-is stopped with SIGTERM and must exit 0."""
+is stopped with SIGTERM and must exit 0.
+
+With --flux2-maker (infill-test-flux2: a tiny FLUX.2 model and LoRA files) it checks the Python
+binding's adapters against a FLUX.2 engine instead: an upload gives the same id for the same
+bytes, the list shows it, an edit with it differs from one without inside the mask and equals a
+repeat (the example's --lora too), bad files, strengths and ids are refused naming them with the
+engine's code, and a delete removes it. Exit 4 (skipped) when the maker cannot write the model
+(no Qwen3 tokenizer)."""
 import argparse
 import os
 import re
@@ -91,14 +98,164 @@ def run(cmd, env, timeout=240):
     return p
 
 
+def start_engine(cmd, env, log_path):
+    """An infill-engine process logging to `log_path`; (process, log file)."""
+    log = open(log_path, "w+")
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log
+
+
+def stop_engine(engine, log):
+    """SIGTERM, then the exit code ("killed" when it did not exit within 30 s)."""
+    engine.send_signal(signal.SIGTERM)
+    try:
+        code = engine.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        engine.kill()
+        code = "killed"
+    log.close()
+    return code
+
+
+def pixels_of(path):
+    """The RGB bytes of an 8-bit PNG of the template's size."""
+    w, h, ch, px = read_png(path)
+    assert (w, h, ch) == (W, H, 3), f"{path} is {w}x{h} with {ch} channels, expected {W}x{H} RGB"
+    return px
+
+
+def expect_error(call, name, *fragments, engine_code=None):
+    """Runs `call`; it must raise InfillError `name` whose message holds every fragment."""
+    import infill_client
+    try:
+        call()
+    except infill_client.InfillError as e:
+        print(f"refused as expected: {e}", flush=True)
+        assert e.name == name, f"expected a {name} error, got {e.name}: {e}"
+        for f in fragments:
+            assert f in e.message, f"the message {e.message!r} does not name {f!r}"
+        if engine_code is not None:
+            assert e.engine_code == engine_code, f"engine code {e.engine_code!r}, expected {engine_code!r}"
+        return e
+    raise AssertionError(f"expected a {name} error naming {fragments}, the call succeeded")
+
+
+def lora_checks(args):
+    """The binding's adapter calls and the Python example's --lora against a FLUX.2 engine."""
+    for what, path in (("infill-engine", args.engine), ("infill-test-flux2", args.flux2_maker),
+                       ("libinfill_client", args.library), ("the Python example", args.python_example)):
+        if not path or not os.path.exists(path):
+            print(f"{what} is not built or given ({path})")
+            return 1
+    shutil.rmtree(args.work_dir, ignore_errors=True)
+    os.makedirs(args.work_dir)
+    d = lambda *p: os.path.join(args.work_dir, *p)  # noqa: E731
+    made = subprocess.run([args.flux2_maker, d("files")]).returncode
+    if made == 4:
+        print("SKIPPED: infill-test-flux2 could not write the FLUX.2 model (no Qwen3 tokenizer; scripts/setup.sh installs it)")
+        return 4
+    assert made == 0, f"infill-test-flux2 exited {made}"
+    style, wider = d("files", "style.safetensors"), d("files", "wider.safetensors")
+    template = bytes(((x * 3 + y * 5 + c * 70) % 256) for y in range(H) for x in range(W) for c in range(3))
+    write_png(d("template.png"), W, H, 3, template)
+    inside = lambda x, y: RECT[0] <= x < RECT[0] + RECT[2] and RECT[1] <= y < RECT[1] + RECT[3]  # noqa: E731
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(args.python_example)), "..", "..", "python"))
+    import infill_client
+    env = dict(os.environ, XDG_CONFIG_HOME=d("config"), XDG_STATE_HOME=d("state"), XDG_CACHE_HOME=d("cache"),
+               XDG_RUNTIME_DIR=d("run"), INFILL_CLIENT_LIBRARY=args.library)
+    env.pop("INFILL_ENDPOINT", None)
+    sock = d("run", "infill", "engine.sock")
+    engine, log = start_engine([args.engine, "--model", d("files", "flux2"), "--socket", sock, "--journal", "off",
+                                "--no-calibrate", "--threads", "1"], env, d("engine.log"))
+    try:
+        with infill_client.Client(endpoint="unix:" + sock, library=args.library, client_name="python-lora") as client:
+            client.wait_ready(120000)
+            lora = client.upload_adapter(style)
+            print("uploaded", lora, flush=True)
+            assert lora["created"] and len(lora["id"]) == 64, lora
+            assert (lora["name"], lora["format"], lora["max_rank"]) == ("style.safetensors", "upstream", 4), lora
+            assert lora["bytes"] == os.path.getsize(style) and lora["layers"] > 0, lora
+            again = client.upload_adapter(style)
+            assert again["id"] == lora["id"] and not again["created"], f"the same bytes again: {again}"
+            assert [a["id"] for a in client.adapters()] == [lora["id"]], client.adapters()
+            assert client.adapter(lora["id"])["layers"] == lora["layers"]
+            expect_error(lambda: client.upload_adapter(wider), "rejected", "wider.safetensors", engine_code="invalid_adapter")
+            expect_error(lambda: client.upload_adapter(d("missing.safetensors")), "io", d("missing.safetensors"))
+            assert len(client.adapters()) == 1, "a refused file was kept"
+
+            tid = client.upload(open(d("template.png"), "rb").read(), "template.png")["id"]
+
+            def edit(adapters=(), name="edit"):
+                job = client.submit(tid, mask_rect=RECT, seed=5, steps=4, prompt="make it red", output_format="png",
+                                    adapters=adapters)
+                assert job.wait(120000), f"{name}: edit {job.id} did not finish"
+                data, media_type = job.result()
+                assert media_type == "image/png", media_type
+                with open(d(name + ".png"), "wb") as f:
+                    f.write(data)
+                return pixels_of(d(name + ".png"))
+
+            plain = edit(name="plain")
+            adapted = edit([(lora["id"], 1.5)], "adapted")
+            repeat = edit([(lora["id"], 1.5)], "repeat")
+            differ = sum(plain[(y * W + x) * 3:(y * W + x + 1) * 3] != adapted[(y * W + x) * 3:(y * W + x + 1) * 3]
+                         for y in range(H) for x in range(W) if inside(x, y))
+            print(f"the LoRA changed {differ} of {RECT[2] * RECT[3]} pixels inside the mask", flush=True)
+            assert differ > 0, "the edit with the LoRA equals the one without inside the mask"
+            assert adapted == repeat, "the same edit with the LoRA came out different"
+            for name, px in (("plain", plain), ("adapted", adapted)):
+                outside = sum(px[i * 3:i * 3 + 3] != template[i * 3:i * 3 + 3] for i in range(W * H)
+                              if not inside(i % W, i // W))
+                assert outside == 0, f"{name}: {outside} pixels outside the mask changed"
+            # An id as a bare string means strength 1, which differs from 1.5.
+            assert edit([lora["id"]], "strength1") != adapted, "strength 1 came out as strength 1.5"
+
+            # The example's --lora makes the same request (seed 5, 4 steps, the prompt aside:
+            # compare with an edit without prompt).
+            no_prompt = client.submit(tid, mask_rect=RECT, seed=5, steps=4, output_format="png",
+                                      adapters=[(lora["id"], 1.5)])
+            assert no_prompt.wait(120000)
+            with open(d("no_prompt.png"), "wb") as f:
+                f.write(no_prompt.result()[0])
+            p = run([sys.executable, args.python_example, "--endpoint", "unix:" + sock, "--steps", "4", "--seed", "5",
+                     "--lora", style + ":1.5", d("template.png"), "rect:%d,%d,%d,%d" % RECT, d("out_lora.png")], env)
+            assert p.returncode == 0, f"the Python example with --lora exited {p.returncode}"
+            assert "adapter " + lora["id"][:12] in p.stdout, "the example did not print the adapter"
+            assert pixels_of(d("out_lora.png")) == pixels_of(d("no_prompt.png")), "the example's --lora edit differs"
+
+            expect_error(lambda: client.submit(tid, mask_rect=RECT, adapters=[(lora["id"], 11)]), "invalid_argument",
+                         "adapters[0].strength is 11, expected -10..10")
+            unknown = "a" * 64
+            e = expect_error(lambda: client.submit(tid, mask_rect=RECT, adapters=[unknown]), "not_found", unknown,
+                             engine_code="unknown_adapter")
+            assert e.http_status == 404, e.http_status
+
+            client.delete_adapter(lora["id"])
+            assert client.adapters() == [], client.adapters()
+            expect_error(lambda: client.adapter(lora["id"]), "not_found", lora["id"], engine_code="unknown_adapter")
+            expect_error(lambda: client.delete_adapter(lora["id"]), "not_found", lora["id"])
+            expect_error(lambda: client.submit(tid, mask_rect=RECT, adapters=[lora["id"]]), "not_found", lora["id"],
+                         engine_code="unknown_adapter")
+    finally:
+        code = stop_engine(engine, log)
+    assert code == 0, f"the engine exited {code}"
+    print("python adapters ok")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
-    for a in ("--engine", "--model", "--c-example", "--python-example", "--library", "--work-dir"):
+    for a in ("--engine", "--library", "--work-dir"):
         ap.add_argument(a, required=True)
+    for a in ("--model", "--c-example", "--python-example", "--flux2-maker"):
+        ap.add_argument(a)
     args = ap.parse_args()
-    for what, path in (("infill-engine", args.engine), ("the random model", os.path.join(args.model, "manifest.json")),
-                       ("the C example", args.c_example), ("libinfill_client", args.library)):
-        if not os.path.exists(path):
+    if args.flux2_maker:
+        return lora_checks(args)
+    for what, path in (("infill-engine", args.engine), ("the random model", os.path.join(args.model or "", "manifest.json")),
+                       ("the C example", args.c_example), ("libinfill_client", args.library),
+                       ("the Python example", args.python_example)):
+        if not path or not os.path.exists(path):
             print(f"{what} is not built ({path}); build the targets infill-engine, infill_edit_example, infill_client")
             return 1
     shutil.rmtree(args.work_dir, ignore_errors=True)
