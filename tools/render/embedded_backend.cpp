@@ -11,6 +11,7 @@
 
 #include "cache/activation_store.h"
 #include "model/compute_threads.h"
+#include "model/lora_adapter.h"
 #include "model/model.h"
 #include "pipeline/bundled_models.h"
 #include "pipeline/load_edit_model.h"
@@ -46,6 +47,19 @@ class EmbeddedBackend final : public RenderBackend {
 
   const BackendInfo& info() const override { return info_; }
 
+  Status load_adapter(const std::string& path, RenderFailure& failure) override {
+    failure = RenderFailure::kBadInput;
+    auto adapter = adapter_of(path);
+    if (!adapter.ok()) failure = failure_of(adapter.status());
+    return adapter.status();
+  }
+
+  Status load_reference(const std::string& path, RenderFailure& failure) override {
+    failure = RenderFailure::kBadInput;
+    return Status(ErrorCode::kUnimplemented, "the embedded engine takes no reference images yet (" + path +
+                                                 "); run the job on an infill-engine with --engine");
+  }
+
   Status submit(const RenderEdit& edit, RenderEvents events, RenderFailure& failure) override {
     c10::InferenceMode guard;
     failure = RenderFailure::kBadInput;
@@ -67,6 +81,14 @@ class EmbeddedBackend final : public RenderBackend {
     r.params.cache = edit.use_cache ? CacheMode::kUse : CacheMode::kOff;
     r.params.halo_tokens = edit.halo;
     r.params.feather_px = static_cast<float>(edit.feather);
+    for (const RenderAdapter& a : edit.adapters) {
+      auto adapter = adapter_of(a.path);
+      if (!adapter.ok()) return adapter.status();
+      r.params.adapters.push_back({*adapter, a.strength});
+    }
+    if (!edit.references.empty()) {
+      if (Status s = load_reference(edit.references.front().path, failure); !s.ok()) return s;
+    }
     r.cls = RequestClass::kBatch;
     // The run's deadline is enforced by the runner; the runtime orders by submission.
     r.deadline_ms = 24.0 * 3600 * 1000;
@@ -117,6 +139,16 @@ class EmbeddedBackend final : public RenderBackend {
     templates_.emplace(path, *t);
     return *t;
   }
+  // Read once per file for the model: every edit naming it shares it (and its cache keys).
+  Result<std::shared_ptr<const LoraAdapter>> adapter_of(const std::string& path) {
+    auto it = adapters_.find(path);
+    if (it != adapters_.end()) return it->second;
+    c10::InferenceMode guard;
+    auto a = model_->read_adapter(path);
+    if (!a.ok()) return a.status();
+    adapters_.emplace(path, *a);
+    return *a;
+  }
   Result<at::Tensor> mask_of(const std::string& path, const TemplateImage& tmpl) {
     const std::string key = path + "@" + std::to_string(tmpl.width) + "x" + std::to_string(tmpl.height);
     auto it = masks_.find(key);
@@ -133,6 +165,7 @@ class EmbeddedBackend final : public RenderBackend {
   // Owned by the runner's thread (submit()).
   std::map<std::string, std::shared_ptr<const TemplateImage>> templates_;
   std::map<std::string, at::Tensor> masks_;
+  std::map<std::string, std::shared_ptr<const LoraAdapter>> adapters_;
 };
 
 }  // namespace

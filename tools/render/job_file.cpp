@@ -236,6 +236,104 @@ Result<ImageFacts> image_facts(const std::string& path) {
   return f;
 }
 
+// Files by absolute path, read once per job: images (templates, masks, references) and LoRAs.
+struct FileCache {
+  std::map<std::string, Result<ImageFacts>> images;
+  std::map<std::string, Result<std::string>> loras;  // the SHA-256 of the bytes
+
+  const Result<ImageFacts>& image(const std::string& path) {
+    auto it = images.find(path);
+    if (it == images.end()) it = images.emplace(path, image_facts(path)).first;
+    return it->second;
+  }
+  const Result<std::string>& lora(const std::string& path) {
+    auto it = loras.find(path);
+    if (it == loras.end()) it = loras.emplace(path, lora_sha256(path)).first;
+    return it->second;
+  }
+
+ private:
+  // The SHA-256 of a safetensors file's bytes. Only the container is checked here (an 8-byte
+  // little-endian header length within the file, then a JSON object); whether its tensors are
+  // a LoRA the model takes is the engine's check (load_job_inputs).
+  static Result<std::string> lora_sha256(const std::string& path) {
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) return not_found("file " + path + " does not exist");
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) return io_error("cannot read " + path);
+    uint64_t header = 0;
+    for (size_t i = 0; i < 8 && i < bytes.size(); ++i) header |= uint64_t(uint8_t(bytes[i])) << (8 * i);
+    if (bytes.size() < 10 || header < 2 || header > bytes.size() - 8 || bytes[8] != '{')
+      return corrupt_data("file " + path + " (" + std::to_string(bytes.size()) +
+                          " bytes) is not a safetensors file: no header length and JSON header at its start");
+    return sha256_hex(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
+  }
+};
+
+// "adapters": at most the table's max_length entries {"file": path, "strength": number}, the
+// strengths in the table's range (1 when omitted, as in the API).
+void get_adapters(Checker& c, const Lookup& l, const std::string& dir, FileCache& files,
+                  Field<std::vector<JobAdapter>>& out) {
+  out = {{}, l.pointer};
+  if (!l.value) return;
+  const protocol::EditParameter& p = job_parameter("adapters");
+  const std::string strength_expected = "a number in " + protocol::range_text(p);
+  const std::string entry_expected = "{\"file\": a LoRA .safetensors path, \"strength\": " + strength_expected + "}";
+  const std::string file_expected = "the path of a LoRA .safetensors file (relative to " + dir + ")";
+  const json& v = *l.value;
+  if (!v.is_array() || v.size() > p.max_length)
+    return c.fail(l.pointer, v.is_array() ? "has " + std::to_string(v.size()) + " adapters" : "is " + shown(v) + " (" + type_name(v) + ")",
+                  "an array of at most " + std::to_string(p.max_length) + " " + entry_expected);
+  for (size_t i = 0; i < v.size() && !c.failed(); ++i) {
+    const std::string ptr = l.pointer + "/" + std::to_string(i);
+    const json& a = v[i];
+    if (!a.is_object()) return c.fail(ptr, "is " + shown(a) + " (" + type_name(a) + ")", entry_expected);
+    check_keys(c, a, ptr, {"file", "strength"});
+    JobAdapter adapter;
+    get_string(c, {a.contains("file") ? &a["file"] : nullptr, ptr + "/file"}, "", file_expected, adapter.file);
+    get_number(c, {a.contains("strength") ? &a["strength"] : nullptr, ptr + "/strength"}, p.min, p.max, p.min_exclusive,
+               1.0, strength_expected, adapter.strength);
+    if (c.failed()) return;
+    if (adapter.file.value.empty()) return c.fail(adapter.file.pointer, "is missing or empty", file_expected);
+    adapter.file.value = absolute_from(dir, adapter.file.value);
+    const Result<std::string>& sha = files.lora(adapter.file.value);
+    if (!sha.ok()) return c.fail(adapter.file.pointer, sha.status().message(), file_expected);
+    adapter.sha256 = *sha;
+    out.value.push_back(std::move(adapter));
+  }
+}
+
+// "references": at most the table's max_length distinct images (by their bytes: the engine's
+// template ids may not repeat).
+void get_references(Checker& c, const Lookup& l, const std::string& dir, FileCache& files,
+                    Field<std::vector<JobReference>>& out) {
+  out = {{}, l.pointer};
+  if (!l.value) return;
+  const protocol::EditParameter& p = job_parameter("references");
+  const std::string file_expected = "the path of a reference image file (relative to " + dir + ")";
+  const json& v = *l.value;
+  if (!v.is_array() || v.size() > p.max_length)
+    return c.fail(l.pointer, v.is_array() ? "has " + std::to_string(v.size()) + " images" : "is " + shown(v) + " (" + type_name(v) + ")",
+                  "an array of at most " + std::to_string(p.max_length) + " distinct image paths");
+  for (size_t i = 0; i < v.size() && !c.failed(); ++i) {
+    JobReference ref;
+    get_string(c, {&v[i], l.pointer + "/" + std::to_string(i)}, "", file_expected, ref.file);
+    if (c.failed()) return;
+    if (ref.file.value.empty()) return c.fail(ref.file.pointer, "is empty", file_expected);
+    ref.file.value = absolute_from(dir, ref.file.value);
+    const Result<ImageFacts>& facts = files.image(ref.file.value);
+    if (!facts.ok()) return c.fail(ref.file.pointer, facts.status().message(), file_expected);
+    ref.sha256 = facts->sha256;
+    for (const JobReference& before : out.value) {
+      if (before.sha256 == ref.sha256)
+        return c.fail(ref.file.pointer, "is the same image as " + before.file.pointer + " (" + before.file.value + ")",
+                      "distinct reference images");
+    }
+    out.value.push_back(std::move(ref));
+  }
+}
+
 }  // namespace
 
 Status job_error(const std::string& file, const std::string& pointer, const std::string& what,
@@ -292,22 +390,20 @@ Result<Job> parse_job(const std::string& text, const std::string& path) {
     else
       check_keys(c, *defaults, "/defaults",
                  {"template", "mask", "prompt", "seed", "seeds", "steps", "strength", "guidance", "sampler", "halo",
-                  "feather", "output"});
+                  "feather", "output", "adapters", "references"});
   }
   if (!root.contains("edits") || !root["edits"].is_array() || root["edits"].empty())
     c.fail("/edits", root.contains("edits") ? "is " + shown(root["edits"]) : "is missing", "a non-empty array of edits");
   if (c.failed()) return c.status();
 
-  std::map<std::string, ImageFacts> facts;  // by absolute path
+  FileCache files;
   auto facts_of = [&](const Field<std::string>& f, const char* what) -> const ImageFacts* {
-    auto it = facts.find(f.value);
-    if (it != facts.end()) return &it->second;
-    auto r = image_facts(f.value);
+    const Result<ImageFacts>& r = files.image(f.value);
     if (!r.ok()) {
       c.fail(f.pointer, r.status().message(), std::string("the path of a readable ") + what + " image file (relative to " + job.dir + ")");
       return nullptr;
     }
-    return &facts.emplace(f.value, *r).first->second;
+    return &*r;
   };
 
   const json& edits = root["edits"];
@@ -322,7 +418,7 @@ Result<Job> parse_job(const std::string& text, const std::string& path) {
     }
     check_keys(c, e, ptr,
                {"name", "template", "mask", "prompt", "seed", "seeds", "steps", "strength", "guidance", "sampler", "halo",
-                "feather", "output"});
+                "feather", "output", "adapters", "references"});
     JobEdit edit;
     edit.index = static_cast<int>(i);
     edit.pointer = ptr;
@@ -350,6 +446,8 @@ Result<Job> parse_job(const std::string& text, const std::string& path) {
     }
     get_table_int(c, find(e, ptr, defaults, "halo"), "halo", 1, edit.halo);
     get_table_number(c, find(e, ptr, defaults, "feather"), "feather", 4.0, "pixels, ", edit.feather);
+    get_adapters(c, find(e, ptr, defaults, "adapters"), job.dir, files, edit.adapters);
+    get_references(c, find(e, ptr, defaults, "references"), job.dir, files, edit.references);
     get_string(c, find(e, ptr, defaults, "output"), "", "an output path pattern ending in .png, .tif or .exr", edit.output);
     if (c.failed()) break;
     if (edit.output.value.empty()) {

@@ -27,6 +27,19 @@ struct Field {
   std::string pointer;
 };
 
+/// A LoRA of an edit ("adapters": [{"file", "strength"}]).
+struct JobAdapter {
+  Field<std::string> file;  ///< absolute; pointer ".../adapters/<i>/file"
+  std::string sha256;       ///< of the file bytes: the engine's adapter id
+  Field<double> strength;   ///< default 1; pointer ".../adapters/<i>/strength"
+};
+
+/// A reference image of an edit ("references": [path]; FLUX.2 models).
+struct JobReference {
+  Field<std::string> file;  ///< absolute; pointer ".../references/<i>"
+  std::string sha256;       ///< of the file bytes: the engine's template id
+};
+
 /// One edit of the job, defaults applied.
 struct JobEdit {
   int index = 0;              ///< position in "edits"
@@ -46,6 +59,8 @@ struct JobEdit {
   Field<int> halo;
   Field<double> feather;
   Field<std::string> output;         ///< pattern, absolute, with {item} {seed} {name}
+  Field<std::vector<JobAdapter>> adapters;      ///< applied in order; empty = none
+  Field<std::vector<JobReference>> references;  ///< in order; empty = none
 };
 
 struct Job {
@@ -71,7 +86,9 @@ Status job_error(const std::string& file, const std::string& pointer, const std:
 
 /// Reads, validates and expands a job file: JSON syntax, the schema (types, ranges, unknown
 /// keys), output patterns and collisions, that the template and mask files exist and decode
-/// and that their sizes match. Errors: job_error(...) (invalid_argument) for all of these.
+/// and that their sizes match, that LoRA files exist and are safetensors files and that
+/// reference images exist and decode (whether the model takes them is the backend's check:
+/// load_job_inputs in job_items.h). Errors: job_error(...) (invalid_argument) for all of these.
 Result<Job> load_job(const std::string& path);
 /// As load_job, for a job given as text (tests); `path` names it in errors and its folder is
 /// the base of relative paths.

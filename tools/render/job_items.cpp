@@ -78,16 +78,46 @@ Result<std::vector<ResolvedItem>> resolve_items(const Job& job, const BackendInf
     x.halo = e.halo.value;
     x.feather = e.feather.value;
     x.output_format = output_file_format(it.output).value_or("png");
-    const nlohmann::json canonical = {
+    nlohmann::json canonical = {
         {"hash", "infill-job-hash/1"}, {"model", info.model_id},       {"template_sha256", e.template_sha256},
         {"mask_sha256", e.mask_sha256}, {"prompt", x.prompt},          {"seed", x.seed},
         {"steps", x.steps},             {"strength", x.strength},      {"guidance", x.guidance},
         {"sampler", x.sampler},         {"halo", x.halo},              {"feather", x.feather}};
+    // Only present when used, so that jobs without them keep their hashes (and outputs).
+    for (const JobAdapter& a : e.adapters.value) {
+      x.adapters.push_back({a.file.value, a.sha256, a.strength.value});
+      canonical["adapters"].push_back({{"sha256", a.sha256}, {"strength", a.strength.value}});
+    }
+    for (const JobReference& ref : e.references.value) {
+      x.references.push_back({ref.file.value, ref.sha256});
+      canonical["references"].push_back(ref.sha256);
+    }
     r.canonical = canonical.dump();  // keys sorted: nlohmann::json objects are std::map
     r.hash = sha256_hex(std::as_bytes(std::span<const char>(r.canonical.data(), r.canonical.size())));
     items.push_back(std::move(r));
   }
   return items;
+}
+
+Status load_job_inputs(const Job& job, RenderBackend& backend, RenderFailure& failure) {
+  failure = RenderFailure::kBadInput;
+  std::set<std::string> loaded;  // "a" or "r", then the path
+  auto load = [&](char kind, const Field<std::string>& file) -> Status {
+    if (!loaded.insert(kind + file.value).second) return {};
+    Status s = kind == 'a' ? backend.load_adapter(file.value, failure) : backend.load_reference(file.value, failure);
+    if (s.ok() || failure != RenderFailure::kBadInput) return s;
+    const BackendInfo& info = backend.info();
+    return job_error(job.path, file.pointer, s.message(),
+                     kind == 'a' ? "a LoRA .safetensors file for model " + info.model_id
+                                 : "a reference image that model " + info.model_id + " takes");
+  };
+  for (const JobEdit& e : job.edits) {
+    for (const JobAdapter& a : e.adapters.value)
+      if (Status s = load('a', a.file); !s.ok()) return s;
+    for (const JobReference& r : e.references.value)
+      if (Status s = load('r', r.file); !s.ok()) return s;
+  }
+  return {};
 }
 
 }  // namespace infill::render

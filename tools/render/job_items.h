@@ -5,7 +5,9 @@
 /// The job hash is the SHA-256 of a canonical JSON description of everything that decides an
 /// output's pixels: the hash format ("infill-job-hash/1"), the model id (weights), the SHA-256
 /// of the template file's bytes and of the mask file's bytes, the prompt (words normalised to
-/// single spaces), seed, steps, strength, guidance, sampler, halo and feather. It leaves out
+/// single spaces), seed, steps, strength, guidance, sampler, halo and feather, and when an edit
+/// has them, its LoRAs (each file's SHA-256 and strength, in order) and reference images (each
+/// file's SHA-256, in order): a job without them hashes as before they existed. It leaves out
 /// the output path, the item number, the name, and whether the activation cache is used (the
 /// cache is an execution strategy meant to give the same image, not an edit parameter).
 
@@ -32,6 +34,12 @@ struct ResolvedItem {
 /// the vocabulary or a prompt given to a model without one, or the template field of a
 /// template larger than the model takes.
 Result<std::vector<ResolvedItem>> resolve_items(const Job& job, const BackendInfo& info);
+
+/// Makes every LoRA and reference image the job names ready on `backend` (load_adapter,
+/// load_reference; once per file), the whole job and not only a range, before any item runs.
+/// Errors: job_error naming the first field whose file the engine refused, with what was
+/// expected (kBadInput in `failure`); or the backend's own error when the engine went away.
+Status load_job_inputs(const Job& job, RenderBackend& backend, RenderFailure& failure);
 
 /// PNG tEXt keywords of the hash and its canonical JSON.
 inline constexpr const char* kHashKeyword = "infill:job-hash";

@@ -33,6 +33,17 @@ struct BackendInfo {
   bool free_text = false;
 };
 
+/// A LoRA of an edit: its file (made ready with RenderBackend::load_adapter) and strength.
+struct RenderAdapter {
+  std::string path, sha256;
+  double strength = 1.0;
+};
+
+/// A reference image of an edit (made ready with RenderBackend::load_reference).
+struct RenderReference {
+  std::string path, sha256;
+};
+
 /// One edit, fully resolved (no model defaults left).
 struct RenderEdit {
   uint64_t id = 0;  ///< unique within a run, non-zero
@@ -49,6 +60,8 @@ struct RenderEdit {
   bool use_cache = true;  ///< false: recompute every token at every step (the baseline)
   /// The result's file format: "png", "tiff" or "exr" (from the output's extension).
   std::string output_format = "png";
+  std::vector<RenderAdapter> adapters;      ///< in order; empty = none
+  std::vector<RenderReference> references;  ///< in order; empty = none
 };
 
 /// How an edit failed, which decides the exit code.
@@ -78,6 +91,21 @@ class RenderBackend {
  public:
   virtual ~RenderBackend() = default;
   virtual const BackendInfo& info() const = 0;
+  /// Makes the LoRA file at `path` ready for the engine's model, once per path, before any
+  /// edit naming it is submitted: the embedded engine reads it for its model, a remote one
+  /// receives it (POST /v1/adapters) and checks it the same way. Errors name the file and what
+  /// the model could not take (another model's LoRA, a damaged file, a model without
+  /// adapters); `failure` says why (kBadInput: the file; kEngine: the engine went away).
+  /// The default refuses: a backend without adapters.
+  virtual Status load_adapter(const std::string& path, RenderFailure& failure) {
+    failure = RenderFailure::kBadInput;
+    return Status(ErrorCode::kUnimplemented, "engine " + info().where + " takes no LoRA adapters; " + path + " was not read");
+  }
+  /// The same for a reference image (POST /v1/templates on a remote engine).
+  virtual Status load_reference(const std::string& path, RenderFailure& failure) {
+    failure = RenderFailure::kBadInput;
+    return Status(ErrorCode::kUnimplemented, "engine " + info().where + " takes no reference images; " + path + " was not read");
+  }
   /// Starts an edit. An error means it was not started and on_complete will not be called;
   /// `failure` then says why.
   virtual Status submit(const RenderEdit& edit, RenderEvents events, RenderFailure& failure) = 0;

@@ -194,6 +194,12 @@ int run_job_file(const CliOptions& o, std::chrono::steady_clock::time_point t_st
 
   auto items = resolve_items(*job, backend->info());
   if (!items.ok()) return bad(items.status().message());
+  RenderFailure input_failure = RenderFailure::kBadInput;
+  if (Status loaded = load_job_inputs(*job, *backend, input_failure); !loaded.ok()) {
+    if (input_failure == RenderFailure::kBadInput) return bad(loaded.message());
+    protocol.error(loaded.message());
+    return input_failure == RenderFailure::kEngine ? kExitEngine : kExitInternal;
+  }
 
   RunOptions ro;
   ro.range = range;

@@ -1,6 +1,7 @@
 #pragma once
 // A real infill-engine of this build tree for the remote-mode tests: the default bundled model
-// (the one the embedded engine of infill-render loads, so their outputs compare), a Unix socket and TCP on a free loopback port with a token, killed (SIGTERM) at the end.
+// (the one the embedded engine of infill-render loads, so their outputs compare) or a model
+// folder, a Unix socket and TCP on a free loopback port with a token, killed (SIGTERM) at the end.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,9 +23,9 @@ namespace infill::test {
 
 class EngineProcess {
  public:
-  // Starts the engine with files under `dir` (which must exist); ready() tells whether it
-  // came up within a minute.
-  explicit EngineProcess(const std::string& dir, int threads = 2) : dir_(dir) {
+  // Starts the engine with files under `dir` (which must exist) on the model folder `model`
+  // ("" = the bundled one); ready() tells whether it came up within a minute.
+  explicit EngineProcess(const std::string& dir, int threads = 2, const std::string& model = {}) : dir_(dir) {
     std::error_code ec;
     const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
     const std::string bin = (exe.parent_path().parent_path() / "app" / "infill-engine").string();
@@ -32,8 +33,8 @@ class EngineProcess {
     token_file_ = dir + "/conf/token";
     log_ = dir + "/engine.log";
     const std::vector<std::string> bundled = bundled_model_dirs(INFILL_SOURCE_DIR);
-    if (bundled.empty()) return;
-    const std::vector<std::string> args = {bin, "--model", bundled.front(),
+    if (model.empty() && bundled.empty()) return;
+    const std::vector<std::string> args = {bin, "--model", model.empty() ? bundled.front() : model,
                                            "--socket", socket_, "--listen", "127.0.0.1:0", "--token-file", token_file_,
                                            "--no-calibrate", "--threads", std::to_string(threads), "--config", dir + "/engine.json"};
     std::ofstream(dir + "/engine.json") << "{\"cache_dir\": \"" << dir << "/cache\"}";

@@ -307,12 +307,36 @@ TEST_CASE("job file: docs/job.schema.json and the reader take every job paramete
       case proto::ParamType::kRectangle:
         FAIL("no rectangle parameters in job files");
         break;
-      case proto::ParamType::kAdapterList:
-        FAIL("no adapter lists in job files yet");
+      case proto::ParamType::kAdapterList: {
+        // [{"file", "strength"}]: the count and the strengths' range (test_job_inputs.cpp
+        // checks the reader's refusals of each).
+        CHECK(def["type"] == "array");
+        CHECK(def["maxItems"].get<size_t>() == p.max_length);
+        const nlohmann::json& strength = def["items"]["properties"]["strength"];
+        CHECK(strength["type"] == "number");
+        CHECK(strength["minimum"].get<double>() == p.min);
+        CHECK(strength["maximum"].get<double>() == p.max);
+        CHECK(def["items"]["required"] == nlohmann::json::array({"file"}));
+        auto r = d.parse(job_with("\"" + name + "\": [{\"file\": \"t.png\", \"strength\": " +
+                                  nlohmann::json(p.max + 0.5).dump() + "}]"));
+        require_job_error(r, d.dir.file("job.json"), "/edits/0/" + name + "/0/strength", proto::range_text(p));
         break;
+      }
+      case proto::ParamType::kTemplateList: {
+        // [image path]: the count; distinct images.
+        CHECK(def["type"] == "array");
+        CHECK(def["maxItems"].get<size_t>() == p.max_length);
+        CHECK(def["uniqueItems"] == true);
+        CHECK(def["items"]["type"] == "string");
+        std::string paths;
+        for (size_t i = 0; i <= p.max_length; ++i) paths += std::string(i ? ", " : "") + "\"t.png\"";
+        auto r = d.parse(job_with("\"" + name + "\": [" + paths + "]"));
+        require_job_error(r, d.dir.file("job.json"), "/edits/0/" + name, "at most " + std::to_string(p.max_length));
+        break;
+      }
     }
   }
-  CHECK(rows == 9);  // template prompt seed steps strength guidance sampler halo feather
+  CHECK(rows == 11);  // template prompt seed steps strength guidance sampler halo feather adapters references
   // Seeds: single, listed and counted, all bounded by the table's seed range.
   const proto::EditParameter& seed = proto::edit_parameter("seed");
   CHECK(defs["seeds"]["oneOf"][0]["items"]["maximum"].get<double>() == seed.max);

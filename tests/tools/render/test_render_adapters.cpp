@@ -1,0 +1,167 @@
+// infill-render with LoRAs on a tiny FLUX.2 model (real model folder, real LoRA files written
+// here): a job's adapters change the render inside the mask only, the same job renders the same
+// bytes twice, and files the model cannot use are refused before any item runs, naming the job
+// file, the entry's JSON pointer and what was expected. Embedded engine and --engine.
+#include "support/catch.h"
+#include "support/tiny_flux2.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine_process.h"
+#include "job_items.h"
+#include "output_stamp.h"
+#include "pipeline/image_io.h"
+#include "render_process.h"
+#include "support/file_bytes.h"
+#include "support/temp_dir.h"
+
+using namespace infill;
+using namespace infill::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kGolden = std::string(INFILL_SOURCE_DIR) + "/tests/data/golden";
+
+// A tiny FLUX.2 folder, a LoRA for it, one for a wider model, and the golden template and mask.
+struct LoraDir {
+  TempDir dir{"infill-render-lora"};
+  LoraDir() {
+    c10::InferenceMode guard;
+    write_tiny_flux2_folder(dir.file("flux2"));
+    const Flux2Config config = tiny_flux2_config(3 * tiny_qwen3_config().hidden_size);
+    fs::create_directories(dir.file("loras"));
+    write_random_lora(dir.file("loras/style.safetensors"), config, 11);
+    Flux2Config wider = config;
+    wider.hidden_size = 128;
+    wider.mlp_hidden = 256;
+    write_random_lora(dir.file("loras/wider.safetensors"), wider, 12);
+    for (const char* f : {"hills_128.png", "hills_128_mask.png"}) fs::copy_file(kGolden + "/" + f, dir.file(f));
+  }
+  // A job of the edits `edits` (JSON array text) on the tiny model, written to `name`.
+  std::string job(const std::string& name, const std::string& edits, bool with_model = true) const {
+    std::ofstream(dir.file(name)) << R"({"format": "infill-job/1", )" << (with_model ? R"("model": "flux2", )" : "")
+                                  << R"("defaults": {"template": "hills_128.png", "mask": "hills_128_mask.png",
+                                        "prompt": "a red roof", "seed": 3},
+                                        "edits": )"
+                                  << edits << "}";
+    return dir.file(name);
+  }
+  std::vector<std::string> args(const std::string& job, std::vector<std::string> extra = {}) const {
+    std::vector<std::string> a = {job, "--cache-dir", dir.file("cache"), "--threads", "2"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+};
+
+const char* kTwoEdits = R"([
+  {"name": "plain", "output": "out/plain.png"},
+  {"name": "lora", "adapters": [{"file": "loras/style.safetensors", "strength": 1.5}], "output": "out/lora.png"}])";
+
+PixelImage pixels(const std::string& path) {
+  auto img = load_image(path, int64_t{1} << 24);
+  REQUIRE(img.ok());
+  return *img;
+}
+
+// Pixels of `a` and `b` that differ where the mask keeps (0) and where it regenerates (> 0).
+struct Differences {
+  int64_t kept = 0, masked = 0;
+};
+Differences differences(const PixelImage& a, const PixelImage& b, const PixelImage& mask) {
+  REQUIRE(a.width == b.width);
+  REQUIRE(a.height == b.height);
+  REQUIRE(a.channels == b.channels);
+  REQUIRE(a.format == PixelFormat::kU8);
+  REQUIRE(mask.format == PixelFormat::kU8);
+  Differences d;
+  const auto* pa = reinterpret_cast<const uint8_t*>(a.data.data());
+  const auto* pb = reinterpret_cast<const uint8_t*>(b.data.data());
+  const auto* pm = reinterpret_cast<const uint8_t*>(mask.data.data());
+  for (int64_t i = 0; i < a.pixel_count(); ++i) {
+    bool differs = false;
+    for (int c = 0; c < a.channels; ++c) differs |= pa[i * a.channels + c] != pb[i * b.channels + c];
+    if (differs) ++(pm[i * mask.channels] == 0 ? d.kept : d.masked);
+  }
+  return d;
+}
+
+// A job refused before any item: exit 2, nothing written, one error line naming the job
+// file, the pointer and what was expected.
+void require_refused(const RenderRun& r, const std::string& job, const std::string& pointer,
+                     const std::vector<std::string>& parts) {
+  INFO(r.out << r.err);
+  CHECK(r.exited);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("Saved: ") == std::string::npos);
+  CHECK(r.err.rfind("Error: " + job + ": " + pointer + ": ", 0) == 0);
+  CHECK(count_lines_starting(r.err, "Error: ") == 1);
+  for (const std::string& p : parts) CHECK(r.err.find(p) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("infill-render: a job's LoRA changes the FLUX.2 render inside the mask, twice the same, bad files refused",
+          "[render][cli][lora]") {
+  REQUIRE(fs::exists(render_binary()));
+  LoraDir d;
+  const std::string job = d.job("lora.json", kTwoEdits);
+  const RenderRun first = run_render(d.args(job), d.dir.file("run1"));
+  INFO(first.err);
+  REQUIRE(first.code == 0);
+  CHECK(count_lines_starting(first.out, "Saved: ") == 2);
+  const std::string plain = d.dir.file("out/plain.png"), lora = d.dir.file("out/lora.png");
+  {
+    c10::InferenceMode guard;
+    const Differences diff = differences(pixels(plain), pixels(lora), pixels(d.dir.file("hills_128_mask.png")));
+    CHECK(diff.kept == 0);    // outside the mask both are the template
+    CHECK(diff.masked > 0);   // inside, the LoRA changes the edit
+  }
+  // The job hash records the LoRA's bytes and strength.
+  const std::string canonical = render::read_output_stamp(lora, render::kCanonicalKeyword).value_or("");
+  INFO(canonical);
+  CHECK(canonical.find("\"adapters\":[{\"sha256\":\"") != std::string::npos);
+  CHECK(canonical.find("\"strength\":1.5}]") != std::string::npos);
+  CHECK(render::read_output_stamp(plain, render::kCanonicalKeyword).value_or("adapters").find("adapters") ==
+        std::string::npos);
+
+  // The same job again: up to date; forced, the same bytes (hash stamp included).
+  const RenderRun again = run_render(d.args(job), d.dir.file("run2"));
+  CHECK(again.code == 0);
+  CHECK(count_lines_starting(again.out, "Skipped: ") == 2);
+  const std::vector<std::byte> plain_bytes = file_bytes(plain), lora_bytes = file_bytes(lora);
+  const RenderRun forced = run_render(d.args(job, {"--force"}), d.dir.file("run3"));
+  INFO(forced.err);
+  REQUIRE(forced.code == 0);
+  CHECK(count_lines_starting(forced.out, "Saved: ") == 2);
+  CHECK((file_bytes(plain) == plain_bytes));
+  CHECK((file_bytes(lora) == lora_bytes));
+
+  // A LoRA for another model size: refused by the model, naming the file and the key.
+  const std::string wide = d.job("wide.json", R"([{"adapters": [{"file": "loras/style.safetensors"},
+      {"file": "loras/wider.safetensors", "strength": 0.5}], "output": "wide/{seed}.png"}])");
+  require_refused(run_render(d.args(wide), d.dir.file("wide")), wide, "/edits/0/adapters/1/file",
+                  {d.dir.file("loras/wider.safetensors"), "diffusion_model.", "; expected a LoRA .safetensors file for model "});
+  CHECK_FALSE(fs::exists(d.dir.file("wide")));
+  // A missing file and a file that is no safetensors file: refused while reading the job.
+  const std::string missing = d.job("missing.json", R"([{"adapters": [{"file": "loras/absent.safetensors"}],
+      "output": "missing/{seed}.png"}])");
+  require_refused(run_render(d.args(missing), d.dir.file("missing")), missing, "/edits/0/adapters/0/file",
+                  {d.dir.file("loras/absent.safetensors") + " does not exist", "expected the path of a LoRA .safetensors file"});
+  const std::string image = d.job("image.json", R"([{"adapters": [{"file": "hills_128.png"}], "output": "image/{seed}.png"}])");
+  require_refused(run_render(d.args(image), d.dir.file("image")), image, "/edits/0/adapters/0/file",
+                  {"is not a safetensors file"});
+  // A strength out of the table's range.
+  const std::string strong = d.job("strong.json", R"([{"adapters": [{"file": "loras/style.safetensors", "strength": 12}],
+      "output": "strong/{seed}.png"}])");
+  require_refused(run_render(d.args(strong), d.dir.file("strong")), strong, "/edits/0/adapters/0/strength",
+                  {"is 12; expected a number in -10..10"});
+  // The bundled infill-tiny-2 (the job names no model) is a FLUX.2 model of another size.
+  const std::string bundled = d.job("bundled.json", R"([{"adapters": [{"file": "loras/style.safetensors"}],
+      "output": "bundled/{seed}.png"}])", false);
+  require_refused(run_render(d.args(bundled), d.dir.file("bundled")), bundled, "/edits/0/adapters/0/file",
+                  {"a LoRA for another model size?", "expected a LoRA .safetensors file for model infill-tiny-2"});
+}
