@@ -1326,3 +1326,83 @@ TEST_CASE("sdk with a FLUX.2 model: a LoRA uploaded once, listed, changing the e
   CHECK(after_delete.engine_code == "unknown_adapter");
   infill_client_destroy(c);
 }
+
+TEST_CASE("sdk with a FLUX.2 model: reference images change the edit inside the mask, repeat exactly, and bad ones are refused",
+          "[sdk][engine][flux2][references]") {
+  ServerFixture f(true, infill::test::test_limits(), false, {}, [](const infill::test::TempDir& dir) {
+    infill::test::write_tiny_flux2_folder(dir.file("flux2"));
+    return dir.file("flux2");
+  });
+  infill_client* c = make_client({unix_endpoint(f)});
+  const infill_template_info t = upload(c, f);
+  auto upload_image = [&](int width, int height, uint64_t seed, const char* name) {
+    auto png = encode_image(infill::test::random_image(width, height, 3, PixelFormat::kU8, seed), ImageFileFormat::kPng);
+    REQUIRE(png.ok());
+    const std::string bytes = infill::test::to_string(*png);
+    infill_template_info r;
+    infill_template_info_init(&r);
+    REQUIRE_OK(infill_client_upload_template(c, bytes.data(), bytes.size(), name, &r));
+    return std::string(r.id);
+  };
+  const std::string ref_a = upload_image(64, 96, 1, "a.png"), ref_b = upload_image(80, 64, 2, "b.png");
+  const std::string tiny = upload_image(48, 48, 3, "tiny.png");
+  const PixelImage mask = infill::test::rect_mask_image(64, 48, 16, 16, 24, 16);
+  auto params = [&](const char* const* refs, size_t count) {
+    infill_edit_params p = rect_params(t.id, 0, 3);
+    p.prompt = "make the cup red";
+    p.references = refs;
+    p.reference_count = count;
+    return p;
+  };
+  auto run = [&](const char* const* refs, size_t count) {
+    const infill_edit_params p = params(refs, count);
+    infill_job* job = nullptr;
+    REQUIRE_OK(infill_client_submit_edit(c, &p, &job));
+    REQUIRE_OK(infill_job_wait(job, 120000));
+    REQUIRE(infill_job_get_state(job) == INFILL_JOB_DONE);
+    const void* png = nullptr;
+    size_t size = 0;
+    REQUIRE_OK(infill_job_result(job, &png, &size));
+    const std::string out(static_cast<const char*>(png), size);
+    infill_job_release(job);
+    check_only_mask_changed(f, out, mask);
+    return decode(out).data;
+  };
+  const char* refs[] = {ref_a.c_str(), ref_b.c_str()};
+  const auto plain = run(nullptr, 0);
+  const auto referenced = run(refs, 2);
+  CHECK((referenced != plain));
+  CHECK((run(refs, 2) == referenced));
+  {
+    infill::client::Client cpp([&] {
+      infill::client::ClientOptions o;
+      o.endpoint = unix_endpoint(f);
+      return o;
+    }());
+    infill::client::EditRequest r;
+    r.template_id = t.id;
+    r.mask_rect = std::array<int32_t, 4>{16, 16, 24, 16};
+    r.seed = 3;
+    r.prompt = "make the cup red";
+    r.references = {ref_a, ref_b};
+    infill::client::Job j = cpp.submit(r);
+    REQUIRE(j.wait(120000));
+    CHECK((decode(j.result_png()).data == referenced));
+  }
+
+  // What only the engine knows comes back with its code and message.
+  const std::string unknown_id(64, 'f');
+  const char* unknown[] = {ref_a.c_str(), unknown_id.c_str()};
+  infill_edit_params p = params(unknown, 2);
+  const Err not_found(infill_client_submit_edit(c, &p, nullptr));
+  CHECK(not_found.code == INFILL_ERROR_NOT_FOUND);
+  CHECK(not_found.engine_code == "template_not_found");
+  CHECK(not_found.contains("references[1]"));
+  const char* small[] = {tiny.c_str()};
+  p = params(small, 1);
+  const Err too_small(infill_client_submit_edit(c, &p, nullptr));
+  CHECK(too_small.code == INFILL_ERROR_REJECTED);
+  CHECK(too_small.engine_code == "invalid_reference");
+  CHECK(too_small.contains("48x48"));
+  infill_client_destroy(c);
+}

@@ -8,10 +8,12 @@ With --flux2-maker (infill-test-flux2: a tiny FLUX.2 model and LoRA files) it ch
 binding's adapters against a FLUX.2 engine instead: an upload gives the same id for the same
 bytes, the list shows it, an edit with it differs from one without inside the mask and equals a
 repeat (the example's --lora too), bad files, strengths and ids are refused naming them with the
-engine's code, and a delete removes it. Exit 4 (skipped) when the maker cannot write the model
+engine's code, and a delete removes it; reference images (references) change the edit and repeat
+exactly, and bad lists are refused. Exit 4 (skipped) when the maker cannot write the model
 (no Qwen3 tokenizer)."""
 import argparse
 import os
+import random
 import re
 import shutil
 import signal
@@ -139,8 +141,9 @@ def expect_error(call, name, *fragments, engine_code=None):
     raise AssertionError(f"expected a {name} error naming {fragments}, the call succeeded")
 
 
-def lora_checks(args):
-    """The binding's adapter calls and the Python example's --lora against a FLUX.2 engine."""
+def flux2_checks(args):
+    """The binding's adapter calls, the Python example's --lora and an edit's references against a
+    FLUX.2 engine."""
     for what, path in (("infill-engine", args.engine), ("infill-test-flux2", args.flux2_maker),
                        ("libinfill_client", args.library), ("the Python example", args.python_example)):
         if not path or not os.path.exists(path):
@@ -185,9 +188,9 @@ def lora_checks(args):
 
             tid = client.upload(open(d("template.png"), "rb").read(), "template.png")["id"]
 
-            def edit(adapters=(), name="edit"):
+            def edit(adapters=(), name="edit", references=()):
                 job = client.submit(tid, mask_rect=RECT, seed=5, steps=4, prompt="make it red", output_format="png",
-                                    adapters=adapters)
+                                    adapters=adapters, references=references)
                 assert job.wait(120000), f"{name}: edit {job.id} did not finish"
                 data, media_type = job.result()
                 assert media_type == "image/png", media_type
@@ -223,6 +226,20 @@ def lora_checks(args):
             assert "adapter " + lora["id"][:12] in p.stdout, "the example did not print the adapter"
             assert pixels_of(d("out_lora.png")) == pixels_of(d("no_prompt.png")), "the example's --lora edit differs"
 
+            # Reference images: two more templates change the edit inside the mask and repeat exactly.
+            refs = []
+            for i, (rw, rh) in enumerate(((64, 96), (80, 64))):
+                rnd = random.Random(i)
+                write_png(d(f"ref{i}.png"), rw, rh, 3, bytes(rnd.getrandbits(8) for _ in range(rw * rh * 3)))
+                refs.append(client.upload(open(d(f"ref{i}.png"), "rb").read(), f"ref{i}.png")["id"])
+            referenced = edit(name="referenced", references=refs)
+            assert referenced != plain, "the edit with references equals the one without"
+            assert edit(name="referenced_again", references=refs) == referenced, "the same references came out different"
+            expect_error(lambda: client.submit(tid, mask_rect=RECT, references=[refs[0], refs[0]]), "invalid_argument",
+                         "references[1] repeats references[0]")
+            expect_error(lambda: client.submit(tid, mask_rect=RECT, references=[refs[0], "f" * 64]), "not_found",
+                         "references[1]", engine_code="template_not_found")
+
             expect_error(lambda: client.submit(tid, mask_rect=RECT, adapters=[(lora["id"], 11)]), "invalid_argument",
                          "adapters[0].strength is 11, expected -10..10")
             unknown = "a" * 64
@@ -251,7 +268,7 @@ def main():
         ap.add_argument(a)
     args = ap.parse_args()
     if args.flux2_maker:
-        return lora_checks(args)
+        return flux2_checks(args)
     for what, path in (("infill-engine", args.engine), ("the random model", os.path.join(args.model or "", "manifest.json")),
                        ("the C example", args.c_example), ("libinfill_client", args.library),
                        ("the Python example", args.python_example)):
