@@ -16,6 +16,7 @@
 #include "pipeline/bundled_models.h"
 #include "pipeline/load_edit_model.h"
 #include "pipeline/mask.h"
+#include "pipeline/reference_image.h"
 #include "pipeline/template_image.h"
 #include "serving/cost_model.h"
 #include "serving/serving_runtime.h"
@@ -56,8 +57,9 @@ class EmbeddedBackend final : public RenderBackend {
 
   Status load_reference(const std::string& path, RenderFailure& failure) override {
     failure = RenderFailure::kBadInput;
-    return Status(ErrorCode::kUnimplemented, "the embedded engine takes no reference images yet (" + path +
-                                                 "); run the job on an infill-engine with --engine");
+    auto ref = reference_of(path);
+    if (!ref.ok()) failure = failure_of(ref.status());
+    return ref.status();
   }
 
   Status submit(const RenderEdit& edit, RenderEvents events, RenderFailure& failure) override {
@@ -86,8 +88,10 @@ class EmbeddedBackend final : public RenderBackend {
       if (!adapter.ok()) return adapter.status();
       r.params.adapters.push_back({*adapter, a.strength});
     }
-    if (!edit.references.empty()) {
-      if (Status s = load_reference(edit.references.front().path, failure); !s.ok()) return s;
+    for (const RenderReference& ref : edit.references) {
+      auto made = reference_of(ref.path);
+      if (!made.ok()) return made.status();
+      r.params.references.push_back(*made);
     }
     r.cls = RequestClass::kBatch;
     // The run's deadline is enforced by the runner; the runtime orders by submission.
@@ -149,6 +153,18 @@ class EmbeddedBackend final : public RenderBackend {
     adapters_.emplace(path, *a);
     return *a;
   }
+  // Decoded, encoded and scaled once per file, as the engine does for an uploaded reference.
+  Result<ReferenceImage> reference_of(const std::string& path) {
+    auto it = references_.find(path);
+    if (it != references_.end()) return it->second;
+    c10::InferenceMode guard;
+    auto tmpl = template_of(path);
+    if (!tmpl.ok()) return tmpl.status();
+    auto made = model_->make_reference(**tmpl);
+    if (!made.ok()) return Status(made.status().code(), "reference image " + path + ": " + made.status().message());
+    references_.emplace(path, *made);
+    return *made;
+  }
   Result<at::Tensor> mask_of(const std::string& path, const TemplateImage& tmpl) {
     const std::string key = path + "@" + std::to_string(tmpl.width) + "x" + std::to_string(tmpl.height);
     auto it = masks_.find(key);
@@ -166,6 +182,7 @@ class EmbeddedBackend final : public RenderBackend {
   std::map<std::string, std::shared_ptr<const TemplateImage>> templates_;
   std::map<std::string, at::Tensor> masks_;
   std::map<std::string, std::shared_ptr<const LoraAdapter>> adapters_;
+  std::map<std::string, ReferenceImage> references_;
 };
 
 }  // namespace

@@ -70,17 +70,34 @@ class RemoteBackend final : public RenderBackend {
 
   const BackendInfo& info() const override { return info_; }
 
+  Status load_adapter(const std::string& path, RenderFailure& failure) override {
+    return adapter_id(path, failure).status();
+  }
+
+  Status load_reference(const std::string& path, RenderFailure& failure) override {
+    return template_id(path, failure).status();
+  }
+
   Status submit(const RenderEdit& edit, RenderEvents events, RenderFailure& failure) override {
     release_finished();
     failure = RenderFailure::kBadInput;
     auto mask = cached(masks_, edit.mask_path, [&]() -> Result<std::string> { return read_file(edit.mask_path); });
     if (!mask.ok()) return mask.status();
+    auto tid = template_id(edit.template_path, failure);
+    if (!tid.ok()) return tid.status();
+    ic::EditRequest r;
+    for (const RenderAdapter& a : edit.adapters) {
+      auto id = adapter_id(a.path, failure);
+      if (!id.ok()) return id.status();
+      r.adapters.push_back({*id, a.strength});
+    }
+    for (const RenderReference& ref : edit.references) {
+      auto id = template_id(ref.path, failure);
+      if (!id.ok()) return id.status();
+      r.references.push_back(*id);
+    }
+    failure = RenderFailure::kBadInput;
     try {
-      auto tid = cached(templates_, edit.template_path, [&]() -> Result<std::string> {
-        return client_->upload_template_file(edit.template_path).id;
-      });
-      if (!tid.ok()) return tid.status();
-      ic::EditRequest r;
       r.template_id = *tid;
       r.mask_png = *mask;
       r.prompt = edit.prompt;
@@ -144,6 +161,29 @@ class RemoteBackend final : public RenderBackend {
   }
 
  private:
+  // The engine's id of an uploaded file, by path: uploaded once per run (the engine keeps the
+  // same bytes once anyway). `failure` says why an upload failed.
+  template <class Upload>
+  Result<std::string> upload_once(std::map<std::string, std::string>& ids, const std::string& path, const char* what,
+                                  RenderFailure& failure, Upload upload) {
+    failure = RenderFailure::kBadInput;
+    try {
+      return cached(ids, path, [&]() -> Result<std::string> { return upload(); });
+    } catch (const ic::Error& e) {
+      failure = failure_of(e.code());
+      return Status(failure == RenderFailure::kBadInput ? ErrorCode::kInvalidArgument : ErrorCode::kInternal,
+                    "engine " + info_.where + " refused " + what + " " + path + ": " + describe(e));
+    }
+  }
+  Result<std::string> template_id(const std::string& path, RenderFailure& failure) {
+    return upload_once(templates_, path, "the image", failure, [&] { return client_->upload_template_file(path).id; });
+  }
+  Result<std::string> adapter_id(const std::string& path, RenderFailure& failure) {
+    // Read by the engine for the model the edits run on, so a LoRA for another model fails here.
+    return upload_once(adapters_, path, "the LoRA", failure,
+                       [&] { return client_->upload_adapter_file(path, info_.model_id).id; });
+  }
+
   // Values by path, computed once (on the runner's thread).
   template <class Make>
   Result<std::string> cached(std::map<std::string, std::string>& map, const std::string& key, Make make) {
@@ -172,7 +212,7 @@ class RemoteBackend final : public RenderBackend {
 
   std::unique_ptr<ic::Client> client_;
   BackendInfo info_;
-  std::map<std::string, std::string> templates_, masks_;  // runner thread only
+  std::map<std::string, std::string> templates_, masks_, adapters_;  // runner thread only
   std::mutex mu_;  // guards jobs_ and finished_ (on_done runs on the client's thread)
   std::map<uint64_t, ic::Job> jobs_;
   std::set<uint64_t> finished_;

@@ -29,7 +29,8 @@ struct RemoteOptions {
 
 /// Connects through the client SDK (plugin_sdk, libinfill_client) and reads the engine's
 /// model. Errors (all mean exit 3): unreachable, token refused, no model. Edits run as class
-/// `batch` (journaled by the engine); each template is uploaded once per run; the engine's
+/// `batch` (journaled by the engine); each template, LoRA (for the engine's model) and reference
+/// image is uploaded once per run; the engine's
 /// progress and results come back through the SDK's callbacks. --no-cache has no effect here.
 Result<std::unique_ptr<RenderBackend>> open_remote_backend(const RemoteOptions& options);
 

@@ -1,7 +1,8 @@
-// infill-render with LoRAs on a tiny FLUX.2 model (real model folder, real LoRA files written
-// here): a job's adapters change the render inside the mask only, the same job renders the same
-// bytes twice, and files the model cannot use are refused before any item runs, naming the job
-// file, the entry's JSON pointer and what was expected. Embedded engine and --engine.
+// infill-render with LoRAs and reference images on a tiny FLUX.2 model (real model folder, real
+// LoRA files written here): a job's adapters and references change the render inside the mask
+// only, the same job renders the same bytes twice, and files the model cannot use are refused
+// before any item runs, naming the job file, the entry's JSON pointer and what was expected.
+// Embedded engine and --engine (which uploads them: POST /v1/adapters, POST /v1/templates).
 #include "support/catch.h"
 #include "support/tiny_flux2.h"
 
@@ -40,6 +41,13 @@ struct LoraDir {
     wider.mlp_hidden = 256;
     write_random_lora(dir.file("loras/wider.safetensors"), wider, 12);
     for (const char* f : {"hills_128.png", "hills_128_mask.png"}) fs::copy_file(kGolden + "/" + f, dir.file(f));
+    fs::copy_file(std::string(INFILL_SOURCE_DIR) + "/resources/jobs/dusk_256.png", dir.file("dusk_256.png"));
+    // Smaller than a reference may be (64 pixels a side).
+    PixelImage small;
+    small.width = small.height = 40;
+    small.channels = 3;
+    small.data.assign(40 * 40 * 3, std::byte{90});
+    if (!save_image(dir.file("small.png"), small).ok()) throw std::runtime_error("small.png");
   }
   // A job of the edits `edits` (JSON array text) on the tiny model, written to `name`.
   std::string job(const std::string& name, const std::string& edits, bool with_model = true) const {
@@ -60,6 +68,11 @@ struct LoraDir {
 const char* kTwoEdits = R"([
   {"name": "plain", "output": "out/plain.png"},
   {"name": "lora", "adapters": [{"file": "loras/style.safetensors", "strength": 1.5}], "output": "out/lora.png"}])";
+const char* kReferenceEdits = R"([
+  {"name": "plain", "output": "ref/plain.png"},
+  {"name": "dusk", "references": ["dusk_256.png"], "output": "ref/dusk.png"},
+  {"name": "both", "references": ["dusk_256.png", "hills_128_mask.png"],
+   "adapters": [{"file": "loras/style.safetensors"}], "output": "ref/both.png"}])";
 
 PixelImage pixels(const std::string& path) {
   auto img = load_image(path, int64_t{1} << 24);
@@ -164,4 +177,88 @@ TEST_CASE("infill-render: a job's LoRA changes the FLUX.2 render inside the mask
       "output": "bundled/{seed}.png"}])", false);
   require_refused(run_render(d.args(bundled), d.dir.file("bundled")), bundled, "/edits/0/adapters/0/file",
                   {"a LoRA for another model size?", "expected a LoRA .safetensors file for model infill-tiny-2"});
+}
+
+TEST_CASE("infill-render: a job's reference images change the FLUX.2 render inside the mask, bad ones refused",
+          "[render][cli][lora][references]") {
+  REQUIRE(fs::exists(render_binary()));
+  LoraDir d;
+  const std::string job = d.job("refs.json", kReferenceEdits);
+  const RenderRun r = run_render(d.args(job), d.dir.file("run"));
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(count_lines_starting(r.out, "Saved: ") == 3);
+  {
+    c10::InferenceMode guard;
+    const PixelImage mask = pixels(d.dir.file("hills_128_mask.png")), plain = pixels(d.dir.file("ref/plain.png"));
+    for (const char* name : {"ref/dusk.png", "ref/both.png"}) {
+      INFO(name);
+      const Differences diff = differences(plain, pixels(d.dir.file(name)), mask);
+      CHECK(diff.kept == 0);
+      CHECK(diff.masked > 0);
+    }
+  }
+  const std::string canonical = render::read_output_stamp(d.dir.file("ref/both.png"), render::kCanonicalKeyword).value_or("");
+  INFO(canonical);
+  CHECK(canonical.find("\"references\":[\"") != std::string::npos);
+  CHECK(canonical.find("\"adapters\":[{") != std::string::npos);
+  const RenderRun again = run_render(d.args(job), d.dir.file("again"));
+  CHECK(count_lines_starting(again.out, "Skipped: ") == 3);
+
+  // Smaller than the model takes: refused naming the file and the limit.
+  const std::string small = d.job("small.json", R"([{"references": ["dusk_256.png", "small.png"], "output": "small/{seed}.png"}])");
+  require_refused(run_render(d.args(small), d.dir.file("small")), small, "/edits/0/references/1",
+                  {d.dir.file("small.png"), "is 40x40 pixels; a reference is at least 64 pixels a side",
+                   "; expected a reference image that model "});
+  CHECK_FALSE(fs::exists(d.dir.file("small")));
+  const std::string missing = d.job("nofile.json", R"([{"references": ["absent.png"], "output": "nofile/{seed}.png"}])");
+  require_refused(run_render(d.args(missing), d.dir.file("nofile")), missing, "/edits/0/references/0",
+                  {d.dir.file("absent.png") + " does not exist"});
+}
+
+TEST_CASE("infill-render --engine: uploads a job's LoRAs and reference images, the engine applies them and refuses "
+          "a LoRA for another model", "[render][cli][remote][lora]") {
+  REQUIRE(fs::exists(render_binary()));
+  LoraDir d;
+  EngineProcess engine(d.dir.path(), 2, d.dir.file("flux2"));
+  INFO(engine.log());
+  REQUIRE(engine.ready());
+  const std::string where = "unix:" + engine.socket();
+  const std::string job = d.job("lora.json", kTwoEdits), refs = d.job("refs.json", kReferenceEdits);
+  for (const std::string& j : {job, refs}) {
+    const RenderRun r = run_render({j, "--engine", where}, d.dir.file("remote"));
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.err.empty());
+  }
+  {
+    c10::InferenceMode guard;
+    const PixelImage mask = pixels(d.dir.file("hills_128_mask.png"));
+    const Differences lora = differences(pixels(d.dir.file("out/plain.png")), pixels(d.dir.file("out/lora.png")), mask);
+    CHECK(lora.kept == 0);
+    CHECK(lora.masked > 0);
+    const PixelImage plain = pixels(d.dir.file("ref/plain.png"));
+    for (const char* name : {"ref/dusk.png", "ref/both.png"}) {
+      INFO(name);
+      const Differences diff = differences(plain, pixels(d.dir.file(name)), mask);
+      CHECK(diff.kept == 0);
+      CHECK(diff.masked > 0);
+    }
+  }
+  // The engine's model decides the hash: the embedded engine on the same folder finds every
+  // output up to date.
+  for (const std::string& j : {job, refs}) {
+    const RenderRun local = run_render(d.args(j), d.dir.file("local"));
+    INFO(local.err);
+    CHECK(local.code == 0);
+    CHECK(count_lines_starting(local.out, "Saved: ") == 0);
+  }
+  // The engine reads an uploaded LoRA for its model: one for another size is refused before
+  // any item, as a job error naming the entry.
+  const std::string wide = d.job("wide.json", R"([{"adapters": [{"file": "loras/wider.safetensors"}],
+      "output": "wide/{seed}.png"}])");
+  require_refused(run_render({wide, "--engine", where}, d.dir.file("wide")), wide, "/edits/0/adapters/0/file",
+                  {"refused the LoRA " + d.dir.file("loras/wider.safetensors"), "invalid_adapter",
+                   "; expected a LoRA .safetensors file for model "});
+  CHECK_FALSE(fs::exists(d.dir.file("wide")));
 }
