@@ -1,7 +1,9 @@
 """Run inside Krita by kritarunner (test_krita_repaint.py starts it): repaints a rectangle
 selection of a paint layer at each colour depth through the plug-in's own code and the real
 engine, and prints one JSON line per case. Settings come from the environment:
-INFILL_TEST_ENDPOINT (the engine), INFILL_TEST_OUT (where the JSON lines go)."""
+INFILL_TEST_ENDPOINT (the engine), INFILL_TEST_OUT (where the JSON lines go); INFILL_TEST_MODE
+"live" (one of several live painters) or "lora" (the docker's LoRA list against a FLUX.2 engine,
+with the files INFILL_TEST_LORA and INFILL_TEST_WIDER_LORA)."""
 import json
 import os
 import random
@@ -147,6 +149,75 @@ def docker_case(krita, endpoint, live_strokes):
     return case
 
 
+def lora_case(krita, endpoint, lora, wider):
+    """The docker's LoRA list: files added (uploaded through the binding) or refused with a
+    message, a strength per entry, entries removed; each repaint's pixels inside the selection."""
+    from krita import Selection
+    from infill_krita.docker import InfillDocker, LORA_STRENGTH_RANGE
+    doc = krita.createDocument(W, H, "infill-lora", "RGBA", "U8", PROFILES["U8"], 72.0)
+    doc.setBatchmode(True)
+    node = doc.topLevelNodes()[0]
+    original = picture("U8")
+    node.setPixelData(original, 0, 0, W, H)
+    docker = InfillDocker()
+    docker.endpoint.setText(endpoint)
+    docker.seed.setValue(3)
+    states = []
+    docker.bridge.done.connect(lambda serial, state, error, data, media: states.append(state))
+    case = {"case": "lora", "strength_range": list(LORA_STRENGTH_RANGE)}
+    x0, y0, w, h = RECT
+
+    def repaint(name):
+        """One Repaint selection through the docker: the new layer's pixels inside the
+        selection, and how many outside differ from the original."""
+        serial = docker.generate(doc, node)
+        if not serial:
+            return {"name": name, "status": docker.status.text()}
+        wait_idle(docker, 300)
+        got = bytes(docker.results[-1].pixelData(0, 0, W, H)) if docker.results else b""
+        inside, outside_bad = [], 0
+        for y in range(H):
+            for x in range(W):
+                a = slice((y * W + x) * 4, (y * W + x + 1) * 4)
+                if x0 <= x < x0 + w and y0 <= y < y0 + h:
+                    inside.append(got[a].hex())
+                else:
+                    outside_bad += got[a] != original[a]
+        return {"name": name, "inside": "".join(inside), "outside_bad": outside_bad, "layers": len(docker.results)}
+
+    try:
+        selection = Selection()
+        selection.select(*RECT, 255)
+        doc.setSelection(selection)
+        case["missing_row"] = docker.add_lora(os.path.join(os.path.dirname(lora), "missing.safetensors"))
+        case["missing_status"] = docker.status.text()
+        case["wider_row"] = docker.add_lora(wider)
+        case["wider_status"] = docker.status.text()
+        case["rows_after_refused"] = docker.loras.rowCount()
+        plain = repaint("plain")
+        case["row"] = docker.add_lora(lora)
+        case["again_row"] = docker.add_lora(lora)
+        case["again_status"] = docker.status.text()
+        case["rows"] = docker.loras.rowCount()
+        docker.set_lora_strength(case["row"], 1.5)
+        case["engine_lists_it"] = docker._loras[0]["id"] in [a["id"] for a in docker.client().adapters()]
+        adapted, repeat = repaint("adapted"), repaint("repeat")
+        # The engine loses the LoRA (deleted from its store): the docker uploads it again.
+        docker.client().delete_adapter(docker._loras[0]["id"])
+        reuploaded = repaint("reuploaded")
+        docker.remove_lora(0)
+        case["rows_after_remove"] = docker.loras.rowCount()
+        removed = repaint("removed")
+        case["repaints"] = [plain, adapted, repeat, reuploaded, removed]
+        case["states"] = states
+        case["status"] = docker.status.text()
+    except Exception as e:
+        case["exception"] = f"{type(e).__name__}: {e}"
+    finally:
+        doc.close()
+    return case
+
+
 def main(args):
     from krita import Krita
     import infill_client
@@ -157,7 +228,10 @@ def main(args):
         try:
             client = infill_client.Client(endpoint=os.environ["INFILL_TEST_ENDPOINT"], client_name="krita-test")
             client.wait_ready(60000)
-            if os.environ.get("INFILL_TEST_MODE") == "live":
+            if os.environ.get("INFILL_TEST_MODE") == "lora":
+                out.write(json.dumps(lora_case(krita, os.environ["INFILL_TEST_ENDPOINT"], os.environ["INFILL_TEST_LORA"],
+                                               os.environ["INFILL_TEST_WIDER_LORA"])) + "\n")
+            elif os.environ.get("INFILL_TEST_MODE") == "live":
                 # One of several Kritas live painting on one engine at once.
                 out.write(json.dumps(docker_case(krita, os.environ["INFILL_TEST_ENDPOINT"], 4)) + "\n")
             else:

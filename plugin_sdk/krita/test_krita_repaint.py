@@ -8,10 +8,19 @@ libinfill_client. Checks per depth: the result comes back in the layer's own for
 integers, OpenEXR for floats); a new layer lands above the original, in the same colour space;
 outside the selection it equals the original byte for byte; inside it equals the engine's result
 for that request and differs from the original; no selection is refused with a clear message.
-Exit 0 passed, 1 failed, 4 skipped (kritarunner missing: Debian package krita)."""
+
+With --flux2-maker (infill-test-flux2: a tiny FLUX.2 model and LoRA files) it checks the docker's
+LoRA list against a FLUX.2 engine instead: a missing file and one the model cannot use are
+refused with a message naming them, a file is uploaded once (added twice: one entry), the
+strength range is the parameter table's, a repaint with the LoRA differs from one without inside
+the selection and equals a repeat, a LoRA the engine lost is uploaded again, and after removing
+it the repaint is the plain one again.
+Exit 0 passed, 1 failed, 4 skipped (kritarunner missing: Debian package krita; or no FLUX.2
+model: infill-test-flux2 exited 4)."""
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -133,16 +142,104 @@ def live_painters(args, env, work):
     return failures
 
 
+def table_strength_range():
+    """The strength range of the "adapters" row of the parameter table."""
+    path = os.path.join(HERE, "..", "..", "protocol", "infill_protocol", "edit_parameters.h")
+    row = re.search(r'\{\.name = "adapters",.*?\.min = (-?[\d.]+), \.max = (-?[\d.]+)', open(path).read(), re.S)
+    return [float(row.group(1)), float(row.group(2))]
+
+
+def check_lora(c):
+    """The docker's LoRA list (krita_repaint_check.lora_case)."""
+    if "exception" in c:
+        return [f"lora: {c['exception']}"]
+    by_name = {r["name"]: r for r in c["repaints"]}
+    failed_repaints = [f"lora: the {r['name']} repaint did not start: {r['status']}" for r in c["repaints"] if "status" in r]
+    if failed_repaints:
+        return failed_repaints
+    plain, adapted = by_name["plain"]["inside"], by_name["adapted"]["inside"]
+    checks = {
+        "a missing file refused, naming it": c["missing_row"] == -1 and "cannot open the LoRA file" in c["missing_status"]
+        and "missing.safetensors" in c["missing_status"],
+        "a LoRA for another model refused, naming it": c["wider_row"] == -1 and "wider.safetensors" in c["wider_status"],
+        "refused files are not listed": c["rows_after_refused"] == 0,
+        "added once": c["row"] == 0 and c["again_row"] == 0 and c["rows"] == 1 and "in the list already" in c["again_status"],
+        "uploaded to the engine": c["engine_lists_it"],
+        "strength range is the parameter table's": c["strength_range"] == table_strength_range(),
+        "every repaint done": c["states"] == ["done"] * 5,
+        "outside the selection kept": all(r["outside_bad"] == 0 for r in c["repaints"]),
+        "the LoRA changes the repaint": adapted != plain,
+        "the same repaint again is the same": by_name["repeat"]["inside"] == adapted,
+        "a LoRA the engine lost is uploaded again": by_name["reuploaded"]["inside"] == adapted,
+        "removed: the plain repaint again": c["rows_after_remove"] == 0 and by_name["removed"]["inside"] == plain,
+    }
+    return [f"lora: {name}" for name, ok in checks.items() if not ok]
+
+
+def lora_main(args, work, env, sock_dir):
+    """The docker's LoRA list against a FLUX.2 engine (--flux2-maker)."""
+    made = subprocess.run([args.flux2_maker, os.path.join(work, "files")]).returncode
+    if made == 4:
+        print("SKIPPED: infill-test-flux2 could not write the FLUX.2 model (no Qwen3 tokenizer; scripts/setup.sh installs it)",
+              flush=True)
+        return SKIP
+    if made != 0:
+        print(f"FAILED: infill-test-flux2 exited {made}", flush=True)
+        return 1
+    sock = os.path.join(sock_dir, "engine.sock")
+    log = open(os.path.join(work, "engine.log"), "w")
+    engine = subprocess.Popen([args.engine, "--model", os.path.join(work, "files", "flux2"), "--socket", sock,
+                               "--journal", "off", "--no-calibrate", "--threads", "1"], stdout=log,
+                              stderr=subprocess.STDOUT, env=env)
+    failures = []
+    try:
+        wait_healthy(sock, engine, 120)
+        out = os.path.join(work, "lora.jsonl")
+        env.update(INFILL_TEST_ENDPOINT="unix:" + sock, INFILL_TEST_OUT=out, INFILL_TEST_MODE="lora",
+                   INFILL_TEST_LORA=os.path.join(work, "files", "style.safetensors"),
+                   INFILL_TEST_WIDER_LORA=os.path.join(work, "files", "wider.safetensors"))
+        krita_log = os.path.join(work, "kritarunner-lora.log")
+        with open(krita_log, "w") as kl:
+            rc = subprocess.run([args.kritarunner, "-s", "krita_repaint_check", "-f", "main"], stdout=kl,
+                                stderr=subprocess.STDOUT, env=env, timeout=540).returncode
+        cases = []
+        if os.path.exists(out):
+            with open(out) as f:
+                cases = [json.loads(line) for line in f if line.strip()]
+        if len(cases) != 1:
+            failures.append(f"kritarunner exited {rc} with {len(cases)} of 1 case; its log: {krita_log}")
+        for c in cases:
+            print(json.dumps({k: v for k, v in c.items() if k != "repaints"}), flush=True)
+            failures += check_lora(c)
+    finally:
+        engine.terminate()
+        try:
+            code = engine.wait(30)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            code = engine.wait()
+        if code != 0:
+            failures.append(f"infill-engine exited {code}")
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    for f in failures:
+        print("FAILED:", f, flush=True)
+    print("krita LoRA list:", "failed" if failures else "passed", flush=True)
+    return 1 if failures else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", required=True)
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", help="the engine's model (the depth and live checks)")
+    ap.add_argument("--flux2-maker", help="infill-test-flux2: check the docker's LoRA list on a FLUX.2 engine instead")
     ap.add_argument("--library", required=True, help="libinfill_client.so of the build")
     ap.add_argument("--kritarunner", default=shutil.which("kritarunner"))
     ap.add_argument("--work-dir", required=True)
     ap.add_argument("--editor-test", default=None,
                     help="infill_tests_ui: its hidden [krita-peer] test live paints as the editor beside the Kritas")
     args = ap.parse_args()
+    if not args.model and not args.flux2_maker:
+        ap.error("give --model (the depth and live checks) or --flux2-maker (the LoRA list)")
     if not args.kritarunner:
         print("SKIPPED: kritarunner not found (Debian package krita, installed by scripts/setup.sh)", flush=True)
         return SKIP
@@ -157,6 +254,12 @@ def main():
     env.update(HOME=work, XDG_CONFIG_HOME=os.path.join(work, "config"), XDG_DATA_HOME=os.path.join(work, "data"),
                XDG_CACHE_HOME=os.path.join(work, "cache"), XDG_RUNTIME_DIR=sock_dir, QT_QPA_PLATFORM="offscreen")
     env.pop("INFILL_ENDPOINT", None)
+    env.update(INFILL_CLIENT_LIBRARY=args.library, PYTHONPATH=os.pathsep.join([HERE, os.path.join(HERE, "..", "python")]),
+               # Krita's embedded Python takes its prefix from the first python3 on PATH: the
+               # system's, whose dist-packages hold PyQt5, not a pyenv or venv interpreter's.
+               PATH="/usr/bin:/bin:" + env.get("PATH", ""))
+    if args.flux2_maker:
+        return lora_main(args, work, env, sock_dir)
     log = open(os.path.join(work, "engine.log"), "w")
     engine = subprocess.Popen([args.engine, "--model", args.model, "--socket", sock, "--journal", "off",
                                "--no-calibrate", "--threads", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -164,11 +267,7 @@ def main():
     try:
         wait_healthy(sock, engine, 60)
         out = os.path.join(work, "cases.jsonl")
-        env.update(INFILL_TEST_ENDPOINT="unix:" + sock, INFILL_TEST_OUT=out, INFILL_CLIENT_LIBRARY=args.library,
-                   PYTHONPATH=os.pathsep.join([HERE, os.path.join(HERE, "..", "python")]),
-                   # Krita's embedded Python takes its prefix from the first python3 on PATH: the
-                   # system's, whose dist-packages hold PyQt5, not a pyenv or venv interpreter's.
-                   PATH="/usr/bin:/bin:" + env.get("PATH", ""))
+        env.update(INFILL_TEST_ENDPOINT="unix:" + sock, INFILL_TEST_OUT=out)
         krita_log = os.path.join(work, "kritarunner.log")
         with open(krita_log, "w") as kl:
             rc = subprocess.run([args.kritarunner, "-s", "krita_repaint_check", "-f", "main"], stdout=kl,

@@ -1,5 +1,6 @@
-"""The Infill docker: prompt, seed, steps, strength, live mode, engine and token; progress,
-previews and cancel while the engine denoises; results as new layers above the active one.
+"""The Infill docker: prompt, seed, steps, strength, LoRAs, live mode, engine and token;
+progress, previews and cancel while the engine denoises; results as new layers above the active
+one.
 
 Threading: the docker lives on Krita's GUI thread, where every document call is made. The
 SDK's callbacks arrive on its own thread and only emit the Bridge's signals, which Qt queues
@@ -9,8 +10,9 @@ import os
 
 from PyQt5.QtCore import QObject, QTimer, pyqtSignal
 from PyQt5.QtGui import QPixmap
-from PyQt5.QtWidgets import (QCheckBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-                             QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PyQt5.QtWidgets import (QAbstractItemView, QCheckBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout,
+                             QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox, QTableWidget,
+                             QTableWidgetItem, QVBoxLayout, QWidget)
 from krita import DockWidget, Krita
 
 from . import layer_io
@@ -18,6 +20,9 @@ from .repaint import Repaint, Settings, infill_client
 
 LIVE_LAYER = "Infill (live)"
 SETTINGS_GROUP = "infill"
+# A LoRA's strength: the range of the "adapters" row of the parameter table
+# (protocol/infill_protocol/edit_parameters.h); the Krita test checks that they agree.
+LORA_STRENGTH_RANGE = (-10.0, 10.0)
 
 
 class Bridge(QObject):
@@ -41,6 +46,7 @@ class InfillDocker(DockWidget):
         self._edits = {}  # serial -> Repaint, until its result is in
         self._live_job_id = 0
         self._live_signature = None
+        self._loras = []  # one dict per row of the LoRA table: path, name, id, uploaded_to (client key)
         self.results = []  # layers added, for the status line and tests
 
         root = QWidget(self)
@@ -64,12 +70,32 @@ class InfillDocker(DockWidget):
         self.strength.setSingleStep(0.05)
         self.strength.setValue(1.0)
         self.live = QCheckBox("Live: repaint as the selection changes")
+        self.loras = QTableWidget(0, 2)
+        self.loras.setHorizontalHeaderLabels(["LoRA", "Strength"])
+        self.loras.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
+        self.loras.verticalHeader().setVisible(False)
+        self.loras.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.loras.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.loras.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.loras.setMaximumHeight(110)
+        self.loras.setToolTip("LoRAs applied to every edit, in this order (FLUX.2 models)")
+        self.add_lora_button = QPushButton("Add LoRA...")
+        self.add_lora_button.setToolTip("Upload a LoRA (.safetensors) to the engine and add it to the list")
+        self.remove_lora_button = QPushButton("Remove")
+        self.remove_lora_button.setToolTip("Take the selected LoRA off the list")
+        lora_buttons = QHBoxLayout()
+        lora_buttons.addWidget(self.add_lora_button)
+        lora_buttons.addWidget(self.remove_lora_button)
+        lora_box = QVBoxLayout()
+        lora_box.addWidget(self.loras)
+        lora_box.addLayout(lora_buttons)
         form.addRow("Engine", self.endpoint)
         form.addRow("Token", self.token)
         form.addRow("Prompt", self.prompt)
         form.addRow("Seed", self.seed)
         form.addRow("Steps", self.steps)
         form.addRow("Strength", self.strength)
+        form.addRow("LoRAs", lora_box)
         self.generate_button = QPushButton("Repaint selection")
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setEnabled(False)
@@ -95,6 +121,8 @@ class InfillDocker(DockWidget):
 
         self.generate_button.clicked.connect(lambda: self.generate())
         self.cancel_button.clicked.connect(self.cancel)
+        self.add_lora_button.clicked.connect(lambda: self.add_lora())
+        self.remove_lora_button.clicked.connect(lambda: self.remove_lora())
         self.live.toggled.connect(self._live_toggled)
         self.live_timer = QTimer(self)
         self.live_timer.setInterval(300)
@@ -122,27 +150,99 @@ class InfillDocker(DockWidget):
         return self._client
 
     def settings(self, live=False):
+        """The edit's settings from the widgets; uploads LoRAs the engine does not have yet."""
         return Settings(prompt=self.prompt.text().strip(), seed=self.seed.value(), steps=self.steps.value(),
-                        strength=self.strength.value(), live=live, preview_every_steps=1)
+                        strength=self.strength.value(), live=live, preview_every_steps=1, adapters=self.adapters())
+
+    # ---- LoRAs ----
+
+    def add_lora(self, path=None, strength=1.0):
+        """Uploads a LoRA file to the engine through the binding and appends it to the list
+        (`path` None: ask with a file dialog). Returns its row, or -1 with the reason in the
+        status line (a file that cannot be read, or one the engine's model cannot use)."""
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(self, "Add a LoRA", "", "LoRA (*.safetensors);;All files (*)")
+            if not path:
+                return -1
+        try:
+            info = self.client().upload_adapter(path)
+        except infill_client.InfillError as e:
+            self.status.setText(f"LoRA {os.path.basename(path)} not added: {e.message}")
+            return -1
+        for row, entry in enumerate(self._loras):
+            if entry["id"] == info["id"]:
+                self.status.setText(f"LoRA \"{entry['name']}\" is in the list already")
+                return row
+        row = len(self._loras)
+        self._loras.append({"path": path, "name": info["name"], "id": info["id"], "uploaded_to": self._client_key})
+        self.loras.insertRow(row)
+        item = QTableWidgetItem(info["name"])
+        item.setToolTip(f"{path}\n{info['format']}, rank {info['max_rank']}, {info['layers']} layers\n{info['id']}")
+        self.loras.setItem(row, 0, item)
+        spin = QDoubleSpinBox()
+        spin.setRange(*LORA_STRENGTH_RANGE)
+        spin.setSingleStep(0.1)
+        spin.setValue(strength)
+        self.loras.setCellWidget(row, 1, spin)
+        self.status.setText(f"Added LoRA \"{info['name']}\" ({info['format']}, rank {info['max_rank']})")
+        return row
+
+    def remove_lora(self, row=None):
+        """Takes a LoRA off the list (`row` None: the selected one); the engine keeps the file."""
+        if row is None:
+            selected = self.loras.selectionModel().selectedRows()
+            if not selected:
+                return
+            row = selected[0].row()
+        if 0 <= row < len(self._loras):
+            del self._loras[row]
+            self.loras.removeRow(row)
+
+    def set_lora_strength(self, row, strength):
+        self.loras.cellWidget(row, 1).setValue(strength)
+
+    def adapters(self):
+        """The list as an edit's adapters, (id, strength) in order. A LoRA not uploaded to the
+        current engine (the endpoint changed, or the engine lost it) is uploaded again from its
+        file: raises InfillError naming the file when that fails."""
+        client = self.client()
+        out = []
+        for row, entry in enumerate(self._loras):
+            if entry["uploaded_to"] != self._client_key:
+                entry["id"] = client.upload_adapter(entry["path"])["id"]
+                entry["uploaded_to"] = self._client_key
+            out.append((entry["id"], self.loras.cellWidget(row, 1).value()))
+        return out
 
     def generate(self, document=None, node=None, live=False):
         """Repaints the selection of `node` (default: the active layer of the active document).
         Returns the edit's serial, or 0 with the reason in the status line."""
         document = document or Krita.instance().activeDocument()
         node = node or (document.activeNode() if document else None)
-        try:
-            repaint = Repaint(Krita.instance(), self.client(), document, node, self.settings(live))
-            self._serial += 1
-            serial = self._serial
-            b = self.bridge
-            job = repaint.start(
-                supersedes=self._live_job_id if live else 0,
-                on_progress=lambda done, total: b.progress.emit(serial, done, total),
-                on_preview=lambda png, steps: b.preview.emit(serial, png, steps),
-                on_done=lambda state, error, data, media: b.done.emit(serial, state, str(error or ""), data, media))
-        except (layer_io.LayerError, infill_client.InfillError) as e:
-            self.status.setText(str(e))
-            return 0
+        for attempt in (1, 2):
+            try:
+                repaint = Repaint(Krita.instance(), self.client(), document, node, self.settings(live))
+                self._serial += 1
+                serial = self._serial
+                b = self.bridge
+                job = repaint.start(
+                    supersedes=self._live_job_id if live else 0,
+                    on_progress=lambda done, total: b.progress.emit(serial, done, total),
+                    on_preview=lambda png, steps: b.preview.emit(serial, png, steps),
+                    on_done=lambda state, error, data, media: b.done.emit(serial, state, str(error or ""), data, media))
+                break
+            except infill_client.InfillError as e:
+                if attempt == 1 and e.engine_code == "unknown_adapter" and self._loras:
+                    # The engine no longer holds a LoRA of the list (deleted from its store, or
+                    # its cache folder cleared): upload the files again and retry once.
+                    for entry in self._loras:
+                        entry["uploaded_to"] = None
+                    continue
+                self.status.setText(str(e))
+                return 0
+            except layer_io.LayerError as e:
+                self.status.setText(str(e))
+                return 0
         self._edits[serial] = repaint
         if live:
             self._live_job_id = job.id
