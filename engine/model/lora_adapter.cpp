@@ -54,14 +54,20 @@ at::Tensor LoraAdapter::delta(const std::string& weight) const {
   return at::mm(it->second.up, it->second.down);
 }
 
-std::string adapter_set_key(const AdapterSet& set) {
+std::string adapter_set_key(const std::vector<std::pair<std::string, double>>& uses) {
   std::string key;
-  for (const AdapterUse& use : set) {
+  for (const auto& [id, s] : uses) {
     char strength[32];
-    std::snprintf(strength, sizeof strength, "%.9g", use.strength);
-    key += (key.empty() ? "" : "+") + use.adapter->id + "*" + strength;
+    std::snprintf(strength, sizeof strength, "%.9g", s);
+    key += (key.empty() ? "" : "+") + id + "*" + strength;
   }
   return key;
+}
+
+std::string adapter_set_key(const AdapterSet& set) {
+  std::vector<std::pair<std::string, double>> uses;
+  for (const AdapterUse& use : set) uses.emplace_back(use.adapter->id, use.strength);
+  return adapter_set_key(uses);
 }
 
 std::shared_ptr<const LoraAdapter> LoraAdapter::on(const at::TensorOptions& options) const {

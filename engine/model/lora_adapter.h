@@ -76,6 +76,8 @@ using AdapterSet = std::vector<AdapterUse>;
 /// What a cache key records of a set: "" for none, else each adapter's id and strength in
 /// order ("<id>*0.8+<id>*-0.5"). Sets differing in an adapter, its order or a strength differ.
 std::string adapter_set_key(const AdapterSet& set);
+/// The same from (adapter id, strength) pairs: the key of a set whose files are not read yet.
+std::string adapter_set_key(const std::vector<std::pair<std::string, double>>& uses);
 
 /// Reads the LoRA file at `path` for a transformer of `config`; `model_name` names it in
 /// errors ("... a LoRA for another model?").

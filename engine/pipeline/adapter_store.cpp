@@ -158,6 +158,11 @@ void AdapterStore::hold_locked(const std::string& key, std::shared_ptr<const Lor
   }
 }
 
+bool AdapterStore::in_memory(const std::string& id, const EditModel& model) const {
+  std::lock_guard lock(mu_);
+  return held_index_.count(id + '\n' + model.info().id) > 0;
+}
+
 Result<std::shared_ptr<const LoraAdapter>> AdapterStore::get(const std::string& id, const EditModel& model) {
   const std::string key = id + '\n' + model.info().id;
   {

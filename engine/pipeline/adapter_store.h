@@ -9,8 +9,10 @@
 /// use (another format, another size, damaged) is refused with the error naming the upload and
 /// the key, and nothing is written. The same bytes uploaded twice are one adapter.
 ///
-/// Not yet: a device tier (adapters are copied to a GPU each step they run there) and reading
-/// on the copy stream while an edit runs its first steps without the adapter.
+/// An edit whose adapters are not all in memory has them read on the service's pool while it
+/// is encoded and runs its first steps (pipeline/adapter_load.h). Not yet: a device tier of
+/// its own (on a GPU, adapters are held there by the host tier's entries, read_adapter moving
+/// them once) and copies on a separate copy stream.
 ///
 /// Threading: every method is safe from any thread; files are read and written outside the
 /// store's mutex (on the caller's thread: the service pool, never the step loop).
@@ -72,6 +74,8 @@ class AdapterStore {
   /// The adapter `id` as `model` reads it: from memory, else from its file. not_found naming
   /// an unknown id; the model's error (naming the key) when the file does not fit it.
   Result<std::shared_ptr<const LoraAdapter>> get(const std::string& id, const EditModel& model);
+  /// Whether `get(id, model)` would answer from memory (no file read).
+  bool in_memory(const std::string& id, const EditModel& model) const;
   /// Each (id, strength) of `ids` read for `model`, in order.
   Result<AdapterSet> resolve(const std::vector<std::pair<std::string, double>>& ids, const EditModel& model);
 

@@ -89,7 +89,7 @@ Result<std::unique_ptr<StepSession>> DitEditModel::create_session(std::shared_pt
                                                                   const EditParams& params,
                                                                   std::shared_ptr<const ActivationEntry> entry,
                                                                   std::shared_ptr<const ActivationEntry>) const {
-  if (!params.adapters.empty()) {
+  if (!params.adapters.empty() || params.adapter_load) {
     return invalid_argument("model " + name() + " is of the DiT family, which takes no LoRA adapters (FLUX.2 models do)");
   }
   if (!params.references.empty()) {

@@ -45,6 +45,9 @@ class StepSession {
   /// Current clean-latent estimate [C, h, w] in the model's scale, for previews.
   virtual at::Tensor predicted_latent() const = 0;
   virtual Result<EditOutput> finish() const = 0;
+  /// The next step applies adapters still being read (EditParams::adapter_load): the worker
+  /// leaves the session out of rounds until they are.
+  virtual bool waiting_for_adapters() const { return false; }
 };
 
 /// A template's prepare run, sliced one step at a time by the worker.
@@ -66,6 +69,8 @@ class StepPrepare {
   /// Runs the next step. A model error throws (c10::Error).
   virtual void run_step() = 0;
   virtual std::shared_ptr<const ActivationEntry> entry() const = 0;
+  /// As StepSession::waiting_for_adapters: the worker runs no slice of it until they are read.
+  virtual bool waiting_for_adapters() const { return false; }
 };
 
 /// What clients are told of a model (GET /v1/models) and the defaults requests start from.

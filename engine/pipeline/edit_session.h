@@ -25,6 +25,7 @@
 #include "common/status.h"
 #include "model/lora_adapter.h"
 #include "model/model.h"
+#include "pipeline/adapter_load.h"
 #include "pipeline/cached_kv.h"
 #include "pipeline/image_io.h"
 #include "pipeline/mask.h"
@@ -65,6 +66,12 @@ struct EditParams {
   int decode_margin = 4;    ///< latent pixels of context decoded around the mask's box
   /// LoRAs, in order, each with its strength (FLUX.2 only); part of every cache key.
   AdapterSet adapters;
+  /// The adapters while their files are read (adapter_load.h); `adapters` is then empty.
+  std::shared_ptr<AdapterLoad> adapter_load;
+  /// Katz's K: the schedule's steps before this one run without the adapters (so that a
+  /// loading adapter need not hold them up). Part of the cache keys of edits with adapters:
+  /// an entry recorded with one K serves only edits with the same K. 0: every step.
+  int adapters_from_step = 0;
   /// Reference images (FLUX.2 only; reference_image.h), in order; their ids are part of every
   /// cache key.
   std::vector<ReferenceImage> references;
@@ -89,6 +96,8 @@ struct EditOutput {
   /// the device tier), recomputed_blocks of every step recomputed instead.
   bool copied_to_device = false;
   PixelRect region;           ///< pixel box that was decoded
+  /// EditParams::adapters_from_step of an edit with adapters (0 without).
+  int adapters_from_step = 0;
 };
 
 /// Resolves "" / 0 in `spec` to the model's defaults.

@@ -36,6 +36,7 @@ class Flux2StepSession final : public StepSession {
   int64_t prediction_rows() const override { return s_->prediction_rows(); }
   Status apply(const at::Tensor& prediction, int next_step) override { return s_->apply(prediction, next_step); }
   at::Tensor predicted_latent() const override { return s_->predicted_latent(); }
+  bool waiting_for_adapters() const override { return s_->waiting_for_adapters(); }
   Result<EditOutput> finish() const override {
     INFILL_ASSIGN_OR_RETURN(EditOutput out, s_->finish());
     out.prompt_truncated = prompt_truncated_;
@@ -58,6 +59,7 @@ class Flux2StepPrepare final : public StepPrepare {
   int steps() const override { return run_->steps(); }
   bool done() const override { return run_->done(); }
   void run_step() override { run_->run_step(); }
+  bool waiting_for_adapters() const override { return run_->waiting_for_adapters(); }
   std::shared_ptr<const ActivationEntry> entry() const override { return run_->entry(); }
 
  private:
@@ -66,12 +68,13 @@ class Flux2StepPrepare final : public StepPrepare {
   std::string template_id_;
 };
 
-// An edit's session parameters, its prompt encoded; `truncated` tells whether it was cut.
 std::vector<at::Tensor> reference_latents(const EditParams& params) {
   std::vector<at::Tensor> latents;
   for (const ReferenceImage& r : params.references) latents.push_back(r.latent);
   return latents;
 }
+
+// An edit's session parameters, its prompt encoded; `truncated` tells whether it was cut.
 
 Result<Flux2EditParams> session_params(const Flux2EditModelParts& parts, const PromptEmbedding& empty_prompt,
                                        const EditParams& params, int steps, bool& truncated) {
@@ -93,6 +96,8 @@ Result<Flux2EditParams> session_params(const Flux2EditModelParts& parts, const P
   p.feather_px = params.feather_px;
   p.decode_margin = params.decode_margin;
   p.adapters = params.adapters;
+  p.adapter_load = params.adapter_load;
+  p.adapters_from_step = params.adapters_from_step;
   p.references = reference_latents(params);
   return p;
 }
@@ -134,6 +139,10 @@ Status Flux2EditModel::check_schedule(const EditParams& params) const {
   const int steps = resolved_steps(params);
   if (steps < 1 || steps > Sampler::kMaxSteps) {
     return invalid_argument("steps is " + std::to_string(steps) + ", expected 1.." + std::to_string(Sampler::kMaxSteps));
+  }
+  if (params.adapters_from_step < 0 || params.adapters_from_step > steps) {
+    return invalid_argument("adapters_from_step is " + std::to_string(params.adapters_from_step) + ", expected 0.." +
+                            std::to_string(steps) + " (the edit's steps)");
   }
   return {};
 }
@@ -193,7 +202,9 @@ ActivationKey Flux2EditModel::cache_key(const TemplateImage& tmpl, const EditPar
   key.steps = resolved_steps(params);
   key.sampler = "flux2_euler_rf";  // template-keyed: recorded under the empty prompt
   key.seed = params.schedule.template_seed;
-  key.adapters = adapter_set_key(params.adapters);
+  key.adapters = params.adapter_load ? params.adapter_load->key() : adapter_set_key(params.adapters);
+  // An entry recorded with the adapters from step K holds K steps without them.
+  if (!key.adapters.empty() && params.adapters_from_step > 0) key.adapters += "@" + std::to_string(params.adapters_from_step);
   for (const ReferenceImage& r : params.references) key.references += (key.references.empty() ? "" : ",") + r.id;
   return key;
 }
@@ -309,7 +320,8 @@ Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prepare(std::shared_
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2PrepareRun> run,
                           Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), empty_prompt_->rows, resolved_steps(params),
                                                   params.schedule.template_seed, params.guidance_scale, at::Tensor(),
-                                                  params.adapters, reference_latents(params)));
+                                                  params.adapters, reference_latents(params), params.adapter_load,
+                                                  params.adapters_from_step));
   return std::unique_ptr<StepPrepare>(std::make_unique<Flux2StepPrepare>(std::move(run), std::move(key), std::move(id)));
 }
 
@@ -327,7 +339,7 @@ Result<std::unique_ptr<StepPrepare>> Flux2EditModel::create_prompt_prepare(std::
     const bool guided = flux2_runs_cfg(parts_.transformer->config(), p.guidance);
     INFILL_ASSIGN_OR_RETURN(run, Flux2PrepareRun::create(parts_.transformer, std::move(tmpl), p.prompt, p.steps,
                                                          p.template_seed, p.guidance, guided ? p.null_prompt : at::Tensor(),
-                                                         p.adapters, p.references));
+                                                         p.adapters, p.references, p.adapter_load, p.adapters_from_step));
   }
   return std::unique_ptr<StepPrepare>(std::make_unique<Flux2StepPrepare>(std::move(run), std::move(key), std::move(id)));
 }

@@ -64,6 +64,10 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   const Flux2Config& cfg = model->config();
   INFILL_ASSIGN_OR_RETURN(at::Tensor mask, checked_edit_mask(params.mask, *tmpl));
   INFILL_RETURN_IF_ERROR(check_edit_ranges(params.strength, params.halo_tokens, params.feather_px));
+  if (params.adapters_from_step < 0 || params.adapters_from_step > params.steps) {
+    return invalid_argument("adapters_from_step is " + std::to_string(params.adapters_from_step) + ", expected 0 .. " +
+                            std::to_string(params.steps) + " (the schedule's steps)");
+  }
   INFILL_RETURN_IF_ERROR(check_text(params.prompt, "prompt", cfg));
   if (cfg.mask_channels > 0 && codec->factor() % cfg.mask_cells() != 0) {
     return invalid_argument("the model's " + std::to_string(cfg.mask_cells()) + "x" + std::to_string(cfg.mask_cells()) +
@@ -191,7 +195,7 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
 
 void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, KvSource* kv, bool compute_text) const {
   s = Flux2Segment{};
-  s.adapters = params_.adapters;
+  if (adapters_apply_at(step_, params_.adapters_from_step)) s.adapters = params_.adapters;
   s.timestep = sampler_->model_timestep(step_) / 1000.0;
   s.guidance = params_.guidance;
   const at::Tensor& idx = tokens_.indices;
@@ -228,7 +232,17 @@ void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, Kv
   }
 }
 
+bool Flux2EditSession::waiting_for_adapters() const {
+  return params_.adapter_load && params_.adapters.empty() && !done() &&
+         adapters_apply_at(step_, params_.adapters_from_step) && !params_.adapter_load->ready();
+}
+
 std::span<Flux2Segment> Flux2EditSession::segments() {
+  if (params_.adapter_load && params_.adapters.empty() && adapters_apply_at(step_, params_.adapters_from_step)) {
+    Result<AdapterSet> set = params_.adapter_load->result();  // the worker steps it only once read
+    TORCH_CHECK(set.ok(), "flux2 edit: ", set.status().message());
+    params_.adapters = std::move(*set);
+  }
   StreamedKvSource* streamed = cache_.template_keyed_streamed.get();
   // The reads overlap this step's blocks; a recomputed prefix is never read.
   if (streamed != nullptr) streamed->start_step(step_, cache_.recompute_blocks);
@@ -324,6 +338,7 @@ Result<EditOutput> Flux2EditSession::finish() const {
   out.used_cache = mode_ != Flux2CacheMode::kOff && tokens_.count() > 0;
   out.cache_mode = flux2_cache_mode_name(mode_);
   out.streamed_cache = cache_.template_keyed_streamed != nullptr;
+  if (!params_.adapters.empty() || params_.adapter_load) out.adapters_from_step = params_.adapters_from_step;
   out.recomputed_blocks = mode_ == Flux2CacheMode::kTemplateKeyed ? cache_.recompute_blocks : 0;
   out.copied_to_device = mode_ == Flux2CacheMode::kTemplateKeyed && cache_.template_keyed &&
                          !cache_.template_keyed_resident && !model_->device().is_cpu();

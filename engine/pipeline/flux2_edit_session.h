@@ -43,6 +43,7 @@
 #include "common/status.h"
 #include "model/flux2_transformer.h"
 #include "model/latent_codec.h"
+#include "pipeline/adapter_load.h"
 #include "pipeline/cached_kv.h"
 #include "pipeline/edit_session.h"
 #include "pipeline/mask.h"
@@ -75,6 +76,10 @@ struct Flux2EditParams {
   /// LoRAs of every segment (both halves under guidance); the entries read must have been
   /// recorded under the same set and strengths (their keys say so).
   AdapterSet adapters;
+  /// EditParams::adapter_load and adapters_from_step: steps before adapters_from_step carry no
+  /// adapters; from there a load must be ready (the worker sees to it; segments() throws else).
+  std::shared_ptr<AdapterLoad> adapter_load;
+  int adapters_from_step = 0;
   /// Reference images' latents [C, h_i, w_i] (at most kMaxReferenceImages), in order; the
   /// entries read must have been recorded with the same ones (their keys name them).
   std::vector<at::Tensor> references;
@@ -122,6 +127,8 @@ class Flux2EditSession {
   int first_step() const { return first_step_; }
   const TokenSet& tokens() const { return tokens_; }
   Flux2CacheMode mode() const { return mode_; }
+  /// The next step applies adapters still being read (Flux2EditParams::adapter_load).
+  bool waiting_for_adapters() const;
   bool guided() const { return guided_; }
 
   /// The segments of the next step (one, or two under classifier-free guidance: prompted,

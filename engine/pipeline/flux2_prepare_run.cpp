@@ -27,7 +27,9 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr
                                                                  std::shared_ptr<const TemplateImage> tmpl,
                                                                  at::Tensor text, int steps, uint64_t template_seed,
                                                                  double guidance, at::Tensor null_text, AdapterSet adapters,
-                                                                 std::vector<at::Tensor> references) {
+                                                                 std::vector<at::Tensor> references,
+                                                                 std::shared_ptr<AdapterLoad> adapter_load,
+                                                                 int adapters_from_step) {
   const Flux2Config& cfg = model->config();
   if (tmpl->latent.size(0) != cfg.in_channels) {
     return invalid_argument("template latent has " + std::to_string(tmpl->latent.size(0)) + " channels, the model reads " +
@@ -73,6 +75,8 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::create(std::shared_ptr
     run->null_sink_ = std::make_unique<EntryKvSink>(*run->entry_, 0, cfg.depth());
   }
   run->adapters_ = std::move(adapters);
+  run->adapter_load_ = std::move(adapter_load);
+  run->adapters_from_step_ = adapters_from_step;
   run->model_ = std::move(model);
   run->tmpl_ = std::move(tmpl);
   return run;
@@ -85,10 +89,17 @@ Result<std::unique_ptr<Flux2PrepareRun>> Flux2PrepareRun::from_stroke(std::share
   const bool guided = flux2_runs_cfg(model->config(), p.guidance);
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2PrepareRun> run,
                           create(model, tmpl, p.prompt, p.steps, p.template_seed, p.guidance,
-                                 guided ? p.null_prompt : at::Tensor(), p.adapters, p.references));
+                                 guided ? p.null_prompt : at::Tensor(), p.adapters, p.references, p.adapter_load,
+                                 p.adapters_from_step));
   INFILL_ASSIGN_OR_RETURN(run->stroke_, Flux2EditSession::create(std::move(model), std::move(stroke.codec), std::move(tmpl),
                                                                  p, Flux2Cache{}, run->sink_.get(), run->null_sink_.get()));
   return run;
+}
+
+bool Flux2PrepareRun::waiting_for_adapters() const {
+  if (stroke_ && !stroke_->done() && step_ >= stroke_->first_step()) return stroke_->waiting_for_adapters();
+  return adapter_load_ && adapters_.empty() && !done() && adapters_apply_at(step_, adapters_from_step_) &&
+         !adapter_load_->ready();
 }
 
 void Flux2PrepareRun::run_step() {
@@ -111,7 +122,12 @@ void Flux2PrepareRun::run_step() {
   segments[0].timestep = sampler_->model_timestep(i) / 1000.0;
   segments[0].guidance = guidance_;
   segments[0].sink = sink_.get();
-  segments[0].adapters = adapters_;
+  if (adapter_load_ && adapters_.empty() && adapters_apply_at(i, adapters_from_step_)) {
+    Result<AdapterSet> set = adapter_load_->result();  // the worker runs it only once read
+    TORCH_CHECK(set.ok(), "flux2 prepare: ", set.status().message());
+    adapters_ = std::move(*set);
+  }
+  if (adapters_apply_at(i, adapters_from_step_)) segments[0].adapters = adapters_;
   sink_->set_step(i);
   if (null_sink_) {  // the null half: the same tokens under the empty prompt
     segments[1] = segments[0];

@@ -55,7 +55,9 @@ class Flux2PrepareRun {
                                                          std::shared_ptr<const TemplateImage> tmpl, at::Tensor text,
                                                          int steps, uint64_t template_seed, double guidance,
                                                          at::Tensor null_text = {}, AdapterSet adapters = {},
-                                                         std::vector<at::Tensor> references = {});
+                                                         std::vector<at::Tensor> references = {},
+                                                         std::shared_ptr<AdapterLoad> adapter_load = {},
+                                                         int adapters_from_step = 0);
   /// A prompt-keyed entry recorded from `stroke` (keyed by its prompt, steps and template seed).
   /// Steps before the stroke's first (strength < 1) record the template's trajectory.
   static Result<std::unique_ptr<Flux2PrepareRun>> from_stroke(std::shared_ptr<const Flux2Transformer> model,
@@ -65,6 +67,8 @@ class Flux2PrepareRun {
   int steps() const { return sampler_->steps(); }
   int step() const { return step_; }
   bool done() const { return step_ >= sampler_->steps(); }
+  /// The next step applies adapters still being read (adapter_load.h).
+  bool waiting_for_adapters() const;
   /// Tokens computed at every step: the sequence (text + image + reference), twice for a
   /// guided prompt-keyed entry.
   int64_t tokens() const;
@@ -82,6 +86,8 @@ class Flux2PrepareRun {
   std::shared_ptr<const TemplateImage> tmpl_;
   std::optional<Sampler> sampler_;
   std::shared_ptr<ActivationEntry> entry_;
+  std::shared_ptr<AdapterLoad> adapter_load_;
+  int adapters_from_step_ = 0;
   AdapterSet adapters_;  // every segment's LoRAs: the entry is keyed by them
   std::unique_ptr<EntryKvSink> sink_, null_sink_;  // null_sink_: the null half's, when recorded
   at::Tensor text_, null_text_, text_ids_, clean_, noise_, image_ids_;

@@ -54,7 +54,8 @@ std::variant<EditRequestFields, ApiReply> parse_edit_request(const json& p, std:
                  str("mask_png_base64", mask_b64), str("sampler", f.sampler), str("model", f.model), str("output_format", f.output_format),
                  num("seed", f.seed), num("steps", f.steps), num("strength", f.strength), num("guidance", f.guidance),
                  num("deadline_ms", f.deadline_ms), num("preview_every_steps", f.preview_every_steps),
-                 num("supersedes", f.supersedes), num("halo_tokens", f.halo_tokens), num("feather_px", f.feather_px)}) {
+                 num("supersedes", f.supersedes), num("halo_tokens", f.halo_tokens), num("feather_px", f.feather_px),
+                 num("adapters_from_step", f.adapters_from_step)}) {
     if (r) return *r;
   }
   if (f.template_id.empty()) return error_reply(400, "missing_parameter", "template is required (the id POST /v1/templates returned)");

@@ -34,6 +34,7 @@ struct EditRequestFields {
   /// LoRAs in order: (adapter id, strength); checked against the store in the service.
   std::vector<std::pair<std::string, double>> adapters;
   std::vector<std::string> references;  ///< reference templates' ids, in order
+  std::optional<double> adapters_from_step;
 };
 
 /// The fields of `params`, or the 400 reply naming the parameter and what was expected.

@@ -496,11 +496,29 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   const EditModel& model_used = models->model(slot);
   const std::string& model_id = model_used.info().id;
   const RequestClass cls = f.cls;
-  auto adapter_set = adapters->resolve(f.adapters, model_used);
-  if (!adapter_set.ok()) {
-    if (adapter_set.status().code() == ErrorCode::kNotFound)
-      return error_reply(404, "unknown_adapter", adapter_set.status().message());
-    return error_reply(400, "invalid_adapter", adapter_set.status().message());
+  // Adapters in memory are taken now; any other is read on the pool while the edit is set up
+  // and runs its first adapters_from_step steps (pipeline/adapter_load.h).
+  bool all_in_memory = true;
+  for (const auto& [adapter_id, strength] : f.adapters) {
+    if (!adapters->find(adapter_id))
+      return error_reply(404, "unknown_adapter", "adapter " + adapter_id + " is not in the store (upload it with POST /v1/adapters)");
+    all_in_memory = all_in_memory && adapters->in_memory(adapter_id, model_used);
+  }
+  AdapterSet adapter_set;
+  std::shared_ptr<AdapterLoad> adapter_load;
+  if (all_in_memory) {
+    auto resolved = adapters->resolve(f.adapters, model_used);
+    if (!resolved.ok()) {
+      if (resolved.status().code() == ErrorCode::kNotFound) return error_reply(404, "unknown_adapter", resolved.status().message());
+      return error_reply(400, "invalid_adapter", resolved.status().message());
+    }
+    adapter_set = std::move(*resolved);
+  } else {
+    adapter_load = std::make_shared<AdapterLoad>(f.adapters);
+    pool->post([load = adapter_load, store = adapters, uses = f.adapters, model = models->shared_model(slot)] {
+      c10::InferenceMode guard;
+      load->finish(store->resolve(uses, *model));
+    });
   }
 
   std::vector<ReferenceImage> references;
@@ -534,7 +552,9 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   req.tmpl = tmpl;
   req.model = models->shared_model(slot);
   req.params.mask = *mask;
-  req.params.adapters = std::move(*adapter_set);
+  req.params.adapters = std::move(adapter_set);
+  req.params.adapter_load = std::move(adapter_load);
+  if (f.adapters_from_step) req.params.adapters_from_step = static_cast<int>(*f.adapters_from_step);
   req.params.references = std::move(references);
   req.params.guidance_scale = f.guidance ? *f.guidance : model_used.info().default_guidance;
   req.params.seed = f.seed ? static_cast<uint64_t>(*f.seed) : 0;
@@ -644,6 +664,7 @@ void EngineService::Impl::on_complete(const RequestResult& r) {
   if (done) {
     outcome.metrics["cache_mode"] = r.output.cache_mode;
     outcome.metrics["prompt_truncated"] = r.output.prompt_truncated;
+    outcome.metrics["adapters_from_step"] = r.output.adapters_from_step;
   }
   auto note = ledger->complete(std::move(outcome));
   if (!note) return;
@@ -655,6 +676,7 @@ void EngineService::Impl::on_complete(const RequestResult& r) {
     data["total_ms"] = r.metrics.total_ms;
     data["cache_mode"] = r.output.cache_mode;
     data["prompt_truncated"] = r.output.prompt_truncated;
+    data["adapters_from_step"] = r.output.adapters_from_step;
   } else {
     data["error"] = {{"code", error_code_name(r.status.code())}, {"message", r.status.message()}};
   }

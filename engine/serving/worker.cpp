@@ -599,18 +599,36 @@ void Worker::loop() {
     std::vector<Message> messages;
     {
       std::unique_lock lock(inbox_mu_);
-      inbox_cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || (!active_.empty() && !steps_held_) || !prepares_.empty(); });
+      const auto woken = [&] { return stop_ || !inbox_.empty() || runnable_; };
+      // Work waiting only for adapters being read on the pool: looked at again every few ms
+      // (a read takes far longer), not spun on.
+      if (waiting_for_adapters_) {
+        inbox_cv_.wait_for(lock, std::chrono::milliseconds(5), woken);
+      } else {
+        inbox_cv_.wait(lock, woken);
+      }
       if (stop_) break;
       messages.swap(inbox_);
     }
     for (Message& m : messages) handle(m);
     if (!in_service_.load()) fail_all_out_of_service();
     retire_inactive();
-    const size_t ready = static_cast<size_t>(
-        std::count_if(active_.begin(), active_.end(), [](const auto& r) { return !r->finishing; }));
+    size_t ready = 0, waiting = 0;
+    for (const auto& r : active_) {
+      if (r->finishing) continue;
+      ++(r->session->waiting_for_adapters() ? waiting : ready);
+    }
+    bool have_prepares = false;
+    for (const auto& [key, job] : prepares_) {
+      const bool waits = job->run->waiting_for_adapters();
+      waiting += waits;
+      have_prepares = have_prepares || !waits;
+    }
     steps_held_ = ready > 0 && options_.may_step && !options_.may_step(ready);
     const bool have_steps = ready > 0 && !steps_held_;
-    if (!prepares_.empty() && (prepare_turn_ || !have_steps)) {
+    runnable_ = have_steps || have_prepares;
+    waiting_for_adapters_ = waiting > 0;
+    if (have_prepares && (prepare_turn_ || !have_steps)) {
       run_prepare_slice();
       prepare_turn_ = false;
     } else if (have_steps) {
@@ -726,11 +744,12 @@ void Worker::run_prepare_slice() {
     std::erase_if(w, [](const auto& r) { return r->ended.load(); });
     it = w.empty() && !it->second->background ? prepares_.erase(it) : std::next(it);
   }
-  if (prepares_.empty()) return;
-  auto best = prepares_.begin();
+  auto best = prepares_.end();
   for (auto it = prepares_.begin(); it != prepares_.end(); ++it) {
-    if (it->second->deadline_abs_ms < best->second->deadline_abs_ms) best = it;
+    if (it->second->run->waiting_for_adapters()) continue;
+    if (best == prepares_.end() || it->second->deadline_abs_ms < best->second->deadline_abs_ms) best = it;
   }
+  if (best == prepares_.end()) return;
   PrepareJob& job = *best->second;
   const auto t0 = std::chrono::steady_clock::now();
   bool failed = false;
@@ -778,6 +797,12 @@ void Worker::run_prepare_slice() {
 
 bool Worker::retire(const std::shared_ptr<Record>& r, double now) {
   if (r->ended) return true;
+  if (const auto& load = r->req.params.adapter_load; load && load->ready()) {
+    if (Result<AdapterSet> set = load->result(); !set.ok()) {
+      complete(r, RequestState::kFailed, set.status());
+      return true;
+    }
+  }
   if (r->cancel_requested) {
     std::unique_lock lock(r->mu);
     Status why = r->cancel_reason;
@@ -799,6 +824,7 @@ void Worker::retire_inactive() {
   for (auto& [key, job] : prepares_) {
     std::erase_if(job->waiting, [&](const std::shared_ptr<Record>& r) { return retire(r, now); });
   }
+  std::erase_if(prepares_, [](const auto& kv) { return kv.second->waiting.empty() && !kv.second->background; });
   std::erase_if(active_, [&](const std::shared_ptr<Record>& r) {
     if (retire(r, now)) return true;
     if (!r->finishing && r->session->done()) {
@@ -828,7 +854,7 @@ void Worker::run_step() {
   std::map<const ServedModel*, ModelShare> shares;
   double candidate_tokens = 0;
   for (const auto& r : active_) {
-    if (r->finishing) continue;
+    if (r->finishing || r->session->waiting_for_adapters()) continue;
     SchedCandidate c;
     c.id = r->req.id;
     c.tokens = r->tokens * (r->session->guided() ? 2 : 1);

@@ -215,6 +215,9 @@ class Worker {
   uint64_t ready_seq_ = 0;
   bool prepare_turn_ = false;
   bool steps_held_ = false;  // may_step said no: wait for a message, not for steps
+  // Loop thread only: a step or a prepare slice can run now; some wait for adapters being read.
+  bool runnable_ = false;
+  bool waiting_for_adapters_ = false;
 
   // Load reported to the router.
   std::atomic<int> requests_{0};

@@ -61,7 +61,7 @@ struct EditParameter {
 // g++ 12 warns about every omitted field all the same (GCC bug 96868), hence the pragma.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-inline constexpr std::array<EditParameter, 19> kEditParameters = {{
+inline constexpr std::array<EditParameter, 20> kEditParameters = {{
     {.name = "template", .job_name = "template", .type = ParamType::kString, .clients = kApi | kSdk | kJobFile,
      .description = "the template: its id from POST /v1/templates (job files: an image path)"},
     {.name = "prompt", .job_name = "prompt", .type = ParamType::kString, .max_length = 1000,
@@ -103,11 +103,15 @@ inline constexpr std::array<EditParameter, 19> kEditParameters = {{
     {.name = "mask_rect", .type = ParamType::kRectangle, .clients = kApi | kSdk,
      .description = "the mask as a rectangle [x, y, w, h] (an array)"},
     {.name = "adapters", .job_name = "adapters", .type = ParamType::kAdapterList, .min = -10, .max = 10,
-     .max_length = 8, .clients = kApi | kSdk | kJobFile,
+     .max_length = 8, .clients = kApi | kSdk | kJobFile | kEditor,
      .description = "LoRAs applied in order, each {\"id\": from POST /v1/adapters, \"strength\": default 1}; FLUX.2 "
                     "models only; part of the cache key"},
+    {.name = "adapters_from_step", .type = ParamType::kInteger, .min = 0, .max = 1000, .has_default = true,
+     .default_value = 0, .clients = kApi,
+     .description = "the first step that applies the adapters (Katz's K): earlier steps run without them, so that an "
+                    "adapter still being read holds up none of them; at most the edit's steps; part of the cache key"},
     {.name = "references", .job_name = "references", .type = ParamType::kTemplateList, .max_length = 4,
-     .clients = kApi | kSdk | kJobFile,
+     .clients = kApi | kSdk | kJobFile | kEditor,
      .description = "reference images besides the template (their ids from POST /v1/templates), entered as tokens at "
                     "t = 20, 30, ... the way FLUX.2 [klein] edits; each scaled to at most 1024x1024 pixels; FLUX.2 "
                     "models only; part of the cache key"},

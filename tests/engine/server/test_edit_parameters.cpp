@@ -52,7 +52,7 @@ TEST_CASE("POST /v1/edits refuses each table parameter just outside its range, n
             std::string::npos);
     }
   }
-  CHECK(numeric == 9);
+  CHECK(numeric == 10);
   // An unknown key is refused with the table's API names as the list of known ones.
   Response unknown = submit({{"halo", 2}});
   REQUIRE(unknown.status == 400);

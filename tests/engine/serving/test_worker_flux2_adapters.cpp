@@ -6,6 +6,8 @@
 #include "support/tiny_flux2.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <future>
 #include <limits>
 #include <string>
@@ -17,6 +19,7 @@
 
 #include "model/lora_adapter.h"
 #include "model/safetensors_torch.h"
+#include "pipeline/adapter_load.h"
 #include "pipeline/flux2_edit_model.h"
 #include "serving/serving_runtime.h"
 #include "flux2_serving_fixture.h"
@@ -145,4 +148,131 @@ TEST_CASE("Worker FLUX.2 with LoRAs: requests with different sets share packed s
   const auto workers = rt->worker_metrics();
   REQUIRE(workers.size() == 1);
   CHECK(workers[0].max_batch >= 3);
+}
+
+namespace {
+
+std::vector<std::pair<std::string, double>> uses_of(const AdapterSet& set) {
+  std::vector<std::pair<std::string, double>> uses;
+  for (const AdapterUse& u : set) uses.emplace_back(u.adapter->id, u.strength);
+  return uses;
+}
+
+}  // namespace
+
+TEST_CASE("Worker FLUX.2 with LoRAs: adapters from step K leave the first K steps without them, keyed by K",
+          "[flux2-serving][lora]") {
+  Flux2Serving f;  // 3 steps
+  const Flux2Config& cfg = f.model->parts().transformer->config();
+  const auto a = random_lora(f.dir.file("a.safetensors"), cfg, 5);
+  auto rt = f.runtime();
+  const auto edit = [&](int from_step, bool adapters) {
+    EditParams p = f.params("make the cup red", 9);
+    if (adapters) p.adapters = {{a, 3.0}};
+    p.adapters_from_step = from_step;
+    return p;
+  };
+  uint64_t id = 1;
+  const auto run = [&](const EditParams& p) {
+    const RequestResult r = submit(*rt, id++, f.tmpl, p).get();
+    INFO(r.status.to_string());
+    REQUIRE(r.state == RequestState::kDone);
+    return r;
+  };
+  const RequestResult k0 = run(edit(0, true)), k1 = run(edit(1, true)), k3 = run(edit(3, true)), plain = run(edit(0, false));
+  // K = the whole schedule is the edit without adapters, computed on an entry of its own.
+  CHECK((k3.output.image.data == plain.output.image.data));
+  CHECK((k0.output.image.data != plain.output.image.data));
+  CHECK((k1.output.image.data != k0.output.image.data));
+  // Each equals its own run, and says its K.
+  CHECK((k1.output.image.data == alone(f, edit(1, true)).data));
+  CHECK(k1.output.adapters_from_step == 1);
+  CHECK(k0.output.adapters_from_step == 0);
+  CHECK(plain.output.adapters_from_step == 0);
+  const std::string key0 = f.model->cache_key(*f.tmpl, edit(0, true)).canonical();
+  const std::string key1 = f.model->cache_key(*f.tmpl, edit(1, true)).canonical();
+  CHECK(key0 != key1);
+  CHECK(f.model->cache_key(*f.tmpl, edit(1, false)).canonical() == f.model->cache_key(*f.tmpl, edit(0, false)).canonical());
+  // A K beyond the schedule is refused before the edit is admitted.
+  CHECK(!f.model->check_schedule(edit(4, true)).ok());
+}
+
+TEST_CASE("Worker FLUX.2 with LoRAs: an edit whose adapters are still being read runs its first K steps and holds up no other",
+          "[flux2-serving][lora]") {
+  Flux2Serving f;  // 3 steps
+  const Flux2Config& cfg = f.model->parts().transformer->config();
+  const AdapterSet set = {{random_lora(f.dir.file("a.safetensors"), cfg, 6), 3.0}};
+  auto rt = f.runtime();
+
+  // Without a cache entry (cache off), so that the edit's own steps are what waits.
+  EditParams loading = f.params("make the cup red", 9);
+  loading.cache = CacheMode::kOff;
+  loading.adapters_from_step = 2;
+  loading.adapter_load = std::make_shared<AdapterLoad>(uses_of(set));
+  std::promise<void> reached_k;
+  std::atomic<bool> finished_load{false}, stepped_past_k{false};
+  auto done = std::make_shared<std::promise<RequestResult>>();
+  auto result = done->get_future();
+  ServingRequest r;
+  r.id = 1;
+  r.tmpl = f.tmpl;
+  r.params = loading;
+  r.encode_result = false;
+  r.on_progress = [&, reported = std::make_shared<bool>(false)](const RequestProgress& p) {
+    if (p.steps_done > 2 && !finished_load) stepped_past_k = true;
+    if (p.steps_done >= 2 && !*reported) {
+      *reported = true;
+      reached_k.set_value();
+    }
+  };
+  r.on_complete = [done](const RequestResult& res) { done->set_value(res); };
+  REQUIRE(rt->submit(std::move(r)).ok());
+
+  // Another edit, submitted after it, runs to its end while the adapters are not read.
+  const RequestResult other = submit(*rt, 2, f.tmpl, f.params("a dark blue patch", 4)).get();
+  REQUIRE(other.state == RequestState::kDone);
+  REQUIRE(reached_k.get_future().wait_for(std::chrono::seconds(300)) == std::future_status::ready);
+  CHECK(result.wait_for(std::chrono::seconds(0)) != std::future_status::ready);
+
+  finished_load = true;
+  loading.adapter_load->finish(set);
+  const RequestResult ended = result.get();
+  INFO(ended.status.to_string());
+  REQUIRE(ended.state == RequestState::kDone);
+  CHECK(!stepped_past_k);
+  CHECK(ended.output.adapters_from_step == 2);
+  // The same as the edit with its adapters in hand from the start.
+  EditParams in_hand = loading;
+  in_hand.adapter_load.reset();
+  in_hand.adapters = set;
+  const RequestResult sync = submit(*rt, 3, f.tmpl, in_hand).get();
+  REQUIRE(sync.state == RequestState::kDone);
+  CHECK((ended.output.image.data == sync.output.image.data));
+
+  // With the cache: the prepare run under the set waits at step K too, and the edit comes out
+  // as with the adapters in hand.
+  EditParams cached = f.params("make the cup red", 10);
+  cached.adapters_from_step = 1;
+  cached.adapter_load = std::make_shared<AdapterLoad>(uses_of(set));
+  auto pending = submit(*rt, 4, f.tmpl, cached);
+  CHECK(submit(*rt, 5, f.tmpl, f.params("a dark blue patch", 5)).get().state == RequestState::kDone);
+  CHECK(pending.wait_for(std::chrono::seconds(0)) != std::future_status::ready);
+  cached.adapter_load->finish(set);
+  const RequestResult cached_done = pending.get();
+  REQUIRE(cached_done.state == RequestState::kDone);
+  CHECK(cached_done.output.cache_mode == "template_keyed");
+  EditParams cached_in_hand = cached;
+  cached_in_hand.adapter_load.reset();
+  cached_in_hand.adapters = set;
+  CHECK((cached_done.output.image.data == alone(f, cached_in_hand).data));
+
+  // A read that fails fails its edit with the reader's error, and nothing else.
+  EditParams failing = f.params("make the cup red", 11);
+  failing.adapter_load = std::make_shared<AdapterLoad>(uses_of(set));
+  auto failed = submit(*rt, 6, f.tmpl, failing);
+  failing.adapter_load->finish(Status(ErrorCode::kCorruptData, "adapter x.safetensors is truncated"));
+  const RequestResult failed_result = failed.get();
+  CHECK(failed_result.state == RequestState::kFailed);
+  CHECK(failed_result.status.message() == "adapter x.safetensors is truncated");
+  CHECK(submit(*rt, 7, f.tmpl, f.params("a dark blue patch", 6)).get().state == RequestState::kDone);
 }
