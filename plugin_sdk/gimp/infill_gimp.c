@@ -2,8 +2,9 @@
  *
  * The active layer is the template and the image's selection the mask (0 = keep,
  * 255 = regenerate, grey = blend); the engine repaints the selected region and the result
- * becomes a new layer "Infill: <prompt>" above the active one, at the same offsets. The plug-in
- * never loads a model: it talks to a running infill-engine through libinfill_client only.
+ * becomes a new layer "Infill: <prompt>" above the active one, at the same offsets. A LoRA file
+ * (FLUX.2 models) is uploaded to the engine's adapter store and applied at its strength. The
+ * plug-in never loads a model: it talks to a running infill-engine through libinfill_client only.
  *
  * Threads: everything here runs on the plug-in's main thread. libinfill_client runs its own
  * thread for the engine's events, but the plug-in installs no callbacks: the main thread polls
@@ -45,9 +46,22 @@ typedef struct {
   gdouble guidance;      /* [1, 20]; 0: the model's default */
   gchar endpoint[512];   /* "": the SDK's default (the local engine) */
   gchar token_file[512]; /* "": the SDK's lookup ($INFILL_TOKEN, ~/.config/infill/token) */
+  /* Appended after 0.1 (settings stored by an older plug-in are shorter: these keep their
+   * defaults). */
+  gchar adapter_file[1024]; /* a LoRA .safetensors; "": none */
+  gdouble adapter_strength; /* kAdapterStrengthMin..kAdapterStrengthMax */
 } RepaintValues;
 
-static const RepaintValues kDefaults = {"", 0, FALSE, 0, 1.0, 0.0, "", ""};
+static const RepaintValues kDefaults = {"", 0, FALSE, 0, 1.0, 0.0, "", "", "", 1.0};
+
+/* A LoRA's strength: the range of the "adapters" row of the parameter table
+ * (protocol/infill_protocol/edit_parameters.h, C++); the GIMP test checks that they agree. */
+static const gdouble kAdapterStrengthMin = -10.0;
+static const gdouble kAdapterStrengthMax = 10.0;
+
+/* The procedure's arguments: the first 10 were its whole list before the LoRA ones. */
+#define NPARAMS_WITHOUT_ADAPTER 10
+#define NPARAMS 12
 
 static const char* g_self_path = NULL; /* argv[0]: the watcher is this binary */
 
@@ -79,6 +93,9 @@ static void query(void) {
       {GIMP_PDB_STRING, "token-file",
        "File holding the engine's token for http:// endpoints; \"\" = $INFILL_TOKEN or "
        "~/.config/infill/token"},
+      {GIMP_PDB_STRING, "adapter-file",
+       "A LoRA file (.safetensors) for FLUX.2 models, uploaded to the engine and applied; \"\" = none"},
+      {GIMP_PDB_FLOAT, "adapter-strength", "The LoRA's strength, -10..10 (1 = as trained)"},
   };
   static const GimpParamDef return_vals[] = {
       {GIMP_PDB_LAYER, "layer", "The new layer holding the result"},
@@ -549,6 +566,8 @@ static gint32 repaint(gint32 image, gint32 drawable, const RepaintValues* v, gch
   infill_model_list* models = NULL;
   infill_template_info tmpl;
   infill_edit_params params;
+  infill_adapter_info adapter_info;
+  infill_edit_adapter adapter;
   infill_job* job = NULL;
   infill_error* e = NULL;
   gint w, h, ox, oy;
@@ -612,6 +631,22 @@ static gint32 repaint(gint32 image, gint32 drawable, const RepaintValues* v, gch
 
   seed = v->seed >= 0 && !v->random_seed ? (guint64)v->seed : (guint64)g_random_int();
   infill_edit_params_init(&params);
+  if (v->adapter_file[0]) {
+    /* The same file again is the same adapter on the engine (its id is the bytes' SHA-256):
+     * uploading it on every run costs a read, not a copy in the store. */
+    gimp_progress_set_text("Infill: uploading the LoRA");
+    infill_adapter_info_init(&adapter_info);
+    e = infill_client_upload_adapter_file(client, v->adapter_file, NULL, &adapter_info);
+    if (e) {
+      *error = take_error("the LoRA was not accepted", e);
+      goto out;
+    }
+    infill_edit_adapter_init(&adapter);
+    adapter.id = adapter_info.id;
+    adapter.strength = v->adapter_strength;
+    params.adapters = &adapter;
+    params.adapter_count = 1;
+  }
   params.template_id = tmpl.id;
   params.mask_pixels = mask;
   params.mask_width = (uint32_t)w;
@@ -690,6 +725,7 @@ out:
 
 typedef struct {
   GtkWidget* prompt;
+  GtkWidget* adapter_file;
   GtkWidget* endpoint;
   GtkWidget* status;
   GtkWidget* steps_hint;
@@ -763,10 +799,29 @@ static void on_double_changed(GtkAdjustment* adj, gdouble* value) {
   *value = gtk_adjustment_get_value(adj);
 }
 
+/* Browse... next to the LoRA entry: a file chooser for .safetensors files. */
+static void on_browse_adapter(GtkWidget* button, GtkWidget* entry) {
+  GtkWidget* chooser = gtk_file_chooser_dialog_new("Choose a LoRA", GTK_WINDOW(gtk_widget_get_toplevel(button)),
+                                                   GTK_FILE_CHOOSER_ACTION_OPEN, "_Cancel", GTK_RESPONSE_CANCEL,
+                                                   "_Open", GTK_RESPONSE_ACCEPT, NULL);
+  GtkFileFilter* filter = gtk_file_filter_new();
+  gtk_file_filter_set_name(filter, "LoRA (*.safetensors)");
+  gtk_file_filter_add_pattern(filter, "*.safetensors");
+  gtk_file_chooser_add_filter(GTK_FILE_CHOOSER(chooser), filter);
+  if (gtk_entry_get_text(GTK_ENTRY(entry))[0])
+    gtk_file_chooser_set_filename(GTK_FILE_CHOOSER(chooser), gtk_entry_get_text(GTK_ENTRY(entry)));
+  if (gtk_dialog_run(GTK_DIALOG(chooser)) == GTK_RESPONSE_ACCEPT) {
+    gchar* path = gtk_file_chooser_get_filename(GTK_FILE_CHOOSER(chooser));
+    gtk_entry_set_text(GTK_ENTRY(entry), path ? path : "");
+    g_free(path);
+  }
+  gtk_widget_destroy(chooser);
+}
+
 static gboolean repaint_dialog(RepaintValues* v) {
-  GtkWidget *dialog, *vbox, *table, *seed_box, *steps_spin, *guidance_spin, *token_entry;
-  GtkObject *steps_adj, *strength_adj, *guidance_adj;
-  DialogState s = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+  GtkWidget *dialog, *vbox, *table, *seed_box, *steps_spin, *guidance_spin, *token_entry, *adapter_box, *browse;
+  GtkObject *steps_adj, *strength_adj, *guidance_adj, *adapter_strength_adj;
+  DialogState s = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
   guint32 seed = v->seed >= 0 ? (guint32)v->seed : 0;
   gboolean random_seed = v->random_seed || v->seed < 0;
   gboolean ok = FALSE;
@@ -785,7 +840,7 @@ static gboolean repaint_dialog(RepaintValues* v) {
   gtk_container_set_border_width(GTK_CONTAINER(vbox), 12);
   gtk_box_pack_start(GTK_BOX(gtk_dialog_get_content_area(GTK_DIALOG(dialog))), vbox, TRUE, TRUE, 0);
 
-  table = gtk_table_new(7, 3, FALSE);
+  table = gtk_table_new(9, 3, FALSE);
   gtk_table_set_col_spacings(GTK_TABLE(table), 6);
   gtk_table_set_row_spacings(GTK_TABLE(table), 6);
   gtk_box_pack_start(GTK_BOX(vbox), table, FALSE, FALSE, 0);
@@ -818,19 +873,37 @@ static gboolean repaint_dialog(RepaintValues* v) {
   s.guidance_hint = attach_hint(table, 4);
   g_signal_connect(guidance_adj, "value-changed", G_CALLBACK(on_double_changed), &v->guidance);
 
+  /* The LoRA: a file (empty = none) and its strength. */
+  adapter_box = gtk_hbox_new(FALSE, 6);
+  s.adapter_file = gtk_entry_new();
+  gtk_entry_set_text(GTK_ENTRY(s.adapter_file), v->adapter_file);
+  gimp_help_set_help_data(s.adapter_file,
+                          "A LoRA (.safetensors) for FLUX.2 models, uploaded to the engine and applied to the "
+                          "edit; empty = none",
+                          NULL);
+  browse = gtk_button_new_with_mnemonic("_Browse...");
+  g_signal_connect(browse, "clicked", G_CALLBACK(on_browse_adapter), s.adapter_file);
+  gtk_box_pack_start(GTK_BOX(adapter_box), s.adapter_file, TRUE, TRUE, 0);
+  gtk_box_pack_start(GTK_BOX(adapter_box), browse, FALSE, FALSE, 0);
+  gimp_table_attach_aligned(GTK_TABLE(table), 0, 5, "_LoRA:", 0.0, 0.5, adapter_box, 2, FALSE);
+  adapter_strength_adj = gimp_scale_entry_new(GTK_TABLE(table), 0, 6, "LoRA stre_ngth:", 150, 6, v->adapter_strength,
+                                              kAdapterStrengthMin, kAdapterStrengthMax, 0.05, 0.5, 2, TRUE, 0, 0,
+                                              "How strongly the LoRA applies; 1 = as trained, 0 = not at all", NULL);
+  g_signal_connect(adapter_strength_adj, "value-changed", G_CALLBACK(on_double_changed), &v->adapter_strength);
+
   s.endpoint = gtk_entry_new();
   gtk_entry_set_text(GTK_ENTRY(s.endpoint), v->endpoint);
   infill_default_endpoint(default_endpoint, sizeof default_endpoint);
   tip = g_strdup_printf("unix:/path/engine.sock or http://HOST:PORT; empty = %s", default_endpoint);
   gimp_help_set_help_data(s.endpoint, tip, NULL);
   g_free(tip);
-  gimp_table_attach_aligned(GTK_TABLE(table), 0, 5, "_Engine:", 0.0, 0.5, s.endpoint, 2, FALSE);
+  gimp_table_attach_aligned(GTK_TABLE(table), 0, 7, "_Engine:", 0.0, 0.5, s.endpoint, 2, FALSE);
 
   token_entry = gtk_entry_new();
   gtk_entry_set_text(GTK_ENTRY(token_entry), v->token_file);
   gimp_help_set_help_data(
       token_entry, "For http:// engines; empty = $INFILL_TOKEN or ~/.config/infill/token", NULL);
-  gimp_table_attach_aligned(GTK_TABLE(table), 0, 6, "Token _file:", 0.0, 0.5, token_entry, 2,
+  gimp_table_attach_aligned(GTK_TABLE(table), 0, 8, "Token _file:", 0.0, 0.5, token_entry, 2,
                             FALSE);
 
   s.status = gtk_label_new(NULL);
@@ -854,6 +927,8 @@ static gboolean repaint_dialog(RepaintValues* v) {
                        strcmp(v->token_file, gtk_entry_get_text(GTK_ENTRY(token_entry))) != 0;
     g_strlcpy(v->endpoint, gtk_entry_get_text(GTK_ENTRY(s.endpoint)), sizeof v->endpoint);
     g_strlcpy(v->token_file, gtk_entry_get_text(GTK_ENTRY(token_entry)), sizeof v->token_file);
+    g_strlcpy(v->adapter_file, gtk_entry_get_text(GTK_ENTRY(s.adapter_file)), sizeof v->adapter_file);
+    g_strstrip(v->adapter_file);
     g_strstrip(v->prompt);
     g_strstrip(v->endpoint);
     /* Another engine, or one that was down: check the prompt against its model. An engine
@@ -909,9 +984,10 @@ static void run(const gchar* name, gint nparams, const GimpParam* param, gint* n
       if (!repaint_dialog(&v)) status = GIMP_PDB_CANCEL;
       break;
     case GIMP_RUN_NONINTERACTIVE:
-      if (nparams != 10) {
+      if (nparams != NPARAMS && nparams != NPARAMS_WITHOUT_ADAPTER) {
         status = GIMP_PDB_CALLING_ERROR;
-        error = g_strdup_printf("%s takes 10 arguments, got %d", name, nparams);
+        error = g_strdup_printf("%s takes %d arguments (%d without the LoRA ones), got %d", name, NPARAMS,
+                                NPARAMS_WITHOUT_ADAPTER, nparams);
         break;
       }
       g_strlcpy(v.prompt, param[3].data.d_string ? param[3].data.d_string : "", sizeof v.prompt);
@@ -924,11 +1000,20 @@ static void run(const gchar* name, gint nparams, const GimpParam* param, gint* n
                 sizeof v.endpoint);
       g_strlcpy(v.token_file, param[9].data.d_string ? param[9].data.d_string : "",
                 sizeof v.token_file);
+      if (nparams == NPARAMS) {
+        g_strlcpy(v.adapter_file, param[10].data.d_string ? param[10].data.d_string : "", sizeof v.adapter_file);
+        v.adapter_strength = param[11].data.d_float;
+      }
       if (v.steps < 0 || v.steps > 1000 || v.strength < 0 || v.strength > 1 || v.guidance < 0 ||
           v.guidance > 20) {
         status = GIMP_PDB_CALLING_ERROR;
         error = g_strdup_printf("steps %d must be 0..1000, strength %g 0..1, guidance %g 0..20",
                                 v.steps, v.strength, v.guidance);
+      } else if (v.adapter_file[0] &&
+                 !(v.adapter_strength >= kAdapterStrengthMin && v.adapter_strength <= kAdapterStrengthMax)) {
+        status = GIMP_PDB_CALLING_ERROR;
+        error = g_strdup_printf("adapter-strength %g must be %g..%g", v.adapter_strength, kAdapterStrengthMin,
+                                kAdapterStrengthMax);
       }
       break;
     case GIMP_RUN_WITH_LAST_VALS:

@@ -13,9 +13,16 @@ Checks:
     the model does not know, an engine that is not running;
   - killing the plug-in mid-edit, as GIMP's progress cancel button does, cancels the edit on
     the engine (the plug-in's watcher process).
+With --flux2-maker (infill-test-flux2: a tiny FLUX.2 model and LoRA files) it checks the LoRA
+arguments against a FLUX.2 engine instead: the file is uploaded (the engine lists it), a repaint
+with it differs from one without inside the selection and equals a repeat, and a missing file,
+a LoRA for another model and a strength outside the parameter table's range end with messages
+naming them. Exit 4 (skipped) when the maker cannot write the model (no Qwen3 tokenizer).
 Every step is bounded in time; the engine is stopped with SIGTERM and must exit 0."""
 import argparse
+import hashlib
 import os
+import re
 import shutil
 import signal
 import struct
@@ -148,14 +155,120 @@ def scheme_string(text):
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def table_strength_range():
+    """The strength range of the "adapters" row of the parameter table, as "-10..10"."""
+    path = os.path.join(HERE, "..", "..", "protocol", "infill_protocol", "edit_parameters.h")
+    row = re.search(r'\{\.name = "adapters",.*?\.min = (-?[\d.]+), \.max = (-?[\d.]+)', open(path).read(), re.S)
+    return f"{float(row.group(1)):g}..{float(row.group(2)):g}"
+
+
+def lora_main(args, work, env, sock_dir, image_in, pixels):
+    """The plug-in's LoRA arguments against a FLUX.2 engine (--flux2-maker). Returns failures, or
+    None when skipped."""
+    files = os.path.join(work, "files")
+    made = subprocess.run([args.flux2_maker, files]).returncode
+    if made == 4:
+        return None
+    if made != 0:
+        return [f"infill-test-flux2 exited {made}"]
+    style, wider = os.path.join(files, "style.safetensors"), os.path.join(files, "wider.safetensors")
+    sock = os.path.join(sock_dir, "engine.sock")
+    log = open(os.path.join(work, "engine.log"), "w")
+    engine = subprocess.Popen([args.engine, "--model", os.path.join(files, "flux2"), "--socket", sock, "--journal", "off",
+                               "--no-calibrate", "--threads", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    failures = []
+    try:
+        wait_healthy(sock, engine, 120)
+        endpoint = "unix:" + sock
+        out = lambda name: scheme_string(os.path.join(work, name))  # noqa: E731
+
+        def case(tag, adapter, strength):
+            """A repaint of the selection with (adapter, strength); the result layer as tag.ppm."""
+            return f"""
+(let* ((image (car (gimp-file-load RUN-NONINTERACTIVE {scheme_string(image_in)} "in.png")))
+       (layer (car (gimp-image-get-active-layer image))))
+  (gimp-context-set-feather FALSE)
+  (gimp-image-select-rectangle image CHANNEL-OP-REPLACE {RECT[0]} {RECT[1]} {RECT[2]} {RECT[3]})
+  (let* ((result (car (plug-in-infill-repaint RUN-NONINTERACTIVE image layer "make it red" 7 0 1.0 0.0
+                                              {scheme_string(endpoint)} "" {scheme_string(adapter)} {strength}))))
+    (file-pnm-save RUN-NONINTERACTIVE image result {out(tag + ".ppm")} "{tag}.ppm" 1))
+  (gimp-image-delete image))"""
+
+        cases = [case("plain", "", 1.0), case("adapted", style, 1.5), case("repeat", style, 1.5),
+                 case("strength1", style, 1.0),
+                 case("missing", os.path.join(files, "missing.safetensors"), 1.0), case("wider", wider, 1.0),
+                 case("strong", style, 11.0)]
+        cmd = [args.gimp, "-i", "-d", "-f", "--no-interface", "--console-messages"]
+        for script in cases:
+            cmd += ["-b", script]
+        cmd += ["-b", "(gimp-quit 0)"]
+        try:
+            run = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True, timeout=240)
+        except subprocess.TimeoutExpired as e:
+            raise SystemExit(f"gimp did not finish within 240 s\n{e.stdout}\n{e.stderr}")
+        output = run.stdout + run.stderr
+        with open(os.path.join(work, "gimp.log"), "w") as f:
+            f.write(output)
+        if run.returncode != 0:
+            failures.append(f"gimp exited {run.returncode}")
+
+        results = {}
+        for tag in ("plain", "adapted", "repeat", "strength1"):
+            try:
+                w, h, _, px = read_pnm(os.path.join(work, tag + ".ppm"))
+            except OSError:
+                failures.append(f"{tag}: the repaint did not finish (no {tag}.ppm)")
+                continue
+            inside, outside = changed_pixels(bytes(pixels), px, 3, RECT)
+            print(f"{tag}: {inside} pixels changed inside the selection, {outside} outside")
+            if (w, h) != (W, H) or outside:
+                failures.append(f"{tag}: {w}x{h}, {outside} pixels outside the selection changed")
+            results[tag] = px
+        if len(results) == 4:
+            lora_inside, _ = changed_pixels(results["plain"], results["adapted"], 3, RECT)
+            print(f"the LoRA changed {lora_inside} pixels inside the selection")
+            if lora_inside == 0:
+                failures.append("the repaint with the LoRA equals the one without")
+            if results["repeat"] != results["adapted"]:
+                failures.append("the same repaint with the LoRA came out different")
+            if results["strength1"] == results["adapted"]:
+                failures.append("the LoRA's strength was not applied (1.0 and 1.5 came out the same)")
+        lora_id = hashlib.sha256(open(style, "rb").read()).hexdigest()
+        if lora_id not in http_get(sock, "/v1/adapters"):
+            failures.append(f"the engine does not list the uploaded LoRA {lora_id}")
+        for what, text in (("a missing LoRA file", "the LoRA was not accepted: cannot open the LoRA file"),
+                           ("a missing LoRA file", "missing.safetensors"),
+                           ("a LoRA for another model", "wider.safetensors"),
+                           ("a LoRA for another model", "invalid_adapter"),
+                           ("a strength out of range", "adapter-strength 11 must be " + table_strength_range())):
+            if text not in output:
+                failures.append(f"{what}: no message containing {text!r}")
+        if "terminated" in output.lower() or "crashed" in output.lower():
+            failures.append("the plug-in crashed")
+    finally:
+        engine.send_signal(signal.SIGTERM)
+        try:
+            code = engine.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            code = "killed"
+        log.close()
+    if code != 0:
+        failures.append(f"infill-engine exited {code}")
+    return failures
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", required=True)
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", help="the engine's model (the repaint, error and cancel checks)")
+    ap.add_argument("--flux2-maker", help="infill-test-flux2: check the LoRA arguments on a FLUX.2 engine instead")
     ap.add_argument("--plugin", required=True)
     ap.add_argument("--gimp", default="gimp")
     ap.add_argument("--work-dir", required=True)
     args = ap.parse_args()
+    if not args.model and not args.flux2_maker:
+        ap.error("give --model (the repaint checks) or --flux2-maker (the LoRA checks)")
 
     work = os.path.abspath(args.work_dir)
     shutil.rmtree(work, ignore_errors=True)
@@ -191,6 +304,20 @@ def main():
     env.pop("INFILL_ENDPOINT", None)
     env.pop("DISPLAY", None)                   # batch mode needs no display
 
+    if args.flux2_maker:
+        try:
+            failures = lora_main(args, work, env, sock_dir, image_in, pixels)
+        finally:
+            shutil.rmtree(sock_dir, ignore_errors=True)
+        if failures is None:
+            print("SKIPPED: infill-test-flux2 could not write the FLUX.2 model (no Qwen3 tokenizer; scripts/setup.sh "
+                  "installs it)")
+            return 4
+        for f in failures:
+            print("FAIL:", f)
+        print("LoRA:", "failed" if failures else "ok: uploaded, applied, repeatable; bad files and strengths reported")
+        return 1 if failures else 0
+
     log = open(os.path.join(work, "engine.log"), "w")
     engine = subprocess.Popen([args.engine, "--model", args.model, "--socket", sock, "--journal", "off",
                                "--no-calibrate", "--threads", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -204,7 +331,7 @@ def main():
 
         def repaint(image, layer, prompt, ep):
             return (f"(plug-in-infill-repaint RUN-NONINTERACTIVE {image} {layer} {scheme_string(prompt)} 7 4 1.0 0.0 "
-                    f"{scheme_string(ep)} \"\")")
+                    f"{scheme_string(ep)} \"\" \"\" 1.0)")
 
         # 1. The repaint, on a layer at offsets in a larger canvas: the selection is in image
         #    coordinates, the mask in layer coordinates.
@@ -390,7 +517,7 @@ def main():
 (let* ((image (car (gimp-file-load RUN-NONINTERACTIVE {scheme_string(image_in)} "in.png")))
        (layer (car (gimp-image-get-active-layer image))))
   (gimp-image-select-rectangle image CHANNEL-OP-REPLACE 1 1 8 8)
-  (plug-in-infill-repaint RUN-NONINTERACTIVE image layer "" 7 1000 1.0 0.0 {scheme_string(endpoint)} ""))"""
+  (plug-in-infill-repaint RUN-NONINTERACTIVE image layer "" 7 1000 1.0 0.0 {scheme_string(endpoint)} "" "" 1.0))"""
         kill_log = open(os.path.join(work, "gimp_kill.log"), "w")
         gimp = subprocess.Popen([args.gimp, "-i", "-d", "-f", "--console-messages", "-b", kill_case, "-b", "(gimp-quit 0)"],
                                 env=env, cwd=work, stdout=kill_log, stderr=subprocess.STDOUT)
