@@ -456,7 +456,7 @@ TEST_CASE("sdk protocol: polling retries while a restarted engine is still loadi
   infill_client_destroy(c);
 }
 
-TEST_CASE("sdk protocol: an edit's adapters and references as the engine reads them; callers older than 1.3 send none",
+TEST_CASE("sdk protocol: an edit's adapters and references as the engine reads them, none from callers older than 1.3",
           "[sdk][protocol][lora]") {
   infill::test::TempDir dir("infill-sdk-fake");
   std::mutex mu;
@@ -522,7 +522,7 @@ TEST_CASE("sdk protocol: an edit's adapters and references as the engine reads t
   infill_client_destroy(c);
 }
 
-TEST_CASE("sdk protocol: adapter uploads carry the name and model; answers fill infill_adapter_info", "[sdk][protocol][lora]") {
+TEST_CASE("sdk protocol: adapter uploads carry the name and model, answers fill infill_adapter_info", "[sdk][protocol][lora]") {
   infill::test::TempDir dir("infill-sdk-fake");
   std::mutex mu;
   std::vector<std::string> targets;
