@@ -139,6 +139,8 @@ EditSubmission EditController::baseSubmission(quint64 seed) const {
   s.strength = params_.strength;
   s.guidance = params_.guidance;
   s.feather_px = params_.feather_px;
+  s.adapters = params_.adapters;
+  s.references = params_.references;
   const int steps = params_.steps > 0 ? params_.steps : 16;
   s.preview_every_steps = std::max(1, steps / 6);
   return s;

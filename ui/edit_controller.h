@@ -27,6 +27,8 @@ struct GenerationParams {
   int variations = 1;        ///< edits per Generate, seeds seed, seed + 1, ...
   double feather_px = 4.0;
   QString model_id;          ///< the engine's model to use; "" = its default
+  QList<AdapterChoice> adapters;  ///< uploaded LoRAs, applied in order
+  QStringList references;         ///< uploaded reference images' template ids, in order
 };
 
 /// One finished variation.

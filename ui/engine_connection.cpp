@@ -84,6 +84,7 @@ ProbeOutcome probe_engine(client::Client& c, bool wait, int ready_timeout_ms, co
 
 EngineConnection::EngineConnection(QObject* parent) : QObject(parent) {
   qRegisterMetaType<TemplateStatus>();
+  qRegisterMetaType<AdapterStatus>();
   qRegisterMetaType<EditOutcome>();
   // One thread: network calls keep their order (a cancel never overtakes its submit) and
   // jobs_ needs no lock.
@@ -367,6 +368,39 @@ quint64 EngineConnection::registerTemplate(const QString& path, const QByteArray
   return tag;
 }
 
+quint64 EngineConnection::uploadAdapter(const QString& path, const QString& model) {
+  const quint64 tag = next_tag_++;
+  if (!client_) {
+    QMetaObject::invokeMethod(this, [this, tag] { emit adapterFailed(tag, tr("Not connected to an engine")); },
+                              Qt::QueuedConnection);
+    return tag;
+  }
+  const int generation = generation_;
+  run([this, tag, generation, path, model](client::Client& c) {
+    AdapterStatus status;
+    QString failure;
+    bool lost = false;
+    try {
+      const client::AdapterInfo a = c.upload_adapter_file(path.toStdString(), model.toStdString());
+      status.id = q(a.id);
+      status.name = q(a.name);
+      status.format = q(a.format);
+      status.max_rank = static_cast<int>(a.max_rank);
+      status.layers = static_cast<int>(a.layers);
+    } catch (const client::Error& e) {
+      failure = describe(e);
+      lost = e.code() == INFILL_ERROR_CONNECTION;
+    }
+    QMetaObject::invokeMethod(this, [this, tag, generation, status, failure, lost] {
+      if (generation != generation_) return;
+      if (lost) engineLost(failure);
+      if (failure.isEmpty()) emit adapterUploaded(tag, status);
+      else emit adapterFailed(tag, failure);
+    }, Qt::QueuedConnection);
+  });
+  return tag;
+}
+
 void EngineConnection::refreshTemplate(const QString& template_id) {
   const int generation = generation_;
   run([this, generation, template_id](client::Client& c) {
@@ -416,6 +450,8 @@ quint64 EngineConnection::submitEdit(const EditSubmission& edit) {
     r.preview_every_steps = static_cast<uint32_t>(std::max(0, edit.preview_every_steps));
     // The result in the template's own format: a 16-bit or float picture stays one.
     r.output_format = "template";
+    for (const AdapterChoice& a : edit.adapters) r.adapters.push_back({a.id.toStdString(), a.strength});
+    for (const QString& id : edit.references) r.references.push_back(id.toStdString());
     if (edit.supersedes_tag != 0) {
       auto old = jobs_.find(edit.supersedes_tag);
       if (old != jobs_.end()) r.supersedes = old->second->id();

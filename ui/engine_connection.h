@@ -63,6 +63,22 @@ struct TemplateStatus {
   int edits_waiting = 0;
 };
 
+/// A LoRA in the engine's store, as its upload answered.
+struct AdapterStatus {
+  QString id;      ///< SHA-256 of the file's bytes: what an edit names
+  QString name;    ///< the name it was uploaded under (the file name)
+  QString format;  ///< "upstream", "kohya" or "diffusers"
+  int max_rank = 0;
+  int layers = 0;  ///< of the model, that it changes
+};
+
+/// One LoRA of an edit.
+struct AdapterChoice {
+  QString id;  ///< AdapterStatus::id
+  double strength = 1.0;
+  bool operator==(const AdapterChoice&) const = default;
+};
+
 /// One edit to submit. The mask is copied (implicitly shared) and read on a worker thread.
 struct EditSubmission {
   QString template_id;
@@ -78,6 +94,8 @@ struct EditSubmission {
   double deadline_ms = 0;  ///< 0 = by class
   int preview_every_steps = 0;
   quint64 supersedes_tag = 0;  ///< an earlier submission (by tag) this one replaces
+  QList<AdapterChoice> adapters;  ///< LoRAs applied in order (FLUX.2 models)
+  QStringList references;         ///< reference images' template ids, in order (FLUX.2 models)
 };
 
 /// How an edit ended.
@@ -141,6 +159,11 @@ class EngineConnection : public QObject {
   /// Asks for a template's state; answered by templateStatus().
   void refreshTemplate(const QString& template_id);
 
+  /// Uploads the LoRA file at `path` (POST /v1/adapters), which the engine reads for `model`
+  /// ("" = its default model) before it keeps it: a file that model cannot use is refused,
+  /// naming the key at fault. Returns a tag that adapterUploaded() / adapterFailed() repeat.
+  quint64 uploadAdapter(const QString& path, const QString& model);
+
   /// Submits an edit; returns its tag (never 0), which every later signal of it carries.
   quint64 submitEdit(const EditSubmission& edit);
   /// Cancels a submitted edit (no-op once it ended).
@@ -151,6 +174,8 @@ class EngineConnection : public QObject {
   void templateRegistered(quint64 tag, const infill::ui::TemplateStatus& status);
   void templateFailed(quint64 tag, const QString& message);
   void templateStatus(const infill::ui::TemplateStatus& status);
+  void adapterUploaded(quint64 tag, const infill::ui::AdapterStatus& status);
+  void adapterFailed(quint64 tag, const QString& message);
   void editAccepted(quint64 tag, quint64 edit_id);
   void editRejected(quint64 tag, const QString& message);
   void editProgress(quint64 tag, int steps_done, int steps_total);
@@ -203,4 +228,5 @@ class EngineConnection : public QObject {
 }  // namespace infill::ui
 
 Q_DECLARE_METATYPE(infill::ui::TemplateStatus)
+Q_DECLARE_METATYPE(infill::ui::AdapterStatus)
 Q_DECLARE_METATYPE(infill::ui::EditOutcome)

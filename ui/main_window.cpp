@@ -106,6 +106,8 @@ MainWindow::MainWindow(QWidget* parent)
   connect(engine_, &EngineConnection::stateChanged, this, &MainWindow::onEngineState);
   connect(params_, &ParametersPanel::paramsChanged, this, [this] { controller_->setParameters(params_->params()); });
   connect(params_, &ParametersPanel::validityChanged, this, [this] { updateActions(); });
+  connect(params_, &ParametersPanel::message, this, &MainWindow::showMessage);
+  params_->setEngine(engine_);
   connect(mask_, &MaskDocument::editCommitted, this, [this] { updateActions(); });
   connect(undo_, &QUndoStack::indexChanged, this, [this] { updateActions(); });
   connect(results_, &ResultsStrip::resultSelected, this, [this] { showSelectedResult(); });
@@ -246,6 +248,12 @@ void MainWindow::createActions() {
             controller_->setParameters(params_->params());
             if (!params_->invalidWords().isEmpty()) {
               showMessage(tr("The prompt has words the model does not know: %1").arg(params_->invalidWords().join(QStringLiteral(", "))),
+                          true);
+              return;
+            }
+            if (const int waiting = params_->uploadsPending(); waiting > 0) {
+              showMessage(tr("%n LoRA or reference file(s) still uploading to the engine; Generate again when they are "
+                             "listed", nullptr, waiting),
                           true);
               return;
             }

@@ -17,6 +17,9 @@
 
 #include <limits>
 
+#include "ui/adapter_list.h"
+#include "ui/reference_strip.h"
+
 namespace infill::ui {
 
 namespace {
@@ -136,6 +139,15 @@ ParametersPanel::ParametersPanel(QWidget* parent) : QWidget(parent) {
   feather_->setToolTip(tr("How softly the result blends into the image at the mask's edge"));
   form->addRow(tr("Feather"), feather_);
 
+  adapters_ = new AdapterList(this);
+  form->addRow(tr("LoRAs"), adapters_);
+  references_ = new ReferenceStrip(this);
+  form->addRow(tr("References"), references_);
+  connect(adapters_, &AdapterList::changed, this, &ParametersPanel::paramsChanged);
+  connect(references_, &ReferenceStrip::changed, this, &ParametersPanel::paramsChanged);
+  connect(adapters_, &AdapterList::message, this, &ParametersPanel::message);
+  connect(references_, &ReferenceStrip::message, this, &ParametersPanel::message);
+
   for (QSpinBox* s : {seed_, steps_, variations_})
     connect(s, qOverload<int>(&QSpinBox::valueChanged), this, &ParametersPanel::paramsChanged);
   for (QDoubleSpinBox* s : {strength_, guidance_, feather_})
@@ -146,6 +158,7 @@ ParametersPanel::ParametersPanel(QWidget* parent) : QWidget(parent) {
     const ModelDescription& m = models_[i];
     model_->setToolTip(m.description);
     setPromptModel(m);
+    adapters_->setModel(m.id);  // a LoRA is read for the model that applies it
     if (m.default_steps > 0) steps_->setValue(m.default_steps);
     if (m.default_guidance >= 1.0) guidance_->setValue(m.default_guidance);
     emit paramsChanged();
@@ -166,6 +179,7 @@ void ParametersPanel::setModels(const QList<ModelDescription>& models) {
   const bool several = models.size() > 1;
   model_->setVisible(several);
   model_label_->setVisible(several);
+  if (keep >= 0 || !models.isEmpty()) adapters_->setModel(models[keep >= 0 ? keep : 0].id);
   if (keep >= 0) {
     model_->setCurrentIndex(keep);
     model_->setToolTip(models[keep].description);
@@ -184,6 +198,13 @@ void ParametersPanel::setPromptModel(const ModelDescription& m) {
   free_text_ = m.free_text;
   setVocabulary(m.vocabulary);
 }
+
+void ParametersPanel::setEngine(EngineConnection* engine) {
+  adapters_->setEngine(engine);
+  references_->setEngine(engine);
+}
+
+int ParametersPanel::uploadsPending() const { return adapters_->pending() + references_->pending(); }
 
 void ParametersPanel::setVocabulary(const QStringList& words) {
   vocabulary_.clear();
@@ -221,6 +242,8 @@ GenerationParams ParametersPanel::params() const {
   p.guidance = guidance_->value();
   p.variations = variations_->value();
   p.feather_px = feather_->value();
+  p.adapters = adapters_->adapters();
+  p.references = references_->references();
   return p;
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// The generation parameters: prompt (with the model's vocabulary), seed, steps, strength,
-/// guidance, variations, feather, model.
+/// guidance, variations, feather, model, LoRAs and reference images.
 
 #include <QStringList>
 #include <QWidget>
@@ -20,6 +20,9 @@ class QStringListModel;
 
 namespace infill::ui {
 
+class AdapterList;
+class ReferenceStrip;
+
 /// Words of `prompt` (split on spaces and commas, lower-cased, as the engine does) that are
 /// not in `vocabulary`. With an empty vocabulary every word is invalid (the model takes no
 /// prompt).
@@ -30,6 +33,9 @@ class ParametersPanel : public QWidget {
 
  public:
   explicit ParametersPanel(QWidget* parent = nullptr);
+
+  /// The engine the LoRA list and the reference strip upload their files to.
+  void setEngine(EngineConnection* engine);
 
   /// The engine's models; the selector shows only when there are several. Sets the
   /// vocabulary and defaults of the selected one.
@@ -48,6 +54,10 @@ class ParametersPanel : public QWidget {
   bool selectModel(const QString& id);
 
   QLineEdit* promptEdit() const { return prompt_; }
+  AdapterList* adapterList() const { return adapters_; }
+  ReferenceStrip* referenceStrip() const { return references_; }
+  /// LoRAs and reference images whose upload has not answered yet: edits would go without them.
+  int uploadsPending() const;
   /// The seed actually used by a random-seed Generate, shown for reuse.
   void showUsedSeed(quint64 seed);
 
@@ -55,6 +65,8 @@ class ParametersPanel : public QWidget {
   void paramsChanged();
   /// Whether the prompt is valid changed.
   void validityChanged(bool valid);
+  /// For the status bar: a file refused, a list full (error = true for failures).
+  void message(const QString& text, bool error);
 
  private:
   void validatePrompt();
@@ -74,6 +86,8 @@ class ParametersPanel : public QWidget {
   QDoubleSpinBox* guidance_ = nullptr;
   QSpinBox* variations_ = nullptr;
   QDoubleSpinBox* feather_ = nullptr;
+  AdapterList* adapters_ = nullptr;
+  ReferenceStrip* references_ = nullptr;
   QList<ModelDescription> models_;
   QStringList vocabulary_;
   bool free_text_ = false;  // the selected model reads free text: no word checks or completion

@@ -7,6 +7,7 @@
 #include <QDragEnterEvent>
 #include <QDoubleSpinBox>
 #include <QDropEvent>
+#include <QFile>
 #include <QLineEdit>
 #include <QMimeData>
 #include <QUrl>
@@ -17,9 +18,11 @@
 #include <infill_protocol/edit_parameters.h>
 
 #include "tests/ui/ui_test_support.h"
+#include "ui/adapter_list.h"
 #include "ui/image_io.h"
 #include "ui/main_window.h"
 #include "ui/parameters_panel.h"
+#include "ui/reference_strip.h"
 
 using infill::test::source_path;
 using infill::test::ui_app;
@@ -217,7 +220,10 @@ TEST_CASE("The parameter panel's widgets offer the parameter table's editor rang
   infill::ui::ParametersPanel panel;
   int widgets = 0;
   for (const proto::EditParameter& p : proto::kEditParameters) {
-    if (!(p.clients & proto::kEditor) || p.type == proto::ParamType::kString) continue;
+    // Strings have no range; the lists are checked below.
+    if (!(p.clients & proto::kEditor) || p.type == proto::ParamType::kString ||
+        p.type == proto::ParamType::kAdapterList || p.type == proto::ParamType::kTemplateList)
+      continue;
     INFO(std::string(p.name));
     const QString name = QString::fromUtf8(p.name.data(), static_cast<int>(p.name.size()));
     if (auto* box = panel.findChild<QSpinBox*>(name)) {
@@ -236,4 +242,96 @@ TEST_CASE("The parameter panel's widgets offer the parameter table's editor rang
     CHECK(proto::in_range(p, proto::editor_max(p)));
   }
   CHECK(widgets == 5);  // seed, steps, strength, guidance, feather
+
+  // The lists: a widget named after each, its most entries the table's max_length, and a LoRA
+  // row's strength box the table's range (a row exists before any engine answers).
+  int lists = 0;
+  for (const proto::EditParameter& p : proto::kEditParameters) {
+    if (!(p.clients & proto::kEditor)) continue;
+    const QString name = QString::fromUtf8(p.name.data(), static_cast<int>(p.name.size()));
+    INFO(std::string(p.name));
+    if (p.type == proto::ParamType::kAdapterList) {
+      auto* list = panel.findChild<infill::ui::AdapterList*>(name);
+      REQUIRE(list);
+      CHECK(infill::ui::AdapterList::maximumCount() == static_cast<int>(p.max_length));
+      REQUIRE(list->addFile(source_path(QStringLiteral("README.md"))));
+      REQUIRE(list->strengthBox(0));
+      CHECK(list->strengthBox(0)->minimum() == proto::editor_min(p));
+      CHECK(list->strengthBox(0)->maximum() == proto::editor_max(p));
+      CHECK(list->strengthBox(0)->value() == 1.0);
+      CHECK(proto::in_range(p, proto::editor_min(p)));
+      CHECK(proto::in_range(p, proto::editor_max(p)));
+      list->removeAt(0);
+      ++lists;
+    } else if (p.type == proto::ParamType::kTemplateList) {
+      REQUIRE(panel.findChild<infill::ui::ReferenceStrip*>(name));
+      CHECK(infill::ui::ReferenceStrip::maximumCount() == static_cast<int>(p.max_length));
+      ++lists;
+    }
+  }
+  CHECK(lists == 2);  // adapters, references
+}
+
+TEST_CASE("The LoRA list and the reference strip refuse what no edit could use, with a message", "[ui][params][lora]") {
+  ui_app();
+  QTemporaryDir dir;
+  infill::ui::ParametersPanel panel;  // no engine: rows wait for one, so nothing is uploaded
+  QStringList messages;
+  QObject::connect(&panel, &infill::ui::ParametersPanel::message, [&](const QString& m, bool error) {
+    if (error) messages << m;
+  });
+  infill::ui::AdapterList* loras = panel.adapterList();
+  CHECK_FALSE(loras->addFile(dir.filePath(QStringLiteral("absent.safetensors"))));
+  REQUIRE(messages.size() == 1);
+  CHECK(messages.last().contains(QStringLiteral("absent.safetensors")));
+  CHECK(messages.last().contains(QStringLiteral("does not exist")));
+  for (int i = 0; i < infill::ui::AdapterList::maximumCount(); ++i)
+    REQUIRE(loras->addFile(source_path(QStringLiteral("README.md"))));
+  CHECK_FALSE(loras->addFile(source_path(QStringLiteral("README.md"))));
+  CHECK(messages.last().contains(QStringLiteral("At most 8 LoRAs")));
+  CHECK(loras->count() == 8);
+  CHECK(loras->pending() == 8);  // none uploaded: the edits carry none of them yet
+  CHECK(panel.params().adapters.isEmpty());
+  CHECK(panel.uploadsPending() == 8);
+  loras->removeAt(3);
+  CHECK(loras->count() == 7);
+
+  infill::ui::ReferenceStrip* strip = panel.referenceStrip();
+  // Dropped files: the strip takes the drop (so the window does not open it as the picture)
+  // and refuses a file that is not an image, naming it.
+  QMimeData text;
+  text.setUrls({QUrl::fromLocalFile(source_path(QStringLiteral("README.md")))});
+  QDragEnterEvent enter(QPoint(5, 5), Qt::CopyAction, &text, Qt::LeftButton, Qt::NoModifier);
+  enter.setAccepted(false);
+  QCoreApplication::sendEvent(strip, &enter);
+  CHECK(enter.isAccepted());
+  QDropEvent drop(QPointF(5, 5), Qt::CopyAction, &text, Qt::LeftButton, Qt::NoModifier);
+  QCoreApplication::sendEvent(strip, &drop);
+  CHECK(strip->count() == 0);
+  CHECK(messages.last().contains(QStringLiteral("Not a reference image")));
+  CHECK(messages.last().contains(QStringLiteral("README.md")));
+  // Images: distinct by their bytes, at most four.
+  const QStringList images = {QStringLiteral("resources/jobs/dusk_256.png"), QStringLiteral("resources/jobs/hills_256.png"),
+                              QStringLiteral("resources/jobs/dusk_256_mask.png"),
+                              QStringLiteral("tests/data/golden/hills_128.png")};
+  QMimeData two;
+  two.setUrls({QUrl::fromLocalFile(source_path(images[0])), QUrl::fromLocalFile(source_path(images[1]))});
+  QDragEnterEvent enter_two(QPoint(5, 5), Qt::CopyAction, &two, Qt::LeftButton, Qt::NoModifier);
+  QCoreApplication::sendEvent(strip, &enter_two);
+  QDropEvent drop_two(QPointF(5, 5), Qt::CopyAction, &two, Qt::LeftButton, Qt::NoModifier);
+  QCoreApplication::sendEvent(strip, &drop_two);
+  INFO(messages.join(QLatin1Char('\n')).toStdString());
+  CHECK(strip->count() == 2);
+  REQUIRE(QFile::copy(source_path(images[0]), dir.filePath(QStringLiteral("copy.png"))));
+  CHECK_FALSE(strip->addFile(dir.filePath(QStringLiteral("copy.png"))));
+  CHECK(messages.last().contains(QStringLiteral("already a reference image")));
+  CHECK(strip->addFile(source_path(images[2])));
+  CHECK(strip->addFile(source_path(images[3])));
+  CHECK_FALSE(strip->addFile(source_path(QStringLiteral("resources/jobs/hills_256_mask.png"))));
+  CHECK(messages.last().contains(QStringLiteral("At most 4 reference images")));
+  CHECK(strip->count() == 4);
+  CHECK(strip->pending() == 4);
+  CHECK(panel.params().references.isEmpty());
+  strip->removeAt(0);
+  CHECK(strip->count() == 3);
 }

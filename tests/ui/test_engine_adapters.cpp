@@ -1,0 +1,198 @@
+// The editor's LoRA list and reference strip against a real FLUX.2 engine: the build's
+// infill-engine on infill-test-flux2's tiny model and LoRAs, started by the editor's own
+// connection. A LoRA added from a file and an image dropped on the strip are uploaded, the
+// edits from the panel carry their ids (the SHA-256 of the files, the engine's ids) and the
+// engine applies them (the results differ inside the mask only); files the model cannot use
+// are refused with a message naming them.
+#include <catch2/catch.hpp>
+
+#include <QCryptographicHash>
+#include <QDoubleSpinBox>
+#include <QDragEnterEvent>
+#include <QDropEvent>
+#include <QFile>
+#include <QLineEdit>
+#include <QMimeData>
+#include <QProcess>
+#include <QSpinBox>
+#include <QTemporaryDir>
+#include <QUrl>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "tests/ui/ui_test_support.h"
+#include "ui/adapter_list.h"
+#include "ui/main_window.h"
+#include "ui/mask_ops.h"
+#include "ui/reference_strip.h"
+
+using infill::test::source_path;
+using infill::test::ui_app;
+using infill::test::wait_until;
+using infill::ui::EngineConnection;
+using infill::ui::GenerationResult;
+
+namespace {
+
+QString sha256_of(const QString& path) {
+  QFile f(path);
+  if (!f.open(QIODevice::ReadOnly)) return {};
+  return QString::fromLatin1(QCryptographicHash::hash(f.readAll(), QCryptographicHash::Sha256).toHex());
+}
+
+// infill-test-flux2's files in `dir`: flux2/ (the model), style.safetensors (a LoRA for it),
+// wider.safetensors (one for another size). Skips the test (exit 4) where they cannot be made.
+void make_flux2_files(const QTemporaryDir& dir) {
+#ifndef INFILL_TEST_FLUX2_PATH
+  std::fprintf(stderr, "skipped: infill-test-flux2 is not part of this build\n");
+  std::exit(4);
+#else
+  QProcess maker;
+  maker.setProcessChannelMode(QProcess::ForwardedChannels);
+  maker.start(QStringLiteral(INFILL_TEST_FLUX2_PATH), {dir.path()});
+  REQUIRE(maker.waitForFinished(300000));
+  if (maker.exitCode() == 4) std::exit(4);  // no Qwen3 tokenizer: skipped
+  REQUIRE(maker.exitCode() == 0);
+#endif
+}
+
+// Pixels where `a` and `b` differ, inside `reach` (non-zero) and outside it.
+struct Changes {
+  int inside = 0, outside = 0;
+};
+Changes changes(const QImage& a, const QImage& b, const QImage& reach) {
+  REQUIRE(a.size() == b.size());
+  Changes c;
+  for (int y = 0; y < a.height(); ++y) {
+    const QRgb* ra = reinterpret_cast<const QRgb*>(a.constScanLine(y));
+    const QRgb* rb = reinterpret_cast<const QRgb*>(b.constScanLine(y));
+    for (int x = 0; x < a.width(); ++x) {
+      if (ra[x] == rb[x]) continue;
+      if (reach.constScanLine(y)[x] > 0) ++c.inside;
+      else ++c.outside;
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("The panel's LoRAs and reference images go with the edit and the engine applies them, bad files refused",
+          "[ui][engine][lora]") {
+  ui_app();
+  QTemporaryDir dir;
+  make_flux2_files(dir);
+  infill::ui::EngineOptions options = infill::test::test_engine_options(dir);
+  const int model_arg = options.engine_arguments.indexOf(QStringLiteral("--model")) + 1;
+  REQUIRE(model_arg > 0);
+  options.engine_arguments[model_arg] = dir.filePath(QStringLiteral("flux2"));
+  {
+    // The engine's adapter store and cache in the test's folder.
+    QFile config(options.engine_arguments[options.engine_arguments.indexOf(QStringLiteral("--config")) + 1]);
+    REQUIRE(config.open(QIODevice::WriteOnly | QIODevice::Truncate));
+    config.write(QStringLiteral("{\"cache_dir\": \"%1\"}").arg(dir.filePath(QStringLiteral("cache"))).toUtf8());
+  }
+
+  infill::ui::MainWindow window;
+  window.connectEngine(options);
+  REQUIRE(wait_until([&] {
+    return window.engine()->state() == EngineConnection::State::Connected ||
+           window.engine()->state() == EngineConnection::State::Failed;
+  }, 150000));
+  INFO(window.engine()->stateMessage().toStdString());
+  REQUIRE(window.engine()->state() == EngineConnection::State::Connected);
+  REQUIRE(window.openImage(source_path(QStringLiteral("tests/data/golden/hills_128.png"))));
+  REQUIRE(wait_until([&] { return !window.controller()->templateId().isEmpty(); }, 30000));
+  const QImage picture = window.canvas()->image();
+  window.maskDocument()->fillRect(QRectF(32, 40, 64, 48));
+  QImage reach = window.maskDocument()->mask().copy();
+  infill::ui::grow_mask(reach, static_cast<int>(std::ceil(3 * window.parameters()->params().feather_px)) + 1);
+
+  infill::ui::ParametersPanel* panel = window.parameters();
+  panel->promptEdit()->setText(QStringLiteral("a red roof"));
+  panel->findChild<QSpinBox*>(QStringLiteral("seed"))->setValue(3);
+  QStringList errors;
+  QObject::connect(panel, &infill::ui::ParametersPanel::message, [&](const QString& m, bool error) {
+    if (error) errors << m;
+  });
+  std::vector<GenerationResult> results;
+  QObject::connect(window.controller(), &infill::ui::EditController::resultArrived,
+                   [&](const GenerationResult& r) { results.push_back(r); });
+  QString last_message;
+  QObject::connect(window.controller(), &infill::ui::EditController::message, [&](const QString& m, bool) { last_message = m; });
+  // Generate through the window's action, as the button does; the result's picture.
+  auto generate = [&]() -> QImage {
+    results.clear();
+    window.action(QStringLiteral("generate"))->trigger();
+    wait_until([&] { return !results.empty(); }, 180000);
+    INFO(last_message.toStdString());
+    REQUIRE(results.size() == 1);
+    return results[0].image;
+  };
+  const QImage plain = generate();
+  CHECK(changes(picture, plain, reach).outside == 0);
+
+  // A LoRA from a file: uploaded, listed with its id, applied.
+  infill::ui::AdapterList* loras = panel->adapterList();
+  const QString style = dir.filePath(QStringLiteral("style.safetensors"));
+  REQUIRE(loras->addFile(style));
+  REQUIRE(wait_until([&] { return loras->pending() == 0; }, 60000));
+  INFO(errors.join(QLatin1Char('\n')).toStdString());
+  REQUIRE(loras->count() == 1);
+  const QList<infill::ui::AdapterChoice> expected{{sha256_of(style), 1.0}};
+  CHECK(panel->params().adapters == expected);
+  CHECK(window.controller()->parameters().adapters == expected);  // what the next edit sends
+  const QImage adapted = generate();
+  Changes c = changes(plain, adapted, reach);
+  CHECK(c.outside == 0);
+  CHECK(c.inside > 0);
+  // Its strength box: a negative strength gives yet another result.
+  loras->strengthBox(0)->setValue(-2.0);
+  CHECK(panel->params().adapters.value(0).strength == -2.0);
+  const QImage subtracted = generate();
+  c = changes(adapted, subtracted, reach);
+  CHECK(c.outside == 0);
+  CHECK(c.inside > 0);
+
+  // A reference image dropped on the strip: uploaded as a template, sent as a reference.
+  infill::ui::ReferenceStrip* strip = panel->referenceStrip();
+  const QString dusk = source_path(QStringLiteral("resources/jobs/dusk_256.png"));
+  QMimeData data;
+  data.setUrls({QUrl::fromLocalFile(dusk)});
+  QDragEnterEvent enter(QPoint(5, 5), Qt::CopyAction, &data, Qt::LeftButton, Qt::NoModifier);
+  enter.setAccepted(false);
+  QCoreApplication::sendEvent(strip, &enter);
+  CHECK(enter.isAccepted());
+  QDropEvent drop(QPointF(5, 5), Qt::CopyAction, &data, Qt::LeftButton, Qt::NoModifier);
+  QCoreApplication::sendEvent(strip, &drop);
+  CHECK(window.currentPath().endsWith(QStringLiteral("hills_128.png")));  // not opened as the picture
+  REQUIRE(strip->count() == 1);
+  REQUIRE(wait_until([&] { return strip->pending() == 0; }, 60000));
+  CHECK(panel->params().references == QStringList{sha256_of(dusk)});
+  const QImage referenced = generate();
+  c = changes(subtracted, referenced, reach);
+  CHECK(c.outside == 0);
+  CHECK(c.inside > 0);
+
+  // Files the model cannot use: refused by the engine, the row removed, a message naming them.
+  errors.clear();
+  REQUIRE(loras->addFile(dir.filePath(QStringLiteral("wider.safetensors"))));
+  REQUIRE(wait_until([&] { return loras->count() == 1; }, 60000));
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].contains(QStringLiteral("LoRA wider.safetensors refused")));
+  CHECK(errors[0].contains(QStringLiteral("a LoRA for another model size?")));
+  REQUIRE(loras->addFile(source_path(QStringLiteral("tests/data/golden/hills_128.png"))));
+  REQUIRE(wait_until([&] { return loras->count() == 1; }, 60000));
+  REQUIRE(errors.size() == 2);
+  CHECK(errors[1].contains(QStringLiteral("LoRA hills_128.png refused")));
+  // The edits still carry the LoRA and the reference that were accepted.
+  CHECK(panel->params().adapters.size() == 1);
+  CHECK(panel->params().references.size() == 1);
+  // Removed, the edit is the plain one again.
+  loras->removeAt(0);
+  strip->removeAt(0);
+  CHECK(panel->params().adapters.isEmpty());
+  CHECK(panel->params().references.isEmpty());
+  CHECK(changes(plain, generate(), reach).inside == 0);
+}
