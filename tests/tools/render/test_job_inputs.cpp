@@ -201,7 +201,7 @@ TEST_CASE("job file: bad adapters and references name the file, the entry's poin
   require_job_error(five, f, "/edits/0/references", "at most " + std::to_string(references.max_length));
 }
 
-TEST_CASE("job hash: covers each LoRA's bytes, strength and order and each reference's bytes; jobs without them keep theirs",
+TEST_CASE("job hash: covers each LoRA's bytes, strength and order and each reference's bytes, jobs without them keep theirs",
           "[render][hash][lora]") {
   InputsDir d;
   auto item_of = [&](const std::string& fields) {
@@ -237,7 +237,7 @@ TEST_CASE("job hash: covers each LoRA's bytes, strength and order and each refer
   }
 }
 
-TEST_CASE("load_job_inputs: each file loaded once; a refusal names the file, its pointer and the model", "[render][job][lora]") {
+TEST_CASE("load_job_inputs: each file loaded once, a refusal names the file, its pointer and the model", "[render][job][lora]") {
   InputsDir d;
   auto job = d.parse(R"({"format": "infill-job/1",
     "defaults": {"template": "t.png", "mask": "m.png"},
