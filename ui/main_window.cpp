@@ -251,7 +251,9 @@ void MainWindow::createActions() {
                           true);
               return;
             }
-            if (const int waiting = params_->uploadsPending(); waiting > 0) {
+            // (Not connected, nothing uploads: generate() says so.)
+            if (const int waiting = params_->uploadsPending();
+                waiting > 0 && engine_->state() == EngineConnection::State::Connected) {
               showMessage(tr("%n LoRA or reference file(s) still uploading to the engine; Generate again when they are "
                              "listed", nullptr, waiting),
                           true);

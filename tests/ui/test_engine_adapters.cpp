@@ -137,6 +137,10 @@ TEST_CASE("The panel's LoRAs and reference images go with the edit and the engin
   infill::ui::AdapterList* loras = panel->adapterList();
   const QString style = dir.filePath(QStringLiteral("style.safetensors"));
   REQUIRE(loras->addFile(style));
+  // Generate while the upload runs: refused (the edit would go without the LoRA), nothing submitted.
+  REQUIRE(loras->pending() == 1);
+  window.action(QStringLiteral("generate"))->trigger();
+  CHECK_FALSE(window.controller()->busy());
   REQUIRE(wait_until([&] { return loras->pending() == 0; }, 60000));
   INFO(errors.join(QLatin1Char('\n')).toStdString());
   REQUIRE(loras->count() == 1);
