@@ -6,7 +6,9 @@
 //   adapter, with one adapter applied per segment (unfused) and with merged weights;
 // - a packed round of 8 masked segments with 4 different sets ({}, A, B, A + B) against the
 //   same round without adapters;
-// - with --full (default on a GPU), the same for a full step.
+// - with --full (default on a GPU), the same for a full step;
+// - what reference images cost a masked step: 0, 1 and 4 references of the image's size
+//   (their tokens in the cached context the masked rows attend to).
 // Cached K/V are random fp16 (a step's time does not depend on their values). Prints one JSON
 // document. Long on a CPU (seconds per klein step); --size small runs in seconds.
 #include <chrono>
@@ -264,10 +266,41 @@ int main(int argc, char** argv) {
   const double plain_ms = time_forward(model, plain), mixed_ms = time_forward(model, mixed);
   out["packed_round"] = {{"segments", 8}, {"sets", 4}, {"rank", 16}, {"without_adapters_ms", plain_ms},
                          {"with_adapters_ms", mixed_ms}, {"overhead", mixed_ms / plain_ms - 1.0}};
-  out["not_measured"] = {
-      {"cold_adapter", "asynchronous adapter loading (the first K steps without it) is not built yet: a cold adapter is "
-                       "read on the service pool before its edit is queued, never on the step loop"},
-      {"reference_tokens", "reference images beyond the template are not built yet"}};
+
+  // Reference images: each adds its tokens (here one of the image's size) to the cached
+  // context a masked step attends to; the masked rows stay the same.
+  nlohmann::ordered_json refs = nlohmann::ordered_json::array();
+  for (const int count : {0, 1, 4}) {
+    const int64_t ref_length = length + count * image_tokens;
+    auto ref_entry = std::make_shared<infill::ActivationEntry>(
+        infill::ActivationLayout{1, cfg.depth(), static_cast<int>(ref_length), cfg.hidden_size});
+    {
+      const at::Tensor kv = at::randn({static_cast<int64_t>(ref_entry->layout().total_elements())}).to(at::kHalf);
+      std::memcpy(ref_entry->data(), kv.data_ptr(), ref_entry->bytes());
+    }
+    infill::EntryKvSource ref_host(ref_entry, 0);
+    std::shared_ptr<const infill::DeviceKvEntry> ref_resident;
+    std::unique_ptr<infill::DeviceKvSource> ref_device;
+    if (device.cuda) {
+      auto uploaded = infill::DeviceKvEntry::upload(*ref_entry, device);
+      if (!uploaded.ok()) {
+        std::cerr << "bench_adapters: " << uploaded.status().to_string() << "\n";
+        return 1;
+      }
+      ref_resident = *uploaded;
+      ref_device = std::make_unique<infill::DeviceKvSource>(ref_resident, 0);
+    }
+    Flux2Segment s = masked_segment(0.7, {});
+    s.sequence_length = ref_length;
+    s.kv = ref_device ? static_cast<infill::KvSource*>(ref_device.get()) : &ref_host;
+    const double ms = time_forward(model, {s});
+    refs.push_back({{"references", count}, {"reference_tokens", count * image_tokens}, {"sequence", ref_length},
+                    {"masked_step_ms", ms}, {"entry_bytes", ref_entry->bytes()}});
+  }
+  const double no_refs_ms = refs[0]["masked_step_ms"].get<double>();
+  for (auto& r : refs) r["vs_none"] = r["masked_step_ms"].get<double>() / no_refs_ms;
+  out["reference_tokens"] = refs;
+  out["cold_adapter"] = "bench_adapter_loading (the bundled model through the serving runtime)";
   std::cout << out.dump(2) << "\n";
   return 0;
 }
