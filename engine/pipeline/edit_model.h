@@ -173,6 +173,8 @@ class EditModel {
   virtual int codec_factor() const = 0;
   /// Where forward computes: errors of a step name it.
   virtual ComputeDevice device() const { return {}; }
+  /// Whether read_adapter can succeed at all (FLUX.2 models).
+  virtual bool takes_adapters() const { return false; }
   /// Reads the LoRA file at `path` for this model (model/lora_adapter.h): errors name the file
   /// and the key; models that take no adapters refuse.
   virtual Result<std::shared_ptr<const LoraAdapter>> read_adapter(const std::string& path) const {

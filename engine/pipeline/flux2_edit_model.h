@@ -77,6 +77,7 @@ class Flux2EditModel final : public EditModel {
   /// A template-keyed entry in the disk tier streams block by block; the plan's recomputed
   /// prefix runs every token through the first blocks, the masked ones from there on.
   int streamable_blocks() const override;
+  bool takes_adapters() const override { return true; }
   Result<std::shared_ptr<const LoraAdapter>> read_adapter(const std::string& path) const override;
   /// Recently made references are kept (a scaled-down one costs a VAE encode).
   Result<ReferenceImage> make_reference(const TemplateImage& tmpl) const override;

@@ -506,7 +506,8 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   }
   AdapterSet adapter_set;
   std::shared_ptr<AdapterLoad> adapter_load;
-  if (all_in_memory) {
+  // A model that takes no adapters refuses now, with its own read_adapter's error.
+  if (all_in_memory || !model_used.takes_adapters()) {
     auto resolved = adapters->resolve(f.adapters, model_used);
     if (!resolved.ok()) {
       if (resolved.status().code() == ErrorCode::kNotFound) return error_reply(404, "unknown_adapter", resolved.status().message());
