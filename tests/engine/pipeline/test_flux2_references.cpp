@@ -180,7 +180,7 @@ TEST_CASE("FLUX.2 edit with reference images: equals its full recompute in both 
   CHECK(bad_run.status().message().find("reference image 1") != std::string::npos);
 }
 
-TEST_CASE("Reference images: large ones are scaled to 1024x1024 pixels keeping their aspect; unusable ones are refused",
+TEST_CASE("Reference images: large ones are scaled to 1024x1024 pixels keeping their aspect, unusable ones are refused",
           "[flux2-edit][references]") {
   c10::InferenceMode guard;
   const auto codec = test::flux2_patch_codec();
