@@ -91,7 +91,8 @@ class EditParams(ctypes.Structure):
                 ("model", c_char_p),  # API 1.1
                 ("output_format", c_char_p),  # API 1.2
                 ("adapters", ctypes.POINTER(EditAdapter)), ("adapter_count", c_size_t),  # API 1.3
-                ("references", ctypes.POINTER(c_char_p)), ("reference_count", c_size_t)]
+                ("references", ctypes.POINTER(c_char_p)), ("reference_count", c_size_t),
+                ("adapters_from_step", c_u32)]
 
 
 JOB_STATES = {1: "queued", 2: "running", 3: "done", 4: "failed", 5: "cancelled", 6: "expired"}
@@ -306,11 +307,12 @@ class Client:
 
     def submit(self, template_id, mask=None, mask_rect=None, mask_png=None, prompt="", seed=0, steps=0, strength=0.0,
                edit_class="", preview_every_steps=0, supersedes=0, output_format="template", model=None,
-               adapters=(), references=(), on_progress=None, on_preview=None, on_done=None):
+               adapters=(), references=(), adapters_from_step=0, on_progress=None, on_preview=None, on_done=None):
         """Submits an edit. The mask, one of: `mask` (8-bit grey bytes, width, height; 0 = keep,
         255 = regenerate), `mask_rect` (x, y, w, h) or `mask_png` (an encoded image's bytes).
         `adapters`: LoRAs applied in order, each an id (strength 1) or an (id, strength) pair;
-        `references`: template ids of reference images (FLUX.2 models). Callbacks: on_progress(steps_done, steps_total),
+        `references`: template ids of reference images (FLUX.2 models); `adapters_from_step`: Katz's K, the first
+        step that applies the adapters (0 = from the first; at most the edit's steps). Callbacks: on_progress(steps_done, steps_total),
         on_preview(png_bytes, steps_done), on_done(state, error or None, data, media_type)."""
         p = EditParams()
         self.lib.infill_edit_params_init(ctypes.byref(p))
@@ -347,6 +349,7 @@ class Client:
             ids = (c_char_p * len(references))(*[r.encode() for r in references])
             keep.append(ids)
             p.references, p.reference_count = ids, len(references)
+        p.adapters_from_step = adapters_from_step
 
         slot = {}
         lib = self.lib

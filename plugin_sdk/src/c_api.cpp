@@ -74,6 +74,7 @@ constexpr size_t kEditParamsSizeWithOutputFormat = offsetof(infill_edit_params, 
 // API 1.3 added the adapter and reference lists: callers built against 1.2 or older send none.
 constexpr size_t kEditParamsSizeWithAdapters = offsetof(infill_edit_params, adapter_count) + sizeof(size_t);
 constexpr size_t kEditParamsSizeWithReferences = offsetof(infill_edit_params, reference_count) + sizeof(size_t);
+constexpr size_t kEditParamsSizeWithAdaptersFromStep = offsetof(infill_edit_params, adapters_from_step) + sizeof(uint32_t);
 // infill_adapter_info and infill_edit_adapter came with 1.3: their first layout.
 constexpr size_t kAdapterInfoSizeV1 = sizeof(infill_adapter_info);
 constexpr size_t kEditAdapterSizeV1 = sizeof(infill_edit_adapter);
@@ -359,6 +360,11 @@ Result<json> edit_json(const infill_edit_params& p) {
     auto references = references_json(p);
     if (!references.ok()) return references.error();
     if (!references->is_null()) j["references"] = std::move(*references);
+  }
+  if (p.struct_size >= kEditParamsSizeWithAdaptersFromStep) {
+    if (!in_range(edit_parameter("adapters_from_step"), double(p.adapters_from_step)))
+      return out_of_range("adapters_from_step", std::to_string(p.adapters_from_step), "0 = from the first step");
+    if (p.adapters_from_step != 0) j["adapters_from_step"] = p.adapters_from_step;
   }
   return j;
 }

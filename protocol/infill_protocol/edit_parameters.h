@@ -107,7 +107,7 @@ inline constexpr std::array<EditParameter, 20> kEditParameters = {{
      .description = "LoRAs applied in order, each {\"id\": from POST /v1/adapters, \"strength\": default 1}; FLUX.2 "
                     "models only; part of the cache key"},
     {.name = "adapters_from_step", .type = ParamType::kInteger, .min = 0, .max = 1000, .has_default = true,
-     .default_value = 0, .clients = kApi,
+     .default_value = 0, .clients = kApi | kSdk,
      .description = "the first step that applies the adapters (Katz's K): earlier steps run without them, so that an "
                     "adapter still being read holds up none of them; at most the edit's steps; part of the cache key"},
     {.name = "references", .job_name = "references", .type = ParamType::kTemplateList, .max_length = 4,

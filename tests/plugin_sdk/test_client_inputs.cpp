@@ -327,6 +327,7 @@ TEST_CASE("sdk: every numeric parameter's range is the parameter table's, both e
       {"supersedes", [](infill_edit_params& p, double v) { p.supersedes = static_cast<uint64_t>(v); }},
       {"halo_tokens", [](infill_edit_params& p, double v) { p.halo_tokens = static_cast<int32_t>(v); }},
       {"feather_px", [](infill_edit_params& p, double v) { p.feather_px = v; }},
+      {"adapters_from_step", [](infill_edit_params& p, double v) { p.adapters_from_step = static_cast<uint32_t>(v); }},
   };
   auto submit = [&](const std::string& name, double v) {
     infill_edit_params p;

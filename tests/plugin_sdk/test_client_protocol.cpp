@@ -485,6 +485,7 @@ TEST_CASE("sdk protocol: an edit's adapters and references as the engine reads t
   p.adapter_count = 2;
   p.references = references;
   p.reference_count = 2;
+  p.adapters_from_step = 3;
   REQUIRE(infill_client_submit_edit(c, &p, nullptr) == nullptr);
 
   // A caller built against API 1.4 whose elements are larger: read by their struct_size.
@@ -502,12 +503,14 @@ TEST_CASE("sdk protocol: an edit's adapters and references as the engine reads t
   later[1].v13.strength = 0.25;
   p.adapters = &later[0].v13;
   p.reference_count = 0;
+  p.adapters_from_step = 0;  // the default: not sent
   REQUIRE(infill_client_submit_edit(c, &p, nullptr) == nullptr);
 
-  // A caller built against API 1.2: its struct ends before the lists, which are not read.
+  // A caller built against API 1.2: its struct ends before the lists and K, which are not read.
   p.struct_size = offsetof(infill_edit_params, adapters);
   p.adapter_count = 1000;  // beyond the caller's struct: never read
   p.reference_count = 1000;
+  p.adapters_from_step = 5000;
   REQUIRE(infill_client_submit_edit(c, &p, nullptr) == nullptr);
 
   std::lock_guard lock(mu);
@@ -515,10 +518,13 @@ TEST_CASE("sdk protocol: an edit's adapters and references as the engine reads t
   const nlohmann::json want_adapters = nlohmann::json::parse(R"([{"id":"style","strength":1.0},{"id":"detail","strength":-2.5}])");
   CHECK(bodies[0]["adapters"] == want_adapters);
   CHECK(bodies[0]["references"] == nlohmann::json::parse(R"(["ref-a","ref-b"])"));
+  CHECK(bodies[0]["adapters_from_step"] == 3);
   CHECK(bodies[1]["adapters"] == nlohmann::json::parse(R"([{"id":"first","strength":1.0},{"id":"second","strength":0.25}])"));
   CHECK_FALSE(bodies[1].contains("references"));
+  CHECK_FALSE(bodies[1].contains("adapters_from_step"));
   CHECK_FALSE(bodies[2].contains("adapters"));
   CHECK_FALSE(bodies[2].contains("references"));
+  CHECK_FALSE(bodies[2].contains("adapters_from_step"));
   infill_client_destroy(c);
 }
 

@@ -43,7 +43,7 @@ extern "C" {
 /// .family; infill_done.cache_mode and .prompt_truncated.
 /// 1.2: infill_edit_params.output_format; infill_done.media_type; infill_job_result_media_type.
 /// 1.3: adapters (infill_client_upload_adapter, _list_adapters, _get_adapter, _delete_adapter);
-/// infill_edit_params.adapters and .references.
+/// infill_edit_params.adapters, .references and .adapters_from_step.
 #define INFILL_CLIENT_API_VERSION_MAJOR 1
 #define INFILL_CLIENT_API_VERSION_MINOR 3
 #define INFILL_CLIENT_API_VERSION \
@@ -490,6 +490,14 @@ typedef struct infill_edit_params {
   /// ids (at most 4, no repeats) from infill_client_upload_template. NULL / 0 = none.
   const char* const* references;
   size_t reference_count;
+  /// API 1.3. Katz's K: the first schedule step that applies `adapters` (0..1000, the parameter
+  /// table's range; 0, the default, applies them from the first step, right for 4-step
+  /// distilled models). Earlier steps run without them, so that an adapter the engine is still
+  /// reading holds them up no longer; the edit waits at step K until it is read. At most the
+  /// edit's steps: more is INFILL_ERROR_REJECTED at submission (engine code
+  /// "invalid_parameter"); K = steps runs the whole edit without the adapters. Part of the
+  /// engine's cache keys. Read only from callers whose struct_size covers it.
+  uint32_t adapters_from_step;
 } infill_edit_params;
 
 /// Sets struct_size and every default (no mask, no callbacks, halo and feather = -1).

@@ -163,6 +163,9 @@ struct EditRequest {
   std::string output_format;  ///< "template", "png", "tiff", "exr"; "" = png
   std::vector<EditAdapter> adapters;    ///< LoRAs applied in order (FLUX.2 models), at most 8
   std::vector<std::string> references;  ///< reference template ids (FLUX.2 models), at most 4
+  /// Katz's K: the first step that applies `adapters` (0..1000, at most the edit's steps; 0 =
+  /// from the first step)
+  uint32_t adapters_from_step = 0;
   std::function<void(const infill_progress&)> on_progress;
   std::function<void(const infill_preview&)> on_preview;
   std::function<void(const DoneEvent&)> on_done;
@@ -374,6 +377,7 @@ class Client {
     for (const std::string& id : r.references) references.push_back(id.c_str());
     p.references = references.empty() ? nullptr : references.data();
     p.reference_count = references.size();
+    p.adapters_from_step = r.adapters_from_step;
     // Owned by the C library's on_done call: freed there, which comes exactly once.
     auto* ctx = new Callbacks{r.on_progress, r.on_preview, r.on_done};
     p.on_progress = ctx->on_progress ? &Client::progress_trampoline : nullptr;

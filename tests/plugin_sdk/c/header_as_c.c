@@ -16,5 +16,6 @@ int main(void) {
   params.adapter_count = 1;
   params.references = references;
   params.reference_count = 1;
+  params.adapters_from_step = 2;
   return (options.api_version == INFILL_CLIENT_API_VERSION && params.struct_size == sizeof params) ? 0 : 1;
 }

@@ -7,7 +7,8 @@ is stopped with SIGTERM and must exit 0.
 With --flux2-maker (infill-test-flux2: a tiny FLUX.2 model and LoRA files) it checks the Python
 binding's adapters against a FLUX.2 engine instead: an upload gives the same id for the same
 bytes, the list shows it, an edit with it differs from one without inside the mask and equals a
-repeat (the example's --lora too), bad files, strengths and ids are refused naming them with the
+repeat (the example's --lora too), one whose adapters_from_step is its steps equals one without,
+bad files, strengths and ids are refused naming them with the
 engine's code, and a delete removes it; reference images (references) change the edit and repeat
 exactly, and bad lists are refused. Exit 4 (skipped) when the maker cannot write the model
 (no Qwen3 tokenizer)."""
@@ -188,9 +189,9 @@ def flux2_checks(args):
 
             tid = client.upload(open(d("template.png"), "rb").read(), "template.png")["id"]
 
-            def edit(adapters=(), name="edit", references=()):
+            def edit(adapters=(), name="edit", references=(), adapters_from_step=0):
                 job = client.submit(tid, mask_rect=RECT, seed=5, steps=4, prompt="make it red", output_format="png",
-                                    adapters=adapters, references=references)
+                                    adapters=adapters, references=references, adapters_from_step=adapters_from_step)
                 assert job.wait(120000), f"{name}: edit {job.id} did not finish"
                 data, media_type = job.result()
                 assert media_type == "image/png", media_type
@@ -212,6 +213,15 @@ def flux2_checks(args):
                 assert outside == 0, f"{name}: {outside} pixels outside the mask changed"
             # An id as a bare string means strength 1, which differs from 1.5.
             assert edit([lora["id"]], "strength1") != adapted, "strength 1 came out as strength 1.5"
+
+            # Katz's K: from step K on the LoRA applies, so K = the edit's 4 steps is no LoRA at all;
+            # K beyond the steps is the engine's refusal, beyond the table's range the SDK's.
+            assert edit([(lora["id"], 1.5)], "from_step4", adapters_from_step=4) == plain, \
+                "adapters_from_step = steps came out different from the edit without the LoRA"
+            expect_error(lambda: client.submit(tid, mask_rect=RECT, steps=4, adapters=[lora["id"]], adapters_from_step=5),
+                         "rejected", "adapters_from_step is 5, expected 0..4", engine_code="invalid_parameter")
+            expect_error(lambda: client.submit(tid, mask_rect=RECT, adapters=[lora["id"]], adapters_from_step=1001),
+                         "invalid_argument", "adapters_from_step is 1001, expected 0..1000")
 
             # The example's --lora makes the same request (seed 5, 4 steps, the prompt aside:
             # compare with an edit without prompt).
