@@ -1,6 +1,8 @@
 #pragma once
 // FLUX.2 through the worker: a small random transformer (on the CPU or a CUDA device), a codec
 // of FLUX.2's latent shape, Qwen3's real tokenizer with a small random Qwen3, one template.
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <future>
 #include <memory>
@@ -88,6 +90,32 @@ struct Flux2Serving {
     return s->finish();
   }
 };
+
+/// An entry of `layout` whose every K and V is the largest fp16 value: any edit that reads it
+/// comes out far from its own result (the poison of the cache-key tests).
+inline std::shared_ptr<const ActivationEntry> poisoned_entry(const ActivationLayout& layout) {
+  auto entry = std::make_shared<ActivationEntry>(layout);
+  std::fill(entry->data(), entry->data() + layout.total_elements(), uint16_t{0x7BFF});
+  return entry;
+}
+
+/// The edit through the pipeline's own pieces, on an entry its own prepare run makes now: what
+/// a served edit of `p` must equal whatever else shared its steps.
+inline PixelImage run_alone(const Flux2Serving& f, const EditParams& p) {
+  auto prepare = f.model->create_prepare(f.tmpl, p);
+  REQUIRE(prepare.ok());
+  while (!(*prepare)->done()) (*prepare)->run_step();
+  auto session = f.model->create_session(f.tmpl, p, (*prepare)->entry(), nullptr);
+  REQUIRE(session.ok());
+  while (!(*session)->done()) {
+    StepSession* one = session->get();
+    const at::Tensor rows = f.model->forward(std::span<StepSession* const>(&one, 1));
+    REQUIRE((*session)->apply(rows, (*session)->step() + 1).ok());
+  }
+  auto out = (*session)->finish();
+  REQUIRE(out.ok());
+  return out->image;
+}
 
 /// `deadline_ms`: relative to the submission; the class's default when absent.
 inline std::future<RequestResult> submit(ServingRuntime& rt, uint64_t id, std::shared_ptr<const TemplateImage> tmpl, EditParams params,

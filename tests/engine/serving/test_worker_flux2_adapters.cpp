@@ -38,30 +38,7 @@ std::shared_ptr<const LoraAdapter> random_lora(const std::string& path, const Fl
   return *lora;
 }
 
-// An entry of `layout` whose every K and V is the largest fp16 value: any edit that reads it
-// comes out far from its own result.
-std::shared_ptr<const ActivationEntry> poisoned(const ActivationLayout& layout) {
-  auto entry = std::make_shared<ActivationEntry>(layout);
-  std::fill(entry->data(), entry->data() + layout.total_elements(), uint16_t{0x7BFF});
-  return entry;
-}
 
-// The edit through the pipeline's own pieces, on an entry its own prepare run makes now.
-PixelImage alone(const Flux2Serving& f, const EditParams& p) {
-  auto prepare = f.model->create_prepare(f.tmpl, p);
-  REQUIRE(prepare.ok());
-  while (!(*prepare)->done()) (*prepare)->run_step();
-  auto session = f.model->create_session(f.tmpl, p, (*prepare)->entry(), nullptr);
-  REQUIRE(session.ok());
-  while (!(*session)->done()) {
-    StepSession* one = session->get();
-    const at::Tensor rows = f.model->forward(std::span<StepSession* const>(&one, 1));
-    REQUIRE((*session)->apply(rows, (*session)->step() + 1).ok());
-  }
-  auto out = (*session)->finish();
-  REQUIRE(out.ok());
-  return out->image;
-}
 
 }  // namespace
 
@@ -80,13 +57,13 @@ TEST_CASE("Worker FLUX.2 with LoRAs: an edit under one adapter set never reads a
   CHECK(first.output.cache_mode == "template_keyed");
   const ActivationKey key_a = f.model->cache_key(*f.tmpl, with_a);
   REQUIRE(f.store->contains(key_a));
-  CHECK((first.output.image.data == alone(f, with_a).data));
+  CHECK((first.output.image.data == run_alone(f, with_a).data));
 
   // A's entry is poisoned; edits under other sets (another adapter, another strength, two
   // stacked in either order, none) must come out as their own entries make them.
   auto entry_a = f.store->get(key_a);
   REQUIRE(entry_a.ok());
-  REQUIRE(f.store->put(key_a, poisoned((*entry_a)->layout())).ok());
+  REQUIRE(f.store->put(key_a, poisoned_entry((*entry_a)->layout())).ok());
   std::vector<AdapterSet> others = {{{b, 1.0}}, {{a, 0.5}}, {{a, 1.0}, {b, -0.7}}, {{b, -0.7}, {a, 1.0}}, {}};
   uint64_t id = 2;
   std::vector<std::string> keys{key_a.canonical()};
@@ -100,7 +77,7 @@ TEST_CASE("Worker FLUX.2 with LoRAs: an edit under one adapter set never reads a
     REQUIRE(r.state == RequestState::kDone);
     CHECK(r.output.cache_mode == "template_keyed");
     CHECK(f.store->contains(key));
-    CHECK((r.output.image.data == alone(f, p).data));
+    CHECK((r.output.image.data == run_alone(f, p).data));
   }
   std::sort(keys.begin(), keys.end());
   CHECK(std::unique(keys.begin(), keys.end()) == keys.end());
@@ -142,7 +119,7 @@ TEST_CASE("Worker FLUX.2 with LoRAs: requests with different sets share packed s
     EditParams p = f.params("a dark blue patch", 11 + i);
     p.adapters = sets[i];
     // Packed with the others, float32 on the CPU: the same pixels up to GEMM blocking.
-    const at::Tensor ours = to_rgb_tensor(results[i].output.image), own = to_rgb_tensor(alone(f, p));
+    const at::Tensor ours = to_rgb_tensor(results[i].output.image), own = to_rgb_tensor(run_alone(f, p));
     CHECK((ours - own).abs().max().item<double>() <= 2.0 / 255.0);
   }
   const auto workers = rt->worker_metrics();
@@ -185,7 +162,7 @@ TEST_CASE("Worker FLUX.2 with LoRAs: adapters from step K leave the first K step
   CHECK((k0.output.image.data != plain.output.image.data));
   CHECK((k1.output.image.data != k0.output.image.data));
   // Each equals its own run, and says its K.
-  CHECK((k1.output.image.data == alone(f, edit(1, true)).data));
+  CHECK((k1.output.image.data == run_alone(f, edit(1, true)).data));
   CHECK(k1.output.adapters_from_step == 1);
   CHECK(k0.output.adapters_from_step == 0);
   CHECK(plain.output.adapters_from_step == 0);
@@ -264,7 +241,7 @@ TEST_CASE("Worker FLUX.2 with LoRAs: an edit whose adapters are still being read
   EditParams cached_in_hand = cached;
   cached_in_hand.adapter_load.reset();
   cached_in_hand.adapters = set;
-  CHECK((cached_done.output.image.data == alone(f, cached_in_hand).data));
+  CHECK((cached_done.output.image.data == run_alone(f, cached_in_hand).data));
 
   // A read that fails fails its edit with the reader's error, and nothing else.
   EditParams failing = f.params("make the cup red", 11);

@@ -34,28 +34,7 @@ ReferenceImage reference(const Flux2Serving& f, uint64_t seed, const std::string
   return *r;
 }
 
-std::shared_ptr<const ActivationEntry> poisoned(const ActivationLayout& layout) {
-  auto entry = std::make_shared<ActivationEntry>(layout);
-  std::fill(entry->data(), entry->data() + layout.total_elements(), uint16_t{0x7BFF});
-  return entry;
-}
 
-// The edit through the pipeline's own pieces, on an entry its own prepare run makes now.
-PixelImage alone(const Flux2Serving& f, const EditParams& p) {
-  auto prepare = f.model->create_prepare(f.tmpl, p);
-  REQUIRE(prepare.ok());
-  while (!(*prepare)->done()) (*prepare)->run_step();
-  auto session = f.model->create_session(f.tmpl, p, (*prepare)->entry(), nullptr);
-  REQUIRE(session.ok());
-  while (!(*session)->done()) {
-    StepSession* one = session->get();
-    const at::Tensor rows = f.model->forward(std::span<StepSession* const>(&one, 1));
-    REQUIRE((*session)->apply(rows, (*session)->step() + 1).ok());
-  }
-  auto out = (*session)->finish();
-  REQUIRE(out.ok());
-  return out->image;
-}
 
 }  // namespace
 
@@ -75,11 +54,11 @@ TEST_CASE("Worker FLUX.2 with reference images: an edit never reads the entry of
   const ActivationKey key_a = f.model->cache_key(*f.tmpl, with_a);
   CHECK(key_a.references == "ref-a");
   REQUIRE(f.store->contains(key_a));
-  CHECK((first.output.image.data == alone(f, with_a).data));
+  CHECK((first.output.image.data == run_alone(f, with_a).data));
 
   auto entry_a = f.store->get(key_a);
   REQUIRE(entry_a.ok());
-  REQUIRE(f.store->put(key_a, poisoned((*entry_a)->layout())).ok());
+  REQUIRE(f.store->put(key_a, poisoned_entry((*entry_a)->layout())).ok());
   const std::vector<std::vector<ReferenceImage>> others = {{b}, {a, b}, {b, a}, {}};
   std::vector<std::string> keys{key_a.canonical()};
   uint64_t id = 2;
@@ -92,7 +71,7 @@ TEST_CASE("Worker FLUX.2 with reference images: an edit never reads the entry of
     INFO("references: " << key.references);
     REQUIRE(r.state == RequestState::kDone);
     CHECK(f.store->contains(key));
-    CHECK((r.output.image.data == alone(f, p).data));
+    CHECK((r.output.image.data == run_alone(f, p).data));
   }
   std::sort(keys.begin(), keys.end());
   CHECK(std::unique(keys.begin(), keys.end()) == keys.end());
@@ -127,7 +106,7 @@ TEST_CASE("Worker FLUX.2 with reference images: edits with and without reference
     REQUIRE(r.state == RequestState::kDone);
     EditParams p = f.params("a dark blue patch", 11 + i);
     p.references = sets[i];
-    const at::Tensor ours = to_rgb_tensor(r.output.image), own = to_rgb_tensor(alone(f, p));
+    const at::Tensor ours = to_rgb_tensor(r.output.image), own = to_rgb_tensor(run_alone(f, p));
     CHECK((ours - own).abs().max().item<double>() <= 2.0 / 255.0);
   }
   const auto workers = rt->worker_metrics();
