@@ -2,8 +2,9 @@
 selection of a paint layer at each colour depth through the plug-in's own code and the real
 engine, and prints one JSON line per case. Settings come from the environment:
 INFILL_TEST_ENDPOINT (the engine), INFILL_TEST_OUT (where the JSON lines go); INFILL_TEST_MODE
-"live" (one of several live painters) or "lora" (the docker's LoRA list against a FLUX.2 engine,
-with the files INFILL_TEST_LORA and INFILL_TEST_WIDER_LORA)."""
+"live" (one of several live painters) or "lora" (the docker's LoRA list and reference images
+against a FLUX.2 engine, with the files INFILL_TEST_LORA and INFILL_TEST_WIDER_LORA and the image
+files INFILL_TEST_REFERENCES, os.pathsep apart)."""
 import json
 import os
 import random
@@ -149,11 +150,12 @@ def docker_case(krita, endpoint, live_strokes):
     return case
 
 
-def lora_case(krita, endpoint, lora, wider):
+def lora_case(krita, endpoint, lora, wider, references):
     """The docker's LoRA list: files added (uploaded through the binding) or refused with a
-    message, a strength per entry, entries removed; each repaint's pixels inside the selection."""
+    message, a strength per entry, entries removed; then its reference images: added (uploaded
+    as templates), refused past the limit, removed; each repaint's pixels inside the selection."""
     from krita import Selection
-    from infill_krita.docker import InfillDocker, LORA_STRENGTH_RANGE
+    from infill_krita.docker import InfillDocker, LORA_STRENGTH_RANGE, REFERENCE_LIMIT
     doc = krita.createDocument(W, H, "infill-lora", "RGBA", "U8", PROFILES["U8"], 72.0)
     doc.setBatchmode(True)
     node = doc.topLevelNodes()[0]
@@ -164,7 +166,7 @@ def lora_case(krita, endpoint, lora, wider):
     docker.seed.setValue(3)
     states = []
     docker.bridge.done.connect(lambda serial, state, error, data, media: states.append(state))
-    case = {"case": "lora", "strength_range": list(LORA_STRENGTH_RANGE)}
+    case = {"case": "lora", "strength_range": list(LORA_STRENGTH_RANGE), "reference_limit": REFERENCE_LIMIT}
     x0, y0, w, h = RECT
 
     def repaint(name):
@@ -208,7 +210,26 @@ def lora_case(krita, endpoint, lora, wider):
         docker.remove_lora(0)
         case["rows_after_remove"] = docker.loras.rowCount()
         removed = repaint("removed")
-        case["repaints"] = [plain, adapted, repeat, reuploaded, removed]
+        # Reference images: a missing file refused, one added twice listed once, the limit kept.
+        case["ref_missing_row"] = docker.add_reference(os.path.join(os.path.dirname(lora), "missing.png"))
+        case["ref_missing_status"] = docker.status.text()
+        case["ref_row"] = docker.add_reference(references[0])
+        case["ref_again_row"] = docker.add_reference(references[0])
+        case["ref_again_status"] = docker.status.text()
+        case["ref_rows"] = [docker.add_reference(path) for path in references[1:]]
+        case["ref_full_status"] = docker.status.text()
+        case["ref_count"] = docker.references_list.count()
+        referenced, referenced_again = repaint("referenced"), repaint("referenced_again")
+        while docker.references_list.count():
+            docker.remove_reference(0)
+        # An image the engine takes as a template but not as a reference (under 64 pixels a
+        # side): the edit is refused naming the list entry, which shows the list is sent.
+        case["small_row"] = docker.add_reference(references[-1].replace(".png", "_small.png"))
+        case["small_serial"] = docker.generate(doc, node)
+        case["small_status"] = docker.status.text()
+        docker.remove_reference(0)
+        unreferenced = repaint("unreferenced")
+        case["repaints"] = [plain, adapted, repeat, reuploaded, removed, referenced, referenced_again, unreferenced]
         case["states"] = states
         case["status"] = docker.status.text()
     except Exception as e:
@@ -230,7 +251,8 @@ def main(args):
             client.wait_ready(60000)
             if os.environ.get("INFILL_TEST_MODE") == "lora":
                 out.write(json.dumps(lora_case(krita, os.environ["INFILL_TEST_ENDPOINT"], os.environ["INFILL_TEST_LORA"],
-                                               os.environ["INFILL_TEST_WIDER_LORA"])) + "\n")
+                                               os.environ["INFILL_TEST_WIDER_LORA"],
+                                               os.environ["INFILL_TEST_REFERENCES"].split(os.pathsep))) + "\n")
             elif os.environ.get("INFILL_TEST_MODE") == "live":
                 # One of several Kritas live painting on one engine at once.
                 out.write(json.dumps(docker_case(krita, os.environ["INFILL_TEST_ENDPOINT"], 4)) + "\n")

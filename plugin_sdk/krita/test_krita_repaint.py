@@ -14,7 +14,11 @@ LoRA list against a FLUX.2 engine instead: a missing file and one the model cann
 refused with a message naming them, a file is uploaded once (added twice: one entry), the
 strength range is the parameter table's, a repaint with the LoRA differs from one without inside
 the selection and equals a repeat, a LoRA the engine lost is uploaded again, and after removing
-it the repaint is the plain one again.
+it the repaint is the plain one again; and its reference images: a missing file is refused naming
+it, an image added twice is listed once, the list holds the parameter table's 4 and refuses a
+fifth, a repaint with them repeats exactly, one too small for the engine is refused naming its
+entry (so the list is sent; the tiny model's repaint does not reliably change with references),
+and after removing them the repaint is the plain one again.
 Exit 0 passed, 1 failed, 4 skipped (kritarunner missing: Debian package krita; or no FLUX.2
 model: infill-test-flux2 exited 4)."""
 import argparse
@@ -149,6 +153,13 @@ def table_strength_range():
     return [float(row.group(1)), float(row.group(2))]
 
 
+def table_reference_limit():
+    """max_length of the "references" row of the parameter table."""
+    path = os.path.join(HERE, "..", "..", "protocol", "infill_protocol", "edit_parameters.h")
+    row = re.search(r'\{\.name = "references",.*?\.max_length = (\d+)', open(path).read(), re.S)
+    return int(row.group(1))
+
+
 def check_lora(c):
     """The docker's LoRA list (krita_repaint_check.lora_case)."""
     if "exception" in c:
@@ -166,18 +177,28 @@ def check_lora(c):
         "added once": c["row"] == 0 and c["again_row"] == 0 and c["rows"] == 1 and "in the list already" in c["again_status"],
         "uploaded to the engine": c["engine_lists_it"],
         "strength range is the parameter table's": c["strength_range"] == table_strength_range(),
-        "every repaint done": c["states"] == ["done"] * 5,
+        "every repaint done": c["states"] == ["done"] * len(c["repaints"]),
         "outside the selection kept": all(r["outside_bad"] == 0 for r in c["repaints"]),
         "the LoRA changes the repaint": adapted != plain,
         "the same repaint again is the same": by_name["repeat"]["inside"] == adapted,
         "a LoRA the engine lost is uploaded again": by_name["reuploaded"]["inside"] == adapted,
         "removed: the plain repaint again": c["rows_after_remove"] == 0 and by_name["removed"]["inside"] == plain,
+        "reference limit is the parameter table's": c["reference_limit"] == table_reference_limit(),
+        "a missing reference refused, naming it": c["ref_missing_row"] == -1 and "missing.png" in c["ref_missing_status"],
+        "a reference added once": c["ref_row"] == 0 and c["ref_again_row"] == 0
+        and "in the list already" in c["ref_again_status"],
+        "references up to the limit, one more refused": c["ref_rows"] == list(range(1, c["reference_limit"])) + [-1]
+        and f"At most {c['reference_limit']}" in c["ref_full_status"] and c["ref_count"] == c["reference_limit"],
+        "references are sent: a too-small one refused naming its entry": c["small_row"] == 0
+        and c["small_serial"] == 0 and "references[0]" in c["small_status"] and "invalid_reference" in c["small_status"],
+        "the same references again are the same": by_name["referenced_again"]["inside"] == by_name["referenced"]["inside"],
+        "references removed: the plain repaint again": by_name["unreferenced"]["inside"] == plain,
     }
     return [f"lora: {name}" for name, ok in checks.items() if not ok]
 
 
 def lora_main(args, work, env, sock_dir):
-    """The docker's LoRA list against a FLUX.2 engine (--flux2-maker)."""
+    """The docker's LoRA list and reference images against a FLUX.2 engine (--flux2-maker)."""
     made = subprocess.run([args.flux2_maker, os.path.join(work, "files")]).returncode
     if made == 4:
         print("SKIPPED: infill-test-flux2 could not write the FLUX.2 model (no Qwen3 tokenizer; scripts/setup.sh installs it)",
@@ -186,6 +207,12 @@ def lora_main(args, work, env, sock_dir):
     if made != 0:
         print(f"FAILED: infill-test-flux2 exited {made}", flush=True)
         return 1
+    # One more image than an edit takes (distinct sizes: distinct files, so distinct ids).
+    references = []
+    for i in range(table_reference_limit() + 1):
+        references.append(os.path.join(work, f"reference{i}.png"))
+        write_png(references[-1], 64 + 8 * i, 64)
+    write_png(references[-1].replace(".png", "_small.png"), 32, 32)
     sock = os.path.join(sock_dir, "engine.sock")
     log = open(os.path.join(work, "engine.log"), "w")
     engine = subprocess.Popen([args.engine, "--model", os.path.join(work, "files", "flux2"), "--socket", sock,
@@ -197,7 +224,8 @@ def lora_main(args, work, env, sock_dir):
         out = os.path.join(work, "lora.jsonl")
         env.update(INFILL_TEST_ENDPOINT="unix:" + sock, INFILL_TEST_OUT=out, INFILL_TEST_MODE="lora",
                    INFILL_TEST_LORA=os.path.join(work, "files", "style.safetensors"),
-                   INFILL_TEST_WIDER_LORA=os.path.join(work, "files", "wider.safetensors"))
+                   INFILL_TEST_WIDER_LORA=os.path.join(work, "files", "wider.safetensors"),
+                   INFILL_TEST_REFERENCES=os.pathsep.join(references))
         krita_log = os.path.join(work, "kritarunner-lora.log")
         with open(krita_log, "w") as kl:
             rc = subprocess.run([args.kritarunner, "-s", "krita_repaint_check", "-f", "main"], stdout=kl,
@@ -223,7 +251,7 @@ def lora_main(args, work, env, sock_dir):
         shutil.rmtree(sock_dir, ignore_errors=True)
     for f in failures:
         print("FAILED:", f, flush=True)
-    print("krita LoRA list:", "failed" if failures else "passed", flush=True)
+    print("krita LoRA list and references:", "failed" if failures else "passed", flush=True)
     return 1 if failures else 0
 
 

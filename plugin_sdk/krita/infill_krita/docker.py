@@ -1,4 +1,4 @@
-"""The Infill docker: prompt, seed, steps, strength, LoRAs, live mode, engine and token;
+"""The Infill docker: prompt, seed, steps, strength, LoRAs, reference images, live mode, engine and token;
 progress, previews and cancel while the engine denoises; results as new layers above the active
 one.
 
@@ -11,8 +11,8 @@ import os
 from PyQt5.QtCore import QObject, QTimer, pyqtSignal
 from PyQt5.QtGui import QPixmap
 from PyQt5.QtWidgets import (QAbstractItemView, QCheckBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout,
-                             QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox, QTableWidget,
-                             QTableWidgetItem, QVBoxLayout, QWidget)
+                             QHeaderView, QLabel, QLineEdit, QListWidget, QProgressBar, QPushButton, QSpinBox,
+                             QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 from krita import DockWidget, Krita
 
 from . import layer_io
@@ -23,6 +23,9 @@ SETTINGS_GROUP = "infill"
 # A LoRA's strength: the range of the "adapters" row of the parameter table
 # (protocol/infill_protocol/edit_parameters.h); the Krita test checks that they agree.
 LORA_STRENGTH_RANGE = (-10.0, 10.0)
+# The most reference images an edit takes: max_length of the table's "references" row (the
+# Krita test checks that too).
+REFERENCE_LIMIT = 4
 
 
 class Bridge(QObject):
@@ -47,6 +50,7 @@ class InfillDocker(DockWidget):
         self._live_job_id = 0
         self._live_signature = None
         self._loras = []  # one dict per row of the LoRA table: path, name, id, uploaded_to (client key)
+        self._references = []  # one dict per row of the reference list: path, name, id, uploaded_to
         self.results = []  # layers added, for the status line and tests
 
         root = QWidget(self)
@@ -89,6 +93,20 @@ class InfillDocker(DockWidget):
         lora_box = QVBoxLayout()
         lora_box.addWidget(self.loras)
         lora_box.addLayout(lora_buttons)
+        self.references_list = QListWidget()
+        self.references_list.setMaximumHeight(80)
+        self.references_list.setToolTip(f"Reference images sent with every edit, at most {REFERENCE_LIMIT} "
+                                         "(FLUX.2 models)")
+        self.add_reference_button = QPushButton("Add image...")
+        self.add_reference_button.setToolTip("Upload an image file to the engine as a reference for the edits")
+        self.remove_reference_button = QPushButton("Remove")
+        self.remove_reference_button.setToolTip("Take the selected reference image off the list")
+        reference_buttons = QHBoxLayout()
+        reference_buttons.addWidget(self.add_reference_button)
+        reference_buttons.addWidget(self.remove_reference_button)
+        reference_box = QVBoxLayout()
+        reference_box.addWidget(self.references_list)
+        reference_box.addLayout(reference_buttons)
         form.addRow("Engine", self.endpoint)
         form.addRow("Token", self.token)
         form.addRow("Prompt", self.prompt)
@@ -96,6 +114,7 @@ class InfillDocker(DockWidget):
         form.addRow("Steps", self.steps)
         form.addRow("Strength", self.strength)
         form.addRow("LoRAs", lora_box)
+        form.addRow("References", reference_box)
         self.generate_button = QPushButton("Repaint selection")
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setEnabled(False)
@@ -123,6 +142,8 @@ class InfillDocker(DockWidget):
         self.cancel_button.clicked.connect(self.cancel)
         self.add_lora_button.clicked.connect(lambda: self.add_lora())
         self.remove_lora_button.clicked.connect(lambda: self.remove_lora())
+        self.add_reference_button.clicked.connect(lambda: self.add_reference())
+        self.remove_reference_button.clicked.connect(lambda: self.remove_reference())
         self.live.toggled.connect(self._live_toggled)
         self.live_timer = QTimer(self)
         self.live_timer.setInterval(300)
@@ -150,9 +171,11 @@ class InfillDocker(DockWidget):
         return self._client
 
     def settings(self, live=False):
-        """The edit's settings from the widgets; uploads LoRAs the engine does not have yet."""
+        """The edit's settings from the widgets; uploads LoRAs and reference images the engine
+        does not have yet."""
         return Settings(prompt=self.prompt.text().strip(), seed=self.seed.value(), steps=self.steps.value(),
-                        strength=self.strength.value(), live=live, preview_every_steps=1, adapters=self.adapters())
+                        strength=self.strength.value(), live=live, preview_every_steps=1, adapters=self.adapters(),
+                        references=self.references())
 
     # ---- LoRAs ----
 
@@ -214,6 +237,64 @@ class InfillDocker(DockWidget):
             out.append((entry["id"], self.loras.cellWidget(row, 1).value()))
         return out
 
+    # ---- reference images ----
+
+    def _upload_reference(self, path):
+        """The template id of the image file at `path`, uploaded through the binding."""
+        with open(path, "rb") as f:
+            data = f.read()
+        return self.client().upload(data, os.path.basename(path))["id"]
+
+    def add_reference(self, path=None):
+        """Uploads an image file to the engine as a template and appends it to the reference
+        list (`path` None: ask with a file dialog). Returns its row, or -1 with the reason in the
+        status line (the list is full, the file cannot be read, the engine refuses it)."""
+        if len(self._references) >= REFERENCE_LIMIT:
+            self.status.setText(f"At most {REFERENCE_LIMIT} reference images: remove one first")
+            return -1
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(
+                self, "Add a reference image", "",
+                "Images (*.png *.jpg *.jpeg *.tif *.tiff *.exr *.webp *.psd);;All files (*)")
+            if not path:
+                return -1
+        name = os.path.basename(path)
+        try:
+            image_id = self._upload_reference(path)
+        except OSError as e:
+            self.status.setText(f"Reference {name} not added: cannot read {path}: {e.strerror or e}")
+            return -1
+        except infill_client.InfillError as e:
+            self.status.setText(f"Reference {name} not added: {e.message}")
+            return -1
+        for row, entry in enumerate(self._references):
+            if entry["id"] == image_id:
+                self.status.setText(f"Reference \"{entry['name']}\" is in the list already")
+                return row
+        self._references.append({"path": path, "name": name, "id": image_id, "uploaded_to": self._client_key})
+        self.references_list.addItem(name)
+        self.references_list.item(len(self._references) - 1).setToolTip(f"{path}\n{image_id}")
+        self.status.setText(f"Added reference image \"{name}\"")
+        return len(self._references) - 1
+
+    def remove_reference(self, row=None):
+        """Takes an image off the reference list (`row` None: the selected one)."""
+        if row is None:
+            row = self.references_list.currentRow()
+        if 0 <= row < len(self._references):
+            del self._references[row]
+            self.references_list.takeItem(row)
+
+    def references(self):
+        """The list as an edit's references (template ids, in order). An image not uploaded to
+        the current engine (the endpoint changed, or the engine dropped the template) is uploaded
+        again from its file: raises InfillError, or OSError naming the file, when that fails."""
+        for entry in self._references:
+            if entry["uploaded_to"] != self._client_key:
+                entry["id"] = self._upload_reference(entry["path"])
+                entry["uploaded_to"] = self._client_key
+        return [entry["id"] for entry in self._references]
+
     def generate(self, document=None, node=None, live=False):
         """Repaints the selection of `node` (default: the active layer of the active document).
         Returns the edit's serial, or 0 with the reason in the status line."""
@@ -238,7 +319,16 @@ class InfillDocker(DockWidget):
                     for entry in self._loras:
                         entry["uploaded_to"] = None
                     continue
+                if attempt == 1 and e.engine_code == "template_not_found" and self._references:
+                    # The engine dropped a reference image (its template store is a cache):
+                    # upload the files again and retry once.
+                    for entry in self._references:
+                        entry["uploaded_to"] = None
+                    continue
                 self.status.setText(str(e))
+                return 0
+            except OSError as e:
+                self.status.setText(f"Cannot read {e.filename}: {e.strerror or e}")
                 return 0
             except layer_io.LayerError as e:
                 self.status.setText(str(e))

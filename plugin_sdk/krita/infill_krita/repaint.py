@@ -15,12 +15,15 @@ except ImportError:  # the source tree: plugin_sdk/python on sys.path
 
 class Settings:
     """What the docker asks for. `steps` 0 and `strength` 0 mean the model's defaults;
-    `adapters`: LoRAs as (adapter id, strength) pairs, applied in order (FLUX.2 models)."""
+    `adapters`: LoRAs as (adapter id, strength) pairs, applied in order (FLUX.2 models);
+    `references`: template ids of reference images (FLUX.2 models)."""
 
-    def __init__(self, prompt="", seed=0, steps=0, strength=0.0, live=False, preview_every_steps=1, adapters=()):
+    def __init__(self, prompt="", seed=0, steps=0, strength=0.0, live=False, preview_every_steps=1, adapters=(),
+                 references=()):
         self.prompt, self.seed, self.steps, self.strength = prompt, seed, steps, strength
         self.live, self.preview_every_steps = live, preview_every_steps
         self.adapters = list(adapters)
+        self.references = list(references)
 
 
 class Repaint:
@@ -41,7 +44,7 @@ class Repaint:
             info["id"], mask=(self.mask, self.width, self.height), prompt=s.prompt, seed=s.seed, steps=s.steps,
             strength=s.strength, edit_class="live" if s.live else "interactive",
             preview_every_steps=s.preview_every_steps, supersedes=supersedes, output_format="template",
-            adapters=s.adapters, on_progress=on_progress, on_preview=on_preview, on_done=on_done)
+            adapters=s.adapters, references=s.references, on_progress=on_progress, on_preview=on_preview, on_done=on_done)
         return self.job
 
     def finish(self, data, media_type):
