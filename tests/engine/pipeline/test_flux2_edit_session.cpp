@@ -3,6 +3,7 @@
 // with a patch codec of FLUX.2's latent shape (factor 16, 128 channels), and the upstream
 // reduced reference weights (transformer + VAE) from ../shared where present.
 #include "support/catch.h"
+#include "support/outside_mask.h"
 #include "support/random_image.h"
 #include "support/shared_data.h"
 #include "support/tiny_flux2.h"
@@ -74,18 +75,6 @@ double max_pixel_diff(const PixelImage& a, const PixelImage& b) {
   return (to_rgb_tensor(a) - to_rgb_tensor(b)).abs().max().item<double>();
 }
 
-// Whether every pixel where `mask` is 0 has the same bytes in both images.
-bool outside_identical(const PixelImage& a, const PixelImage& b, const at::Tensor& mask) {
-  const size_t bpp = static_cast<size_t>(a.channels) * bytes_per_sample(a.format);
-  for (int y = 0; y < a.height; ++y) {
-    for (int x = 0; x < a.width; ++x) {
-      if (mask[y][x].item<float>() != 0.0f) continue;
-      const size_t at = (static_cast<size_t>(y) * a.width + x) * bpp;
-      if (std::memcmp(a.data.data() + at, b.data.data() + at, bpp) != 0) return false;
-    }
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -182,7 +171,7 @@ TEST_CASE("FLUX.2 edit: pixels outside the mask keep their bytes in every mode, 
     REQUIRE(out.ok());
     CHECK(out->steps_run == 3);
     CHECK(out->image.format == PixelFormat::kU16);
-    CHECK(outside_identical(out->image, image, params.mask));
+    CHECK(test::outside_identical(out->image, image, params.mask));
     CHECK(max_pixel_diff(out->image, image) > 0.01);  // the masked region did change
   }
   params.mask = at::zeros({40, 72}, at::kFloat);
@@ -237,7 +226,7 @@ TEST_CASE("FLUX.2 edit: a mask-conditioned model reads the mask cells of the edi
   for (const Flux2Cache& c : {Flux2Cache{}, cache}) {
     auto out = run_edit(model, codec, tmpl, params, c);
     REQUIRE(out.ok());
-    CHECK(outside_identical(out->image, image, params.mask));
+    CHECK(test::outside_identical(out->image, image, params.mask));
   }
 }
 
@@ -349,8 +338,8 @@ TEST_CASE("FLUX.2 edit with the upstream reference weights (klein transformer, V
   auto uncached = run_edit(model, codec, tmpl, params, {});
   REQUIRE((cached.ok() && uncached.ok()));
   CHECK(cached->cache_mode == "prompt_keyed");
-  CHECK(outside_identical(cached->image, image, params.mask));
-  CHECK(outside_identical(uncached->image, image, params.mask));
+  CHECK(test::outside_identical(cached->image, image, params.mask));
+  CHECK(test::outside_identical(uncached->image, image, params.mask));
   // Cached and recomputed edits differ only by the cache's approximation (unmasked tokens'
   // K/V from the prepare run): close on this model, never identical to the template.
   CHECK(max_pixel_diff(cached->image, image) > 0.01);

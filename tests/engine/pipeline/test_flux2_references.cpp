@@ -4,6 +4,7 @@
 // the cached context, and an edit with references equals its full recompute. Small random
 // transformers with a patch codec of FLUX.2's latent shape (factor 16, 128 channels).
 #include "support/catch.h"
+#include "support/outside_mask.h"
 #include "support/random_image.h"
 #include "support/temp_dir.h"
 #include "support/tiny_flux2.h"
@@ -56,16 +57,6 @@ Result<EditOutput> run_edit(const std::shared_ptr<const Flux2Transformer>& model
   return (*session)->finish();
 }
 
-bool outside_identical(const PixelImage& a, const PixelImage& b, const at::Tensor& mask) {
-  const size_t bpp = static_cast<size_t>(a.channels) * bytes_per_sample(a.format);
-  for (int y = 0; y < a.height; ++y)
-    for (int x = 0; x < a.width; ++x) {
-      if (mask[y][x].item<float>() != 0.0f) continue;
-      const size_t at = (static_cast<size_t>(y) * a.width + x) * bpp;
-      if (std::memcmp(a.data.data() + at, b.data.data() + at, bpp) != 0) return false;
-    }
-  return true;
-}
 
 }  // namespace
 
@@ -136,8 +127,8 @@ TEST_CASE("FLUX.2 edit with reference images: equals its full recompute in both 
   CHECK(cached->cache_mode == "prompt_keyed");
   CHECK(cached->masked_tokens == 2);  // the references are never computed
   CHECK((cached_latent - full_latent).abs().max().item<double>() <= 1e-3 * scale);
-  CHECK(outside_identical(cached->image, full->image, params.mask));
-  CHECK(outside_identical(cached->image, tmpl->pixels, params.mask));
+  CHECK(test::outside_identical(cached->image, full->image, params.mask));
+  CHECK(test::outside_identical(cached->image, tmpl->pixels, params.mask));
 
   // Template-keyed: text computed afresh against the references' cached K/V.
   Flux2Cache template_keyed;
@@ -146,7 +137,7 @@ TEST_CASE("FLUX.2 edit with reference images: equals its full recompute in both 
   auto from_template = run_edit(model, codec, tmpl, params, template_keyed, &template_latent);
   REQUIRE(from_template.ok());
   CHECK(from_template->cache_mode == "template_keyed");
-  CHECK(outside_identical(from_template->image, tmpl->pixels, params.mask));
+  CHECK(test::outside_identical(from_template->image, tmpl->pixels, params.mask));
   Flux2EditParams empty_params = params;
   empty_params.prompt = empty_prompt;
   at::Tensor full_empty, cached_empty;
