@@ -14,6 +14,11 @@ bool AdapterLoad::ready() const {
   return result_.has_value();
 }
 
+Status AdapterLoad::failure() const {
+  std::lock_guard lock(mu_);
+  return result_ && !result_->ok() ? result_->status() : Status();
+}
+
 Result<AdapterSet> AdapterLoad::result() const {
   std::lock_guard lock(mu_);
   if (!result_) return Status(ErrorCode::kUnavailable, "the adapters " + key_ + " are still being read");

@@ -29,8 +29,10 @@ class AdapterLoad {
   /// Called once, by whoever read the files.
   void finish(Result<AdapterSet> set);
   bool ready() const;
-  /// The set, or the reading's error; failed_precondition while not ready().
+  /// The set, or the reading's error; unavailable while not ready().
   Result<AdapterSet> result() const;
+  /// The reading's error once it failed; ok while reading and once read (no copy of the set).
+  Status failure() const;
 
  private:
   const std::string key_;

@@ -797,9 +797,9 @@ void Worker::run_prepare_slice() {
 
 bool Worker::retire(const std::shared_ptr<Record>& r, double now) {
   if (r->ended) return true;
-  if (const auto& load = r->req.params.adapter_load; load && load->ready()) {
-    if (Result<AdapterSet> set = load->result(); !set.ok()) {
-      complete(r, RequestState::kFailed, set.status());
+  if (const auto& load = r->req.params.adapter_load) {
+    if (Status failed = load->failure(); !failed.ok()) {
+      complete(r, RequestState::kFailed, std::move(failed));
       return true;
     }
   }
