@@ -338,67 +338,59 @@ void EngineConnection::stopLocalEngine() {
   delete p;
 }
 
-quint64 EngineConnection::registerTemplate(const QString& path, const QByteArray& encoded, const QString& name) {
+template <class Status, class Call>
+quint64 EngineConnection::tagged_call(Call call, void (EngineConnection::*done)(quint64, const Status&),
+                                      void (EngineConnection::*failed)(quint64, const QString&)) {
   const quint64 tag = next_tag_++;
   if (!client_) {
-    QMetaObject::invokeMethod(this, [this, tag] { emit templateFailed(tag, tr("Not connected to an engine")); },
+    QMetaObject::invokeMethod(this, [this, tag, failed] { emit(this->*failed)(tag, tr("Not connected to an engine")); },
                               Qt::QueuedConnection);
     return tag;
   }
   const int generation = generation_;
-  run([this, tag, generation, path, encoded, name](client::Client& c) {
-    TemplateStatus status;
+  run([this, tag, generation, call = std::move(call), done, failed](client::Client& c) {
+    Status status;
     QString failure;
     bool lost = false;
     try {
-      status = to_status(path.isEmpty() ? c.upload_template(std::string_view(encoded.constData(), static_cast<size_t>(encoded.size())),
-                                                            name.toStdString())
-                                        : c.upload_template_file(path.toStdString()));
+      status = call(c);
     } catch (const client::Error& e) {
       failure = describe(e);
       lost = e.code() == INFILL_ERROR_CONNECTION;
     }
-    QMetaObject::invokeMethod(this, [this, tag, generation, status, failure, lost] {
+    QMetaObject::invokeMethod(this, [this, tag, generation, status, failure, lost, done, failed] {
       if (generation != generation_) return;
       if (lost) engineLost(failure);
-      if (failure.isEmpty()) emit templateRegistered(tag, status);
-      else emit templateFailed(tag, failure);
+      if (failure.isEmpty()) emit(this->*done)(tag, status);
+      else emit(this->*failed)(tag, failure);
     }, Qt::QueuedConnection);
   });
   return tag;
 }
 
+quint64 EngineConnection::registerTemplate(const QString& path, const QByteArray& encoded, const QString& name) {
+  return tagged_call<TemplateStatus>(
+      [path, encoded, name](client::Client& c) {
+        return to_status(path.isEmpty() ? c.upload_template(std::string_view(encoded.constData(), static_cast<size_t>(encoded.size())),
+                                                            name.toStdString())
+                                        : c.upload_template_file(path.toStdString()));
+      },
+      &EngineConnection::templateRegistered, &EngineConnection::templateFailed);
+}
+
 quint64 EngineConnection::uploadAdapter(const QString& path, const QString& model) {
-  const quint64 tag = next_tag_++;
-  if (!client_) {
-    QMetaObject::invokeMethod(this, [this, tag] { emit adapterFailed(tag, tr("Not connected to an engine")); },
-                              Qt::QueuedConnection);
-    return tag;
-  }
-  const int generation = generation_;
-  run([this, tag, generation, path, model](client::Client& c) {
-    AdapterStatus status;
-    QString failure;
-    bool lost = false;
-    try {
-      const client::AdapterInfo a = c.upload_adapter_file(path.toStdString(), model.toStdString());
-      status.id = q(a.id);
-      status.name = q(a.name);
-      status.format = q(a.format);
-      status.max_rank = static_cast<int>(a.max_rank);
-      status.layers = static_cast<int>(a.layers);
-    } catch (const client::Error& e) {
-      failure = describe(e);
-      lost = e.code() == INFILL_ERROR_CONNECTION;
-    }
-    QMetaObject::invokeMethod(this, [this, tag, generation, status, failure, lost] {
-      if (generation != generation_) return;
-      if (lost) engineLost(failure);
-      if (failure.isEmpty()) emit adapterUploaded(tag, status);
-      else emit adapterFailed(tag, failure);
-    }, Qt::QueuedConnection);
-  });
-  return tag;
+  return tagged_call<AdapterStatus>(
+      [path, model](client::Client& c) {
+        const client::AdapterInfo a = c.upload_adapter_file(path.toStdString(), model.toStdString());
+        AdapterStatus status;
+        status.id = q(a.id);
+        status.name = q(a.name);
+        status.format = q(a.format);
+        status.max_rank = static_cast<int>(a.max_rank);
+        status.layers = static_cast<int>(a.layers);
+        return status;
+      },
+      &EngineConnection::adapterUploaded, &EngineConnection::adapterFailed);
 }
 
 void EngineConnection::refreshTemplate(const QString& template_id) {

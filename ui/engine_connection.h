@@ -197,6 +197,12 @@ class EngineConnection : public QObject {
   QString findEngineProgram() const;
   /// Runs `task` on the pool with the current client.
   void run(std::function<void(client::Client&)> task);
+  // `call` (Client& -> Status) on the client's thread, answered on this one with `done(tag,
+  // status)` or `failed(tag, message)` (at once when not connected); a lost connection is
+  // reported too, and answers of an earlier connection are dropped.
+  template <class Status, class Call>
+  quint64 tagged_call(Call call, void (EngineConnection::*done)(quint64, const Status&),
+                      void (EngineConnection::*failed)(quint64, const QString&));
 
   EngineOptions options_;
   State state_ = State::Disconnected;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "item_range.h"
+#include "job_error.h"
 #include "job_file.h"
 #include "job_items.h"
 #include "output_pattern.h"
@@ -17,6 +18,7 @@
 
 using namespace infill;
 using namespace infill::render;
+using infill::test::require_job_error;
 namespace fs = std::filesystem;
 
 namespace {
@@ -51,17 +53,6 @@ BackendInfo tiny_info() {
   return info;
 }
 
-// The error message of a failed parse, with the parts every job error must have.
-void require_job_error(const Result<Job>& r, const std::string& file, const std::string& pointer,
-                       const std::string& expected_part) {
-  REQUIRE_FALSE(r.ok());
-  const std::string& m = r.status().message();
-  INFO(m);
-  CHECK(r.status().code() == ErrorCode::kInvalidArgument);
-  CHECK(m.rfind(file + ": " + pointer + ": ", 0) == 0);
-  CHECK(m.find("; expected ") != std::string::npos);
-  CHECK(m.find(expected_part) != std::string::npos);
-}
 
 }  // namespace
 

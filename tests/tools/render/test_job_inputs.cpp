@@ -9,12 +9,14 @@
 
 #include <infill_protocol/edit_parameters.h>
 
+#include "job_error.h"
 #include "job_file.h"
 #include "job_items.h"
 #include "support/temp_dir.h"
 
 using namespace infill;
 using namespace infill::render;
+using infill::test::require_job_error;
 namespace fs = std::filesystem;
 
 namespace {
@@ -49,16 +51,6 @@ struct InputsDir {
   }
 };
 
-void require_job_error(const Result<Job>& r, const std::string& file, const std::string& pointer,
-                       const std::string& expected_part) {
-  REQUIRE_FALSE(r.ok());
-  const std::string& m = r.status().message();
-  INFO(m);
-  CHECK(r.status().code() == ErrorCode::kInvalidArgument);
-  CHECK(m.rfind(file + ": " + pointer + ": ", 0) == 0);
-  CHECK(m.find("; expected ") != std::string::npos);
-  CHECK(m.find(expected_part) != std::string::npos);
-}
 
 BackendInfo flux2_info() {
   BackendInfo info;
