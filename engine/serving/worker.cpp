@@ -738,12 +738,8 @@ void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<con
 }
 
 void Worker::run_prepare_slice() {
-  // Earliest deadline first among jobs that still have someone waiting.
-  for (auto it = prepares_.begin(); it != prepares_.end();) {
-    auto& w = it->second->waiting;
-    std::erase_if(w, [](const auto& r) { return r->ended.load(); });
-    it = w.empty() && !it->second->background ? prepares_.erase(it) : std::next(it);
-  }
+  // Earliest deadline first among jobs that can run (retire_inactive dropped those nobody
+  // waits for).
   auto best = prepares_.end();
   for (auto it = prepares_.begin(); it != prepares_.end(); ++it) {
     if (it->second->run->waiting_for_adapters()) continue;
