@@ -1,0 +1,109 @@
+#pragma once
+/// TetriServe's round-based planner of sequence-parallel degrees: at the start of each round,
+/// for every active whole-sequence request (a prepare run, a full step's request), a degree
+/// of Ulysses sequence parallelism and the devices to run it on. Pure C++, no libtorch.
+///
+/// Degrees. Ulysses splits the attention heads over the devices, so a degree must divide the
+/// model's heads: the allowed degrees are the divisors of `heads` up to the device count (and
+/// `max_degree`); klein's 24 heads on 8 devices give {1, 2, 3, 4, 6, 8}. 0 means the request
+/// waits this round.
+///
+/// Packing: a group knapsack solved exactly by dynamic programming over (request, degree)
+/// options, each request a group (one option is taken from each), the capacity the devices,
+/// an option's weight its degree. With s(d) the predicted step time at degree d, `start` the
+/// later of now and the end of the request's step in flight (ready_ms), and the request's
+/// `steps_left` steps:
+///   - degree d > 0: finish(d) = start + steps_left * s(d), the request running at d from now
+///     on. value = 1 if finish(d) <= deadline, else 0. GPU time = d * steps_left * s(d).
+///   - wait (0 devices): value = 1 if, starting at the next round (now + round_ms, or later
+///     if its step in flight ends later), some allowed degree still finishes by the deadline,
+///     else 0. GPU time = the least d * steps_left * s(d) among those degrees (among all
+///     allowed degrees when none is on time).
+/// A request with no steps left (its last step in flight) only waits: value 1 if that step
+/// ends by its deadline, GPU time 0.
+/// The waiting option is the urgency weighting: a request that can wait a round and still
+/// make its deadline scores its 1 while waiting, so devices go first to those that cannot.
+/// Plans are compared by (1) the sum of values (requests predicted on time: SLO attainment),
+/// higher first; (2) the sum of GPU times, lower first (TetriServe's GPU-hour minimisation:
+/// a request runs at the least degree that makes its deadline); (3) devices used, more first
+/// (among otherwise equal plans, run now rather than wait: a request that waits gains
+/// nothing when devices are free). Every criterion is a sum over requests, so the DP is exact.
+///
+/// Idle devices: devices the packing leaves free are granted one allowed degree at a time
+/// (a running request's degree to the next allowed one, a waiting request's to the least),
+/// earliest deadline first, to requests whose next degree fits in what is left and is
+/// predicted faster than their current one, until no grant fits.
+///
+/// Placement: a request whose degree is unchanged keeps its devices (never moved when nothing
+/// is gained); one whose degree shrinks keeps a contiguous part of its devices where it can;
+/// one that grows keeps its devices and adds free ones, preferring a contiguous window around
+/// them; new requests take the smallest run of contiguous free devices that fits (best fit),
+/// else the lowest free indices. Larger degrees are placed first.
+///
+/// Not modelled: a device whose holder is in the middle of a step is free only when that
+/// step ends; the plan may hand it to another request, which then starts up to one step late.
+///
+/// Threading: a pure function; runs on the calling thread.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "serving/sequence_parallel_cost_model.h"
+
+namespace infill {
+
+/// One active request at the round's start.
+struct PlannerRequest {
+  uint64_t id = 0;
+  int64_t tokens = 0;         ///< tokens of its whole sequence (what the step function takes)
+  int steps_left = 0;         ///< steps not yet started
+  double deadline_ms = 0;     ///< absolute, on the clock of now_ms
+  /// The device indices it held last round; empty when it held none.
+  std::vector<int> placement;
+  /// When its step in flight ends (absolute); at or before now_ms when none is in flight.
+  double ready_ms = 0;
+};
+
+struct RoundPlannerOptions {
+  int devices = 1;         ///< devices to plan, indices 0 .. devices - 1
+  double round_ms = 0;     ///< length of a round (> 0): when a waiting request can start next
+  int heads = 24;          ///< attention heads of the model: degrees must divide them
+  int max_degree = 0;      ///< 0 = no limit beyond the devices
+  bool grant_idle_devices = true;
+};
+
+struct PlannedRequest {
+  uint64_t id = 0;
+  int degree = 0;             ///< 0 = waits this round
+  std::vector<int> devices;   ///< ascending, `degree` of them
+  int steps = 0;              ///< steps it starts this round at that degree
+  /// The packing's prediction: on time (counted in RoundPlan::predicted_on_time).
+  bool on_time = false;
+  /// Predicted finish if it keeps its degree (infinity while it waits).
+  double finish_ms = 0;
+  bool moved = false;         ///< its devices differ from a non-empty placement
+};
+
+struct RoundPlan {
+  std::vector<PlannedRequest> requests;  ///< in the order of the input
+  int predicted_on_time = 0;  ///< the packing's value: requests predicted to meet their deadline
+  double packing_gpu_ms = 0;  ///< the packing's GPU time (before idle devices are granted)
+  int devices_used = 0;       ///< after grants
+  int devices_granted = 0;    ///< devices added by grants
+};
+
+/// Divisors of `heads` no larger than min(devices, max_degree) (max_degree 0 = no limit),
+/// ascending. Empty when heads or devices is not positive.
+std::vector<int> allowed_degrees(int heads, int devices, int max_degree = 0);
+
+/// Plans one round. `step_ms(tokens, d)` is called for every allowed d of every request.
+/// Errors: options out of range (devices or heads < 1, round_ms not positive); a request with
+/// tokens < 1 or steps_left < 0, a duplicate id, a placement naming a device outside
+/// 0 .. devices - 1, twice, or one another request also holds; a step time that is not
+/// positive and finite (the message names the request, tokens and degree).
+Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double now_ms,
+                             const StepMsFunction& step_ms, const RoundPlannerOptions& options);
+
+}  // namespace infill

@@ -1,0 +1,443 @@
+#include "support/catch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+#include <set>
+
+#include "serving/round_planner.h"
+
+using namespace infill;
+
+namespace {
+
+// A step function whose degree scaling varies per case: a fixed part, a part that divides by
+// the degree and a communication part that grows with it (so that a higher degree may be
+// slower, as for small images).
+struct SyntheticCost {
+  double fixed_ms, per_token_ms, comm_ms;
+  double operator()(int64_t tokens, int degree) const {
+    return fixed_ms + per_token_ms * double(tokens) / double(degree) + comm_ms * double(degree - 1);
+  }
+};
+
+struct Objective {
+  int value = 0;
+  double gpu_ms = 0;
+};
+
+// The header's value function, written out again: what the planner must maximise.
+Objective evaluate(const std::vector<PlannerRequest>& rs, const std::vector<int>& degree, double now,
+                   double round_ms, const std::vector<int>& allowed, const StepMsFunction& step) {
+  Objective obj;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const PlannerRequest& r = rs[i];
+    const double steps = double(r.steps_left);
+    if (degree[i] > 0) {
+      const double s = step(r.tokens, degree[i]);
+      obj.value += std::max(now, r.ready_ms) + steps * s <= r.deadline_ms ? 1 : 0;
+      obj.gpu_ms += double(degree[i]) * steps * s;
+      continue;
+    }
+    if (r.steps_left == 0) {
+      obj.value += r.ready_ms <= r.deadline_ms ? 1 : 0;
+      continue;
+    }
+    double cheapest = std::numeric_limits<double>::infinity();
+    double cheapest_on_time = cheapest;
+    for (int d : allowed) {
+      const double s = step(r.tokens, d);
+      cheapest = std::min(cheapest, double(d) * steps * s);
+      if (std::max(now + round_ms, r.ready_ms) + steps * s <= r.deadline_ms) {
+        cheapest_on_time = std::min(cheapest_on_time, double(d) * steps * s);
+      }
+    }
+    const bool on_time = std::isfinite(cheapest_on_time);
+    obj.value += on_time ? 1 : 0;
+    obj.gpu_ms += on_time ? cheapest_on_time : cheapest;
+  }
+  return obj;
+}
+
+// Every assignment of {0} + allowed degrees with at most `devices` in all: the best value,
+// and the least GPU time among the assignments of that value.
+Objective brute_force(const std::vector<PlannerRequest>& rs, int devices, double now, double round_ms,
+                      const std::vector<int>& allowed, const StepMsFunction& step) {
+  std::vector<int> choices{0};
+  choices.insert(choices.end(), allowed.begin(), allowed.end());
+  std::vector<int> degree(rs.size(), 0);
+  Objective best{-1, 0};
+  std::function<void(size_t, int)> walk = [&](size_t i, int used) {
+    if (i == rs.size()) {
+      const Objective o = evaluate(rs, degree, now, round_ms, allowed, step);
+      if (o.value > best.value || (o.value == best.value && o.gpu_ms < best.gpu_ms)) best = o;
+      return;
+    }
+    for (int d : choices) {
+      if (used + d > devices || (d > 0 && rs[i].steps_left == 0)) continue;
+      degree[i] = d;
+      walk(i + 1, used + d);
+    }
+    degree[i] = 0;
+  };
+  walk(0, 0);
+  return best;
+}
+
+// Random requests: deadlines from hopeless to slack, some with a step in flight, disjoint
+// random placements.
+std::vector<PlannerRequest> random_requests(std::mt19937_64& rng, int count, int devices, double now,
+                                            const StepMsFunction& step) {
+  std::uniform_int_distribution<int64_t> tokens(64, 20000);
+  std::uniform_int_distribution<int> steps(0, 30);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<int> free(static_cast<size_t>(devices));
+  for (int d = 0; d < devices; ++d) free[static_cast<size_t>(d)] = d;
+  std::shuffle(free.begin(), free.end(), rng);
+  std::vector<PlannerRequest> rs;
+  for (int i = 0; i < count; ++i) {
+    PlannerRequest r;
+    r.id = static_cast<uint64_t>(100 + i);
+    r.tokens = tokens(rng);
+    r.steps_left = steps(rng);
+    r.ready_ms = u(rng) < 0.3 ? now + u(rng) * step(r.tokens, 1) : now - 1.0;
+    r.deadline_ms = now + (0.1 + 1.6 * u(rng)) * double(std::max(1, r.steps_left)) * step(r.tokens, 1);
+    const int held = std::uniform_int_distribution<int>(0, std::min<int>(3, static_cast<int>(free.size())))(rng);
+    for (int h = 0; h < held; ++h) {
+      r.placement.push_back(free.back());
+      free.pop_back();
+    }
+    rs.push_back(r);
+  }
+  return rs;
+}
+
+// What every plan must satisfy: allowed degrees only, disjoint devices as many as the degree,
+// no more devices than there are.
+void require_valid(const RoundPlan& plan, const std::vector<PlannerRequest>& rs, int devices,
+                   const std::vector<int>& allowed) {
+  REQUIRE(plan.requests.size() == rs.size());
+  std::set<int> taken;
+  int used = 0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const PlannedRequest& p = plan.requests[i];
+    CHECK(p.id == rs[i].id);
+    if (p.degree != 0) CHECK(std::find(allowed.begin(), allowed.end(), p.degree) != allowed.end());
+    CHECK(static_cast<int>(p.devices.size()) == p.degree);
+    CHECK(std::is_sorted(p.devices.begin(), p.devices.end()));
+    for (int d : p.devices) {
+      CHECK(d >= 0);
+      CHECK(d < devices);
+      CHECK(taken.insert(d).second);
+    }
+    used += p.degree;
+  }
+  CHECK(used <= devices);
+  CHECK(used == plan.devices_used);
+}
+
+}  // namespace
+
+TEST_CASE("allowed degrees are the divisors of the heads up to the devices", "[serving][round_planner]") {
+  CHECK(allowed_degrees(24, 8) == std::vector<int>{1, 2, 3, 4, 6, 8});
+  CHECK(allowed_degrees(24, 512) == std::vector<int>{1, 2, 3, 4, 6, 8, 12, 24});
+  CHECK(allowed_degrees(6, 8) == std::vector<int>{1, 2, 3, 6});
+  CHECK(allowed_degrees(24, 8, 4) == std::vector<int>{1, 2, 3, 4});
+  CHECK(allowed_degrees(7, 8) == std::vector<int>{1, 7});
+  CHECK(allowed_degrees(24, 1) == std::vector<int>{1});
+  CHECK(allowed_degrees(0, 8).empty());
+}
+
+TEST_CASE("the packing equals a brute-force search over every (request, degree) assignment",
+          "[serving][round_planner]") {
+  std::mt19937_64 rng(41);
+  std::uniform_real_distribution<double> u(0, 1);
+  const int heads_choices[] = {24, 6, 12, 8, 7};
+  int cases_with_waiting = 0, cases_with_late = 0;
+  for (int c = 0; c < 200; ++c) {
+    const int devices = std::uniform_int_distribution<int>(2, 8)(rng);
+    const int count = std::uniform_int_distribution<int>(1, 5)(rng);
+    const int heads = heads_choices[c % 5];
+    const SyntheticCost cost{0.5 + 5 * u(rng), 0.001 + 0.01 * u(rng), u(rng) < 0.5 ? 0.0 : 20 * u(rng)};
+    const StepMsFunction step = cost;
+    const double now = 1000.0 * u(rng);
+    const std::vector<PlannerRequest> rs = random_requests(rng, count, devices, now, step);
+    RoundPlannerOptions o;
+    o.devices = devices;
+    o.heads = heads;
+    o.round_ms = 5 + 200 * u(rng);
+    o.grant_idle_devices = false;
+    const std::vector<int> allowed = allowed_degrees(heads, devices);
+    INFO("case " << c << ": " << count << " requests, " << devices << " devices, heads " << heads);
+    const Result<RoundPlan> plan = plan_round(rs, now, step, o);
+    REQUIRE(plan.ok());
+    require_valid(*plan, rs, devices, allowed);
+    const Objective best = brute_force(rs, devices, now, o.round_ms, allowed, step);
+    CHECK(plan->predicted_on_time == best.value);
+    CHECK(plan->packing_gpu_ms == Approx(best.gpu_ms).epsilon(1e-7));
+    // The plan's own degrees score what it reports, request by request.
+    std::vector<int> degree;
+    for (const PlannedRequest& p : plan->requests) degree.push_back(p.degree);
+    const Objective own = evaluate(rs, degree, now, o.round_ms, allowed, step);
+    CHECK(own.value == plan->predicted_on_time);
+    CHECK(own.gpu_ms == Approx(plan->packing_gpu_ms).epsilon(1e-7));
+    for (size_t i = 0; i < rs.size(); ++i) {
+      std::vector<PlannerRequest> one{rs[i]};
+      CHECK(evaluate(one, {degree[i]}, now, o.round_ms, allowed, step).value == (plan->requests[i].on_time ? 1 : 0));
+    }
+    if (std::count(degree.begin(), degree.end(), 0) > 0) ++cases_with_waiting;
+    if (best.value < count) ++cases_with_late;
+  }
+  // The cases reach both sides of the decisions (some wait, some are late).
+  CHECK(cases_with_waiting > 20);
+  CHECK(cases_with_late > 20);
+}
+
+TEST_CASE("grants keep the packing's on-time count and use only allowed degrees", "[serving][round_planner]") {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int heads : {24, 6}) {
+    const int devices = 8;
+    const std::vector<int> allowed = allowed_degrees(heads, devices);
+    std::set<int> seen;
+    for (int c = 0; c < 150; ++c) {
+      const SyntheticCost cost{1 + 3 * u(rng), 0.002 + 0.01 * u(rng), u(rng) < 0.7 ? 0.0 : 5 * u(rng)};
+      const StepMsFunction step = cost;
+      const int count = std::uniform_int_distribution<int>(1, 6)(rng);
+      const std::vector<PlannerRequest> rs = random_requests(rng, count, devices, 0.0, step);
+      RoundPlannerOptions o;
+      o.devices = devices;
+      o.heads = heads;
+      o.round_ms = 50;
+      const Result<RoundPlan> with = plan_round(rs, 0.0, step, o);
+      o.grant_idle_devices = false;
+      const Result<RoundPlan> without = plan_round(rs, 0.0, step, o);
+      REQUIRE(with.ok());
+      REQUIRE(without.ok());
+      require_valid(*with, rs, devices, allowed);
+      CHECK(with->predicted_on_time == without->predicted_on_time);
+      CHECK(with->devices_used == without->devices_used + with->devices_granted);
+      for (size_t i = 0; i < rs.size(); ++i) {
+        const int d = with->requests[i].degree;
+        seen.insert(d);
+        CHECK(heads % std::max(d, 1) == 0);
+        CHECK(d >= without->requests[i].degree);
+      }
+    }
+    INFO("heads " << heads);
+    CHECK_FALSE(seen.count(5));
+    CHECK_FALSE(seen.count(7));
+    if (heads == 6) {
+      CHECK_FALSE(seen.count(4));
+      CHECK_FALSE(seen.count(8));
+      CHECK(seen.count(6));
+    } else {
+      CHECK(seen.count(8));
+    }
+  }
+}
+
+TEST_CASE("a request whose degree is unchanged keeps its devices", "[serving][round_planner]") {
+  const StepMsFunction step = SequenceParallelCostModel::flux1_dev_h100().function();
+  RoundPlannerOptions o;
+  o.devices = 8;
+  o.round_ms = 100;
+  o.grant_idle_devices = false;
+
+  SECTION("a new request does not move a running one to find a contiguous block") {
+    // A 2048^2 request at degree 2 on {5, 6} leaves {0..4} and {7} free. A second one needs
+    // 4: it takes {0..3}, and the first stays on {5, 6}.
+    PlannerRequest a{1, 16384, 10, 0, {5, 6}, 0};
+    a.deadline_ms = 10 * step(16384, 2) + 1;
+    PlannerRequest b{2, 16384, 10, 0, {}, 0};
+    b.deadline_ms = 10 * step(16384, 4) + 1;
+    const std::vector<PlannerRequest> rs{a, b};
+    const Result<RoundPlan> plan = plan_round(rs, 0.0, step, o);
+    REQUIRE(plan.ok());
+    CHECK(plan->requests[0].degree == 2);
+    CHECK(plan->requests[0].devices == std::vector<int>{5, 6});
+    CHECK_FALSE(plan->requests[0].moved);
+    CHECK(plan->requests[1].degree == 4);
+    CHECK(plan->requests[1].devices == std::vector<int>{0, 1, 2, 3});
+  }
+
+  SECTION("round after round, a request keeps its devices while its degree stays") {
+    std::mt19937_64 rng(3);
+    std::uniform_real_distribution<double> u(0, 1);
+    o.grant_idle_devices = true;
+    int kept = 0, changed = 0;
+    for (int c = 0; c < 100; ++c) {
+      std::vector<PlannerRequest> rs = random_requests(rng, 5, 8, 0.0, step);
+      for (auto& r : rs) r.placement.clear();
+      double now = 0;
+      for (int round = 0; round < 6; ++round) {
+        const Result<RoundPlan> plan = plan_round(rs, now, step, o);
+        REQUIRE(plan.ok());
+        for (size_t i = 0; i < rs.size(); ++i) {
+          const PlannedRequest& p = plan->requests[i];
+          if (!rs[i].placement.empty() && p.degree == static_cast<int>(rs[i].placement.size())) {
+            CHECK(p.devices == rs[i].placement);
+            CHECK_FALSE(p.moved);
+            ++kept;
+          } else if (!rs[i].placement.empty()) {
+            ++changed;
+          }
+          rs[i].placement = p.devices;
+          rs[i].steps_left = std::max(0, rs[i].steps_left - p.steps);
+        }
+        now += o.round_ms;
+      }
+    }
+    CHECK(kept > 100);
+    CHECK(changed > 10);
+  }
+}
+
+TEST_CASE("idle devices are granted to running requests", "[serving][round_planner]") {
+  const StepMsFunction step = SequenceParallelCostModel::flux1_dev_h100().function();
+  RoundPlannerOptions o;
+  o.devices = 8;
+  o.round_ms = 100;
+  // A 2048^2 request with a loose deadline: degree 1 is on time and cheapest.
+  PlannerRequest r{1, 16384, 28, 0, {}, 0};
+  r.deadline_ms = 2 * 28 * step(16384, 1);
+  const std::vector<PlannerRequest> rs{r};
+
+  o.grant_idle_devices = false;
+  const Result<RoundPlan> packed = plan_round(rs, 0.0, step, o);
+  REQUIRE(packed.ok());
+  CHECK(packed->requests[0].degree == 1);
+  CHECK(packed->devices_granted == 0);
+
+  o.grant_idle_devices = true;
+  const Result<RoundPlan> granted = plan_round(rs, 0.0, step, o);
+  REQUIRE(granted.ok());
+  CHECK(granted->requests[0].degree == 8);
+  CHECK(granted->requests[0].devices == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK(granted->devices_granted == 7);
+  CHECK(granted->predicted_on_time == 1);
+  CHECK(granted->requests[0].finish_ms == Approx(28 * step(16384, 8)));
+
+  SECTION("not where a higher degree is slower") {
+    const StepMsFunction slower = [](int64_t, int degree) { return 10.0 + 3.0 * degree; };
+    const Result<RoundPlan> p = plan_round(rs, 0.0, slower, o);
+    REQUIRE(p.ok());
+    CHECK(p->requests[0].degree == 1);
+    CHECK(p->devices_granted == 0);
+  }
+
+  SECTION("earliest deadline first, one allowed degree at a time") {
+    // Two requests at degree 1 each (on time and cheapest), 6 devices left: the earlier
+    // deadline is raised first, so with 24 heads it reaches 6 (1-2-3-4-6) and the other 2.
+    PlannerRequest a{1, 16384, 28, 0, {}, 0}, b{2, 16384, 28, 0, {}, 0};
+    a.deadline_ms = 3 * 28 * step(16384, 1);
+    b.deadline_ms = 4 * 28 * step(16384, 1);
+    const std::vector<PlannerRequest> two{b, a};
+    const Result<RoundPlan> p = plan_round(two, 0.0, step, o);
+    REQUIRE(p.ok());
+    CHECK(p->requests[1].degree == 6);
+    CHECK(p->requests[0].degree == 2);
+    CHECK(p->devices_used == 8);
+  }
+}
+
+TEST_CASE("an empty round, one device, and more requests than devices", "[serving][round_planner]") {
+  const StepMsFunction step = SequenceParallelCostModel::flux1_dev_h100().function();
+  RoundPlannerOptions o;
+  o.round_ms = 200;
+
+  SECTION("an empty round") {
+    o.devices = 8;
+    const Result<RoundPlan> p = plan_round({}, 0.0, step, o);
+    REQUIRE(p.ok());
+    CHECK(p->requests.empty());
+    CHECK(p->devices_used == 0);
+    CHECK(p->predicted_on_time == 0);
+  }
+
+  SECTION("one device: the request that cannot wait runs, the one that can waits") {
+    o.devices = 1;
+    const double s = step(4096, 1);
+    PlannerRequest urgent{1, 4096, 10, 0, {}, 0}, slack{2, 4096, 10, 0, {}, 0};
+    urgent.deadline_ms = 10 * s + 1;
+    slack.deadline_ms = 25 * s;  // on time if it starts after urgent finishes (10 steps)
+    const std::vector<PlannerRequest> rs{slack, urgent};
+    const Result<RoundPlan> p = plan_round(rs, 0.0, step, o);
+    REQUIRE(p.ok());
+    CHECK(p->requests[1].degree == 1);
+    CHECK(p->requests[1].devices == std::vector<int>{0});
+    CHECK(p->requests[0].degree == 0);
+    CHECK(p->requests[0].devices.empty());
+    CHECK(p->predicted_on_time == 2);
+    CHECK(p->requests[1].steps == static_cast<int>(std::ceil(200.0 / s)));
+  }
+
+  SECTION("more requests than devices") {
+    o.devices = 4;
+    std::mt19937_64 rng(11);
+    for (int c = 0; c < 20; ++c) {
+      const std::vector<PlannerRequest> rs = random_requests(rng, 8, 4, 0.0, step);
+      const Result<RoundPlan> p = plan_round(rs, 0.0, step, o);
+      REQUIRE(p.ok());
+      require_valid(*p, rs, 4, allowed_degrees(24, 4));
+      RoundPlannerOptions packed = o;
+      packed.grant_idle_devices = false;
+      const Result<RoundPlan> q = plan_round(rs, 0.0, step, packed);
+      REQUIRE(q.ok());
+      CHECK(q->predicted_on_time == brute_force(rs, 4, 0.0, o.round_ms, allowed_degrees(24, 4), step).value);
+    }
+  }
+}
+
+TEST_CASE("the steps a request starts in the round", "[serving][round_planner]") {
+  const StepMsFunction step = [](int64_t, int degree) { return 30.0 / degree; };
+  RoundPlannerOptions o;
+  o.devices = 1;
+  o.round_ms = 100;
+  PlannerRequest r{1, 100, 50, 1e9, {}, 0};
+  // Steps start at 0, 30, 60 and 90: four start before the round ends.
+  CHECK(plan_round(std::vector<PlannerRequest>{r}, 0.0, step, o)->requests[0].steps == 4);
+  // Its step in flight ends at 50: steps start at 50 and 80.
+  r.ready_ms = 50;
+  CHECK(plan_round(std::vector<PlannerRequest>{r}, 0.0, step, o)->requests[0].steps == 2);
+  r.ready_ms = 0;
+  r.steps_left = 3;
+  CHECK(plan_round(std::vector<PlannerRequest>{r}, 0.0, step, o)->requests[0].steps == 3);
+}
+
+TEST_CASE("the round planner refuses inconsistent input, naming it", "[serving][round_planner]") {
+  const StepMsFunction step = SequenceParallelCostModel::flux1_dev_h100().function();
+  RoundPlannerOptions o;
+  o.devices = 4;
+  o.round_ms = 100;
+  const auto message = [&](std::vector<PlannerRequest> rs, const RoundPlannerOptions& opt,
+                           const StepMsFunction& f) {
+    const Result<RoundPlan> p = plan_round(rs, 0.0, f, opt);
+    REQUIRE_FALSE(p.ok());
+    return p.status().message();
+  };
+  const PlannerRequest a{1, 1024, 10, 1000, {0, 1}, 0};
+  PlannerRequest b{2, 1024, 10, 1000, {1}, 0};
+  CHECK_THAT(message({a, b}, o, step), Catch::Contains("request 2") && Catch::Contains("device 1") &&
+                                           Catch::Contains("request 1 also holds"));
+  b.placement = {4};
+  CHECK_THAT(message({a, b}, o, step), Catch::Contains("device 4, expected 0..3"));
+  b.placement = {2, 2};
+  CHECK_THAT(message({a, b}, o, step), Catch::Contains("device 2 twice"));
+  b = a;
+  b.placement = {};
+  CHECK_THAT(message({a, b}, o, step), Catch::Contains("request 1 appears twice"));
+  b.id = 2;
+  b.tokens = 0;
+  CHECK_THAT(message({a, b}, o, step), Catch::Contains("request 2 has 0 tokens"));
+  RoundPlannerOptions bad = o;
+  bad.devices = 0;
+  CHECK_THAT(message({}, bad, step), Catch::Contains("devices is 0"));
+  bad = o;
+  bad.round_ms = 0;
+  CHECK_THAT(message({}, bad, step), Catch::Contains("round_ms"));
+  const StepMsFunction broken = [](int64_t, int degree) { return degree == 2 ? 0.0 : 1.0; };
+  CHECK_THAT(message({a}, o, broken), Catch::Contains("request 1 (1024 tokens) at degree 2 is 0"));
+}
