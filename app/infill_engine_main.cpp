@@ -238,6 +238,8 @@ int main(int argc, char** argv) {
   so.pool_threads = 1;
   so.cache_dir = config.cache_dir.empty() ? infill::default_cache_dir() : config.cache_dir;
   so.ram_cache_bytes = config.ram_cache_bytes;
+  so.adapter_ram_bytes = static_cast<int64_t>(config.adapter_ram_bytes);
+  so.adapter_device_bytes = static_cast<int64_t>(config.adapter_device_bytes);
   so.calibrate = config.calibrate;
   so.calibration_path = so.cache_dir + "/step_cost.json";
   so.journal_path = config.journal == "off" ? std::string() : config.journal;

@@ -80,6 +80,27 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::on(const at::TensorOptions& opti
   return copy;
 }
 
+std::shared_ptr<const LoraAdapter> LoraAdapter::pinned(at::ScalarType dtype, bool* pinned) const {
+  c10::InferenceMode guard;
+  auto copy = std::make_shared<LoraAdapter>(*this);
+  *pinned = true;
+  const auto to_host = [&](const at::Tensor& t) {
+    if (*pinned) {
+      try {
+        return at::empty(t.sizes(), at::TensorOptions().dtype(dtype).pinned_memory(true)).copy_(t);
+      } catch (const c10::Error&) {
+        *pinned = false;  // the driver's limit on page-locked memory: copies are only slower
+      }
+    }
+    return t.to(dtype);
+  };
+  for (auto& [_, layer] : copy->layers) {
+    layer.down = to_host(layer.down);
+    layer.up = to_host(layer.up);
+  }
+  return copy;
+}
+
 namespace {
 
 std::string shape_of(const at::Tensor& t) { return shape_text(std::vector<int64_t>(t.sizes().begin(), t.sizes().end())); }

@@ -63,6 +63,10 @@ struct LoraAdapter {
   /// The same adapter with its tensors on `options`' device and dtype (a GPU model's copy, in
   /// its compute dtype, made once rather than at every step); same id.
   std::shared_ptr<const LoraAdapter> on(const at::TensorOptions& options) const;
+  /// The same adapter in `dtype` in page-locked host memory (needs a CUDA libtorch), from which
+  /// a GPU copies it by DMA on a stream of its own; plain memory where the driver refuses to
+  /// pin more (`pinned` then says false). Same id.
+  std::shared_ptr<const LoraAdapter> pinned(at::ScalarType dtype, bool* pinned) const;
 };
 
 /// One adapter of a request: a LoRA and its strength (negative strengths subtract it).

@@ -44,13 +44,25 @@ Status write_file(const std::string& path, std::string_view bytes) {
   return {};
 }
 
+// The host tier's key: the model's reading of the file.
+std::string host_key(const std::string& id, const EditModel& model) { return id + '\n' + model.info().id; }
+// The device tier's key: that reading on the model's device (a model may serve from several).
+std::string device_key(const std::string& id, const EditModel& model) {
+  return host_key(id, model) + '\n' + model.device().name();
+}
+
 }  // namespace
 
-Result<std::shared_ptr<AdapterStore>> AdapterStore::open(const std::string& dir, int64_t host_bytes) {
+AdapterStore::AdapterStore(std::string dir, AdapterBudgets budgets) : dir_(std::move(dir)) {
+  host_.budget = budgets.host_bytes;
+  device_.budget = budgets.device_bytes;
+}
+
+Result<std::shared_ptr<AdapterStore>> AdapterStore::open(const std::string& dir, AdapterBudgets budgets) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return io_error("adapter store " + dir + ": cannot create the folder: " + ec.message());
-  std::shared_ptr<AdapterStore> store(new AdapterStore(dir, host_bytes));
+  std::shared_ptr<AdapterStore> store(new AdapterStore(dir, budgets));
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const fs::path& p = entry.path();
     if (p.extension() != ".safetensors" || !is_adapter_id(p.stem().string())) continue;
@@ -108,7 +120,7 @@ Result<StoredAdapter> AdapterStore::add(std::string_view bytes, const std::strin
   describe(s, **adapter);
   std::lock_guard lock(mu_);
   created = files_.emplace(id, s).second;
-  hold_locked(id + '\n' + model.info().id, *adapter);
+  host_.hold(host_key(id, model), *adapter);
   return files_.at(id);
 }
 
@@ -130,62 +142,99 @@ Status AdapterStore::remove(const std::string& id) {
   {
     std::lock_guard lock(mu_);
     if (files_.erase(id) == 0) return not_found("adapter " + id + " is not in the store (GET /v1/adapters lists them)");
-    for (auto it = held_.begin(); it != held_.end();) {
-      if (it->first.rfind(id + '\n', 0) == 0) {
-        host_bytes_ -= it->second->bytes();
-        held_index_.erase(it->first);
-        it = held_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    host_.drop_id(id);
+    device_.drop_id(id);
   }
   ::unlink(file_of(id).c_str());
   ::unlink((dir_ + "/" + id + ".json").c_str());
   return {};
 }
 
-void AdapterStore::hold_locked(const std::string& key, std::shared_ptr<const LoraAdapter> adapter) {
-  if (held_index_.count(key) != 0 || adapter->bytes() > host_budget_) return;
-  held_.emplace_front(key, std::move(adapter));
-  held_index_[key] = held_.begin();
-  host_bytes_ += held_.front().second->bytes();
-  while (host_bytes_ > host_budget_ && !held_.empty()) {
-    host_bytes_ -= held_.back().second->bytes();
-    held_index_.erase(held_.back().first);
-    held_.pop_back();
-    ++evictions_;
+std::shared_ptr<const LoraAdapter> AdapterStore::Tier::find(const std::string& key) {
+  const auto it = index.find(key);
+  if (it == index.end()) return nullptr;
+  lru.splice(lru.begin(), lru, it->second);
+  return lru.front().second;
+}
+
+void AdapterStore::Tier::hold(const std::string& key, std::shared_ptr<const LoraAdapter> adapter) {
+  if (index.count(key) != 0 || adapter->bytes() > budget) return;
+  lru.emplace_front(key, std::move(adapter));
+  index[key] = lru.begin();
+  bytes += lru.front().second->bytes();
+  while (bytes > budget && !lru.empty()) {
+    bytes -= lru.back().second->bytes();
+    index.erase(lru.back().first);
+    lru.pop_back();
+    ++counts.evictions;
   }
 }
 
-bool AdapterStore::in_memory(const std::string& id, const EditModel& model) const {
+void AdapterStore::Tier::drop_id(const std::string& id) {
+  for (auto it = lru.begin(); it != lru.end();) {
+    if (it->first.rfind(id + '\n', 0) == 0) {
+      bytes -= it->second->bytes();
+      index.erase(it->first);
+      it = lru.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+AdapterTierStats AdapterStore::Tier::stats() const {
+  AdapterTierStats s = counts;
+  s.bytes = bytes;
+  s.budget = budget;
+  s.adapters = lru.size();
+  return s;
+}
+
+bool AdapterStore::ready(const std::string& id, const EditModel& model) const {
   std::lock_guard lock(mu_);
-  return held_index_.count(id + '\n' + model.info().id) > 0;
+  if (model.device().cuda) return device_.index.count(device_key(id, model)) > 0;
+  return host_.index.count(host_key(id, model)) > 0;
 }
 
 Result<std::shared_ptr<const LoraAdapter>> AdapterStore::get(const std::string& id, const EditModel& model) {
-  const std::string key = id + '\n' + model.info().id;
+  const bool on_gpu = model.device().cuda;
+  std::shared_ptr<const LoraAdapter> host;
   {
     std::lock_guard lock(mu_);
-    if (const auto it = held_index_.find(key); it != held_index_.end()) {
-      held_.splice(held_.begin(), held_, it->second);
-      ++hits_;
-      return held_.front().second;
+    if (on_gpu) {
+      if (auto held = device_.find(device_key(id, model))) {
+        ++device_.counts.hits;
+        return held;
+      }
+      ++device_.counts.misses;
     }
-    if (files_.count(id) == 0) {
-      return not_found("adapter " + id + " is not in the store (upload it with POST /v1/adapters)");
+    host = host_.find(host_key(id, model));
+    if (host) {
+      ++host_.counts.hits;
+      if (!on_gpu) return host;
+    } else {
+      if (files_.count(id) == 0) {
+        return not_found("adapter " + id + " is not in the store (upload it with POST /v1/adapters)");
+      }
+      ++host_.counts.misses;
     }
-    ++misses_;
   }
-  auto adapter = model.read_adapter(file_of(id));
-  if (!adapter.ok()) {
-    return Status(adapter.status().code(), "adapter " + id + " does not fit model " + model.name() + ": " +
-                                               adapter.status().message());
+  if (!host) {
+    auto read = model.read_adapter(file_of(id));
+    if (!read.ok()) {
+      return Status(read.status().code(), "adapter " + id + " does not fit model " + model.name() + ": " +
+                                              read.status().message());
+    }
+    host = *read;
+    std::lock_guard lock(mu_);
+    if (auto it = files_.find(id); it != files_.end() && it->second.format.empty()) describe(it->second, *host);
+    host_.hold(host_key(id, model), host);
   }
+  if (!on_gpu) return host;
+  INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const LoraAdapter> on_device, model.adapter_on_device(host));
   std::lock_guard lock(mu_);
-  if (auto it = files_.find(id); it != files_.end() && it->second.format.empty()) describe(it->second, **adapter);
-  hold_locked(key, *adapter);
-  return *adapter;
+  device_.hold(device_key(id, model), on_device);
+  return on_device;
 }
 
 Result<AdapterSet> AdapterStore::resolve(const std::vector<std::pair<std::string, double>>& ids, const EditModel& model) {
@@ -199,7 +248,7 @@ Result<AdapterSet> AdapterStore::resolve(const std::vector<std::pair<std::string
 
 AdapterStoreStats AdapterStore::stats() const {
   std::lock_guard lock(mu_);
-  return {files_.size(), host_bytes_, host_budget_, hits_, misses_, evictions_};
+  return {files_.size(), host_.stats(), device_.stats()};
 }
 
 }  // namespace infill

@@ -175,10 +175,17 @@ class EditModel {
   virtual ComputeDevice device() const { return {}; }
   /// Whether read_adapter can succeed at all (FLUX.2 models).
   virtual bool takes_adapters() const { return false; }
-  /// Reads the LoRA file at `path` for this model (model/lora_adapter.h): errors name the file
-  /// and the key; models that take no adapters refuse.
+  /// Reads the LoRA file at `path` for this model (model/lora_adapter.h) into host memory:
+  /// errors name the file and the key; models that take no adapters refuse. On a GPU the
+  /// host form is in the compute dtype and pinned, ready for adapter_on_device.
   virtual Result<std::shared_ptr<const LoraAdapter>> read_adapter(const std::string& path) const {
     return invalid_argument("model " + name() + " takes no LoRA adapters (FLUX.2 models do); " + path + " was not read");
+  }
+  /// The adapter as forward() reads it, from read_adapter's host form: on a GPU a copy made
+  /// there on a copy stream (the compute stream's queue is not in its way; returns once the
+  /// copy is done); on the CPU `host` itself. Out of device memory: resource_exhausted.
+  virtual Result<std::shared_ptr<const LoraAdapter>> adapter_on_device(std::shared_ptr<const LoraAdapter> host) const {
+    return host;
   }
   /// The reference image (pipeline/reference_image.h) made from `tmpl`, a template of this
   /// model: errors name it and the limit it breaks; models that take no references refuse.

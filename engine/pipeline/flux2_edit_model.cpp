@@ -8,6 +8,8 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "common/hash.h"
 #include "model/file_identity.h"
@@ -280,14 +282,42 @@ Result<ReferenceImage> Flux2EditModel::make_reference(const TemplateImage& tmpl)
 Result<std::shared_ptr<const LoraAdapter>> Flux2EditModel::read_adapter(const std::string& path) const {
   INFILL_ASSIGN_OR_RETURN(std::shared_ptr<const LoraAdapter> adapter,
                           load_lora(path, parts_.transformer->config(), "model " + parts_.name));
-  // On a GPU the adapter lives there in the compute dtype, so a step copies nothing.
+  if (parts_.transformer->device().is_cpu()) return adapter;
+  // In the compute dtype (half the bytes to keep and to copy) and pinned, so that the copy to
+  // the device runs by DMA on the copy stream.
+  bool pinned = false;
+  return adapter->pinned(parts_.transformer->compute_dtype(), &pinned);
+}
+
+Result<std::shared_ptr<const LoraAdapter>> Flux2EditModel::adapter_on_device(std::shared_ptr<const LoraAdapter> host) const {
   const at::Device device = parts_.transformer->device();
-  if (device.is_cpu()) return adapter;
+  if (device.is_cpu()) return host;
+  c10::InferenceMode guard;
   try {
-    return adapter->on(at::TensorOptions().device(device).dtype(parts_.transformer->compute_dtype()));
+    // Allocated and filled on a copy stream, so the copy does not queue behind the step the
+    // worker is computing; each tensor is then recorded on the compute stream, so that its
+    // memory is not reused before the steps that read it are done.
+    c10::impl::VirtualGuardImpl guard_impl(device.type());
+    const c10::Stream copy_stream = guard_impl.getStreamFromGlobalPool(device);
+    const c10::Stream compute = guard_impl.getDefaultStream(device);
+    auto copy = std::make_shared<LoraAdapter>(*host);
+    {
+      c10::StreamGuard on_copy_stream(copy_stream);
+      const auto options = at::TensorOptions().device(device).dtype(parts_.transformer->compute_dtype());
+      for (auto& [_, layer] : copy->layers) {
+        layer.down = at::empty(layer.down.sizes(), options).copy_(layer.down, /*non_blocking=*/true);
+        layer.up = at::empty(layer.up.sizes(), options).copy_(layer.up, /*non_blocking=*/true);
+      }
+    }
+    copy_stream.synchronize();
+    for (auto& [_, layer] : copy->layers) {
+      layer.down.record_stream(compute);
+      layer.up.record_stream(compute);
+    }
+    return std::shared_ptr<const LoraAdapter>(std::move(copy));
   } catch (const c10::Error& e) {
-    return Status(ErrorCode::kResourceExhausted, path + ": no room on " + device.str() + " for the LoRA (" +
-                                                     std::to_string(adapter->bytes()) + " bytes): " + e.what_without_backtrace());
+    return Status(ErrorCode::kResourceExhausted, host->path + ": no room on " + device.str() + " for the LoRA (" +
+                                                     std::to_string(host->bytes()) + " bytes): " + e.what_without_backtrace());
   }
 }
 

@@ -79,6 +79,7 @@ class Flux2EditModel final : public EditModel {
   int streamable_blocks() const override;
   bool takes_adapters() const override { return true; }
   Result<std::shared_ptr<const LoraAdapter>> read_adapter(const std::string& path) const override;
+  Result<std::shared_ptr<const LoraAdapter>> adapter_on_device(std::shared_ptr<const LoraAdapter> host) const override;
   /// Recently made references are kept (a scaled-down one costs a VAE encode).
   Result<ReferenceImage> make_reference(const TemplateImage& tmpl) const override;
   Result<std::unique_ptr<StepSession>> create_streamed_session(std::shared_ptr<const TemplateImage> tmpl,

@@ -203,7 +203,7 @@ Status EngineService::load() {
     if (::mkdtemp(pattern.data()) == nullptr) return fail(io_error("cannot create a folder for the adapter store: " + pattern));
     adapter_dir = s.private_adapter_dir = pattern;
   }
-  auto adapters = AdapterStore::open(adapter_dir, s.options.adapter_host_bytes);
+  auto adapters = AdapterStore::open(adapter_dir, {s.options.adapter_ram_bytes, s.options.adapter_device_bytes});
   if (!adapters.ok()) return fail(adapters.status());
   s.adapters = std::move(*adapters);
   if (journaled) {
@@ -340,6 +340,7 @@ ServiceMetrics EngineService::Impl::snapshot() const {
   m.journal_pending = journal_writer ? journal_writer->pending() : 0;
   m.templates = templates->size();
   m.templates_created = templates->created();
+  m.adapters = adapters->stats();
   return m;
 }
 
@@ -496,13 +497,14 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   const EditModel& model_used = models->model(slot);
   const std::string& model_id = model_used.info().id;
   const RequestClass cls = f.cls;
-  // Adapters in memory are taken now; any other is read on the pool while the edit is set up
-  // and runs its first adapters_from_step steps (pipeline/adapter_load.h).
+  // Adapters ready on the model's device are taken now; any other is read and copied on the
+  // pool while the edit is set up and runs its first adapters_from_step steps
+  // (pipeline/adapter_load.h).
   bool all_in_memory = true;
   for (const auto& [adapter_id, strength] : f.adapters) {
     if (!adapters->find(adapter_id))
       return error_reply(404, "unknown_adapter", "adapter " + adapter_id + " is not in the store (upload it with POST /v1/adapters)");
-    all_in_memory = all_in_memory && adapters->in_memory(adapter_id, model_used);
+    all_in_memory = all_in_memory && adapters->ready(adapter_id, model_used);
   }
   AdapterSet adapter_set;
   std::shared_ptr<AdapterLoad> adapter_load;

@@ -65,8 +65,10 @@ struct ServiceOptions {
   /// The adapter store's folder (LoRA files, pipeline/adapter_store.h); "" = `cache_dir`/adapters,
   /// or a private folder removed at exit when there is no cache_dir.
   std::string adapter_dir;
-  /// LoRAs read for a model and kept in memory (LRU).
-  int64_t adapter_host_bytes = int64_t{2} << 30;
+  /// LoRAs read for a model and kept in host memory, and copies kept on a GPU model's device
+  /// (each tier an LRU within its budget; pipeline/adapter_store.h).
+  int64_t adapter_ram_bytes = int64_t{2} << 30;
+  int64_t adapter_device_bytes = int64_t{1} << 30;
 };
 
 /// An edit as submitted: JSON parameters (see docs/api.md) and, optionally, the mask as an

@@ -171,6 +171,19 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
   w.family("infill_cache_promotions_total", "counter", "Disk hits copied into the RAM tier.");
   w.sample("infill_cache_promotions_total", {}, double(c.promotions));
 
+  const AdapterStoreStats& a = m.adapters;
+  w.family("infill_adapter_files", "gauge", "LoRA files in the adapter store.");
+  w.sample("infill_adapter_files", {}, double(a.files));
+  const std::pair<const char*, const AdapterTierStats*> tiers[] = {{"host", &a.host}, {"device", &a.device}};
+  w.family("infill_adapter_bytes", "gauge", "Bytes of LoRAs held in memory, by tier (host: as read; device: a GPU model's copies).");
+  for (const auto& [name, t] : tiers) w.sample("infill_adapter_bytes", {{"tier", name}}, double(t->bytes));
+  w.family("infill_adapter_hits_total", "counter", "Adapter lookups a tier answered.");
+  for (const auto& [name, t] : tiers) w.sample("infill_adapter_hits_total", {{"tier", name}}, double(t->hits));
+  w.family("infill_adapter_misses_total", "counter", "Adapter lookups a tier could not answer (host: a file read; device: a copy).");
+  for (const auto& [name, t] : tiers) w.sample("infill_adapter_misses_total", {{"tier", name}}, double(t->misses));
+  w.family("infill_adapter_evictions_total", "counter", "Adapters leaving a tier for its byte budget.");
+  for (const auto& [name, t] : tiers) w.sample("infill_adapter_evictions_total", {{"tier", name}}, double(t->evictions));
+
   if (m.resident_bytes >= 0) {
     // CPU workers keep weights, the RAM tier and activations in the process's memory.
     w.family("infill_device_memory_bytes", "gauge", "Memory in use on each compute device (the CPU: the process's resident set).");

@@ -46,6 +46,10 @@ struct EngineConfig {
   /// Journal of accepted batch edits; "" = default_state_dir()/journal.sqlite, "off" = none.
   std::string journal;
   uint64_t ram_cache_bytes = uint64_t{2} << 30;
+  /// The adapter store's memory tiers: LoRAs as read (host memory, pinned on a GPU) and their
+  /// copies on a GPU model's device.
+  uint64_t adapter_ram_bytes = uint64_t{2} << 30;
+  uint64_t adapter_device_bytes = uint64_t{1} << 30;
   bool calibrate = true;    ///< time the cost model at start-up (cached per model and threads)
   double drain_timeout_ms = 10000;  ///< on SIGTERM: let live edits finish this long, then cancel
   /// Origins allowed to call the API from a browser (exact "scheme://host[:port]").

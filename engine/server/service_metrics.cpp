@@ -71,6 +71,10 @@ json service_metrics_json(const ServiceMetrics& m) {
   }
   const size_t n = m.recent_requests.size();
   const ActivationStoreStats& st = m.cache;
+  const auto tier = [](const AdapterTierStats& t) {
+    return json{{"bytes", t.bytes},         {"budget", t.budget}, {"adapters", t.adapters},
+                {"hits", t.hits},           {"misses", t.misses}, {"evictions", t.evictions}};
+  };
   return {{"workers", workers},
           {"loads", loads},
           {"requests",
@@ -83,6 +87,7 @@ json service_metrics_json(const ServiceMetrics& m) {
            {{"ram_bytes", st.ram_bytes}, {"ram_entries", st.ram_entries}, {"disk_bytes", st.disk_bytes},
             {"disk_entries", st.disk_entries}, {"hits_ram", st.hits_ram}, {"hits_disk", st.hits_disk},
             {"misses", st.misses}}},
+          {"adapters", {{"files", m.adapters.files}, {"host", tier(m.adapters.host)}, {"device", tier(m.adapters.device)}}},
           {"service",
            {{"live_edits", m.live_edits},
             {"templates", m.templates},

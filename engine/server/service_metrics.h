@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/activation_store.h"
+#include "pipeline/adapter_store_stats.h"
 #include "serving/router.h"
 #include "serving/serving_metrics.h"
 
@@ -35,6 +36,7 @@ struct ServiceMetrics {
   /// The runtime's recent finished requests (each worker keeps a bounded window).
   std::vector<RequestMetrics> recent_requests;
   ActivationStoreStats cache;
+  AdapterStoreStats adapters;
   int live_edits = 0;
   size_t templates = 0;
   uint64_t templates_created = 0;
