@@ -69,7 +69,8 @@ class Done(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("edit_id", c_u64), ("state", c_int),
                 ("error", c_void_p), ("png", c_void_p), ("png_size", c_size_t),
                 ("steps_run", c_u32), ("total_ms", c_double), ("cache_mode", c_char_p),
-                ("prompt_truncated", c_int), ("media_type", c_char_p)]
+                ("prompt_truncated", c_int), ("media_type", c_char_p),
+                ("adapters_from_step", c_u32)]  # API 1.3: read only when struct_size covers it
 
 
 PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, ctypes.POINTER(Progress))
@@ -198,9 +199,15 @@ def check(lib, err):
 class Job:
     """A submitted edit. Its callbacks stay alive until on_done has run."""
 
-    def __init__(self, client, handle, callbacks):
-        self._client, self._handle, self._callbacks = client, handle, callbacks
+    def __init__(self, client, handle, callbacks, slot):
+        self._client, self._handle, self._callbacks, self._slot = client, handle, callbacks, slot
         self.id = client.lib.infill_job_id(handle)
+
+    @property
+    def adapters_from_step(self):
+        """The K the edit ran with (submit's `adapters_from_step`), as the engine reported it on
+        done; 0 without adapters or when the edit did not end done; None until it ended."""
+        return self._slot.get("adapters_from_step")
 
     @property
     def state(self):
@@ -313,7 +320,8 @@ class Client:
         `adapters`: LoRAs applied in order, each an id (strength 1) or an (id, strength) pair;
         `references`: template ids of reference images (FLUX.2 models); `adapters_from_step`: Katz's K, the first
         step that applies the adapters (0 = from the first; at most the edit's steps). Callbacks: on_progress(steps_done, steps_total),
-        on_preview(png_bytes, steps_done), on_done(state, error or None, data, media_type)."""
+        on_preview(png_bytes, steps_done), on_done(state, error or None, data, media_type). Once the edit
+        ended, the returned Job's `adapters_from_step` is the K it ran with."""
         p = EditParams()
         self.lib.infill_edit_params_init(ctypes.byref(p))
         check_layout(p)
@@ -364,6 +372,8 @@ class Client:
 
         def done(_user, d):
             d = d.contents
+            covers = d.struct_size >= Done.adapters_from_step.offset + ctypes.sizeof(c_u32)
+            slot["adapters_from_step"] = d.adapters_from_step if covers else 0
             if on_done:
                 error = error_of(lib, d.error, free=False) if d.error else None
                 data = ctypes.string_at(d.png, d.png_size) if d.png else b""
@@ -389,7 +399,7 @@ class Client:
             with self._lock:
                 self._live.pop(slot["key"], None)
             raise error_of(self.lib, err)
-        return Job(self, handle, callbacks)
+        return Job(self, handle, callbacks, slot)
 
     def close(self):
         """Ends the connection; edits in flight end (cancelled when cancel_on_destroy)."""

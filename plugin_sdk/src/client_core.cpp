@@ -309,6 +309,7 @@ DoneInfo ClientCore::done_info(const json& data) {
   if (data.contains("cache_mode") && data["cache_mode"].is_string()) info.cache_mode = data["cache_mode"].get<std::string>();
   info.prompt_truncated = data.contains("prompt_truncated") && data["prompt_truncated"].is_boolean() &&
                           data["prompt_truncated"].get<bool>();
+  info.adapters_from_step = u32(data, "adapters_from_step");
   return info;
 }
 
@@ -413,7 +414,8 @@ void ClientCore::finish(const std::shared_ptr<Job>& job_ref, infill_job_state st
     infill_done d{sizeof(infill_done), job->id, state, err,
                   state == INFILL_JOB_DONE ? job->result_png.data() : nullptr,
                   state == INFILL_JOB_DONE ? job->result_png.size() : 0, info.steps_run, info.total_ms,
-                  job->cache_mode.c_str(), info.prompt_truncated ? 1 : 0, job->result_media_type.c_str()};
+                  job->cache_mode.c_str(), info.prompt_truncated ? 1 : 0, job->result_media_type.c_str(),
+                  state == INFILL_JOB_DONE ? info.adapters_from_step : 0u};
     cb.on_done(cb.user_data, &d);
   }
   {

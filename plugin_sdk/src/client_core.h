@@ -84,6 +84,7 @@ struct DoneInfo {
   std::string cache_mode;  ///< "" when the engine did not say
   bool prompt_truncated = false;
   std::string media_type;  ///< of the result file (its Content-Type)
+  uint32_t adapters_from_step = 0;  ///< the K the edit ran with; 0 without adapters
 };
 
 class ClientCore {

@@ -22,6 +22,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -80,6 +81,7 @@ struct Recorder {
   std::string png;
   std::string cache_mode;
   int prompt_truncated = -1;
+  int64_t adapters_from_step = -1;  // -1: the library's infill_done has no such field
   std::thread::id done_thread;
 
   static void on_progress(void* user, const infill_progress* p) {
@@ -109,6 +111,8 @@ struct Recorder {
       r->cache_mode = d->cache_mode ? d->cache_mode : "";
       r->prompt_truncated = d->prompt_truncated;
     }
+    if (d->struct_size >= offsetof(infill_done, adapters_from_step) + sizeof(d->adapters_from_step))
+      r->adapters_from_step = d->adapters_from_step;
     r->cv.notify_all();
   }
   void attach(infill_edit_params& p) {
@@ -1293,6 +1297,41 @@ TEST_CASE("sdk with a FLUX.2 model: a LoRA uploaded once, listed, changing the e
     infill::client::Job j = cpp.submit(r);
     REQUIRE(j.wait(120000));
     CHECK((decode(j.result_png()).data == adapted));
+  }
+
+  // The done event states the K each edit ran with (Katz's K): the one asked for with adapters,
+  // 0 without them, in the C struct and in the C++ wrapper's DoneEvent.
+  auto done_k = [&](const infill_edit_adapter* adapters, size_t count, uint32_t k) {
+    infill_edit_params q = rect_params(t.id, 4, 5);
+    q.adapters = adapters;
+    q.adapter_count = count;
+    q.adapters_from_step = k;
+    Recorder rec;
+    rec.attach(q);
+    infill_job* job = nullptr;
+    REQUIRE_OK(infill_client_submit_edit(c, &q, &job));
+    REQUIRE_OK(infill_job_wait(job, 120000));
+    infill_job_release(job);
+    std::lock_guard lock(rec.mu);
+    CHECK(rec.state == INFILL_JOB_DONE);
+    return rec.adapters_from_step;
+  };
+  CHECK(done_k(&with, 1, 2) == 2);
+  CHECK(done_k(&with, 1, 4) == 4);
+  CHECK(done_k(nullptr, 0, 0) == 0);
+  {
+    infill::client::EditRequest r;
+    r.template_id = t.id;
+    r.mask_rect = std::array<int32_t, 4>{16, 16, 24, 16};
+    r.steps = 4;
+    r.adapters = {{id, 1.5}};
+    r.adapters_from_step = 3;
+    std::optional<uint32_t> k;
+    r.on_done = [&](const infill::client::DoneEvent& e) { k = e.adapters_from_step; };
+    infill::client::Job j = cpp.submit(r);
+    REQUIRE(j.wait(120000));
+    REQUIRE(j.state() == INFILL_JOB_DONE);
+    CHECK(k == 3u);
   }
 
   // An id the store does not hold: refused by the engine, its code and message surfaced.

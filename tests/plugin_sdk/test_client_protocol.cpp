@@ -154,6 +154,7 @@ struct Seen {
   infill_job_state state{};
   infill_error_code code{};
   std::string message, engine_code, png;
+  uint32_t adapters_from_step = 0;
 
   static void on_progress(void* u, const infill_progress* p) {
     auto* s = static_cast<Seen*>(u);
@@ -172,6 +173,7 @@ struct Seen {
       s->engine_code = infill_error_engine_code(d->error);
     }
     if (d->png) s->png.assign(static_cast<const char*>(d->png), d->png_size);
+    s->adapters_from_step = d->adapters_from_step;
     s->cv.notify_all();
   }
   bool wait_done() {
@@ -332,7 +334,7 @@ TEST_CASE("sdk protocol: after the stream drops, polling settles edits finished,
     if (m == "POST" && t == "/v1/edits") return accepted(next++);
     auto status = [](const std::string& j) { return Reply{200, j, "application/json"}; };
     if (m == "GET" && t == "/v1/edits/60")
-      return status(R"({"id":60,"client":"painter","state":"done","steps_done":4,"steps_total":4,"metrics":{"steps_run":4,"total_ms":9}})");
+      return status(R"({"id":60,"client":"painter","state":"done","steps_done":4,"steps_total":4,"metrics":{"steps_run":4,"total_ms":9,"adapters_from_step":3}})");
     if (m == "GET" && t == "/v1/edits/60/result") return Reply{200, "R60", "image/png"};
     if (m == "GET" && t == "/v1/edits/62") return status(R"({"id":62,"client":"somebody-else","state":"running"})");
     if (m == "GET" && t == "/v1/edits/63")
@@ -358,10 +360,13 @@ TEST_CASE("sdk protocol: after the stream drops, polling settles edits finished,
   CHECK(s62.message.find("another edit") != std::string::npos);
   // 63 still runs: the poll brought its progress, the new stream its end.
   REQUIRE(engine.wait_for_stream());
-  engine.push("done", R"({"id":63,"type":"done","result":"/v1/edits/63/result"})");
+  engine.push("done", R"({"id":63,"type":"done","result":"/v1/edits/63/result","adapters_from_step":2})");
   REQUIRE(s63.wait_done());
   CHECK(s63.state == INFILL_JOB_DONE);
   CHECK(s63.png == "R63");
+  // The K each edit ran with, from the status's metrics (polled) and from the done event.
+  CHECK(s60.adapters_from_step == 3);
+  CHECK(s63.adapters_from_step == 2);
   CHECK(s63.progress == std::vector<uint32_t>{1, 2});
   for (Seen* x : {&s60, &s61, &s62, &s63}) CHECK(x->done_calls == 1);
   for (infill_job* j : jobs) infill_job_release(j);

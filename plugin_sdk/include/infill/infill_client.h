@@ -43,7 +43,7 @@ extern "C" {
 /// .family; infill_done.cache_mode and .prompt_truncated.
 /// 1.2: infill_edit_params.output_format; infill_done.media_type; infill_job_result_media_type.
 /// 1.3: adapters (infill_client_upload_adapter, _list_adapters, _get_adapter, _delete_adapter);
-/// infill_edit_params.adapters, .references and .adapters_from_step.
+/// infill_edit_params.adapters, .references and .adapters_from_step; infill_done.adapters_from_step.
 #define INFILL_CLIENT_API_VERSION_MAJOR 1
 #define INFILL_CLIENT_API_VERSION_MINOR 3
 #define INFILL_CLIENT_API_VERSION \
@@ -402,6 +402,11 @@ typedef struct infill_done {
   /// The result file's media type: "image/png", "image/tiff" or "image/x-exr"; "" when not
   /// DONE. (Added in 1.2: test struct_size.)
   const char* media_type;
+  /// The K the edit ran with (infill_edit_params.adapters_from_step, Katz's K): the first
+  /// schedule step that applied its adapters, as the engine reports it. 0 when the edit had no
+  /// adapters, when it did not end DONE, or when the engine did not say. (Added in 1.3: test
+  /// struct_size.)
+  uint32_t adapters_from_step;
 } infill_done;
 
 typedef void (*infill_progress_fn)(void* user_data, const infill_progress* progress);

@@ -137,6 +137,9 @@ struct DoneEvent {
   std::string_view media_type;  ///< its format: "image/png", "image/tiff", "image/x-exr"
   uint32_t steps_run = 0;
   double total_ms = 0;
+  /// The K the edit ran with (EditRequest::adapters_from_step); 0 without adapters, when not
+  /// DONE, or from a library older than this field (infill_done.adapters_from_step).
+  uint32_t adapters_from_step = 0;
 };
 
 /// An edit request; see infill_edit_params for each field.
@@ -425,6 +428,8 @@ class Client {
       if (d->media_type) e.media_type = d->media_type;
       e.steps_run = d->steps_run;
       e.total_ms = d->total_ms;
+      if (d->struct_size >= offsetof(infill_done, adapters_from_step) + sizeof d->adapters_from_step)
+        e.adapters_from_step = d->adapters_from_step;
       ctx->on_done(e);
     } catch (...) {
     }

@@ -8,7 +8,7 @@ With --flux2-maker (infill-test-flux2: a tiny FLUX.2 model and LoRA files) it ch
 binding's adapters against a FLUX.2 engine instead: an upload gives the same id for the same
 bytes, the list shows it, an edit with it differs from one without inside the mask and equals a
 repeat (the example's --lora too), one whose adapters_from_step is its steps equals one without,
-bad files, strengths and ids are refused naming them with the
+each edit's job states the K it ran with (Job.adapters_from_step), bad files, strengths and ids are refused naming them with the
 engine's code, and a delete removes it; reference images (references) change the edit and repeat
 exactly, and bad lists are refused. Exit 4 (skipped) when the maker cannot write the model
 (no Qwen3 tokenizer)."""
@@ -193,6 +193,9 @@ def flux2_checks(args):
                 job = client.submit(tid, mask_rect=RECT, seed=5, steps=4, prompt="make it red", output_format="png",
                                     adapters=adapters, references=references, adapters_from_step=adapters_from_step)
                 assert job.wait(120000), f"{name}: edit {job.id} did not finish"
+                # The done event states the K the edit ran with (0 for an edit without adapters).
+                want_k = adapters_from_step if adapters else 0
+                assert job.adapters_from_step == want_k, f"{name}: done says K = {job.adapters_from_step}, not {want_k}"
                 data, media_type = job.result()
                 assert media_type == "image/png", media_type
                 with open(d(name + ".png"), "wb") as f:
