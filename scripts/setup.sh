@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev
+  libgloo-dev           # headers of the Gloo libtorch carries: c10d process groups among CPU devices
   libopenblas0-openmp   # without it libtorch falls back to reference BLAS (~25x slower)
   libopenimageio-dev
   libgs-common          # a real ICC profile (ghostscript's srgb.icc) for the bit-depth tests

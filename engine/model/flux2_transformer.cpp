@@ -14,6 +14,7 @@
 #include "model/flux2_checkpoint.h"
 #include "model/lora_round.h"
 #include "model/row_attention.h"
+#include "model/sequence_group.h"
 #include "model/safetensors_torch.h"
 #include "model/stored_linear.h"
 
@@ -434,11 +435,34 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return at::stack({c * x0 - s * x1, s * x0 + c * x1}, 3).reshape({r, heads * half * 2});
 }
 
+// Ulysses: this rank's rows q, k, v [R, H] (every head) become every rank's rows for this
+// rank's heads, attend there over the whole sequence, and return as this rank's rows for
+// every head. RoPE was applied to each row before, so the order of the gathered rows (rank
+// by rank) does not matter to the attention.
+at::Tensor ulysses_attention(SequenceGroup& group, const std::vector<int64_t>& rank_rows, const at::Tensor& q,
+                             const at::Tensor& k, const at::Tensor& v, int64_t heads, double scale) {
+  const int P = group.size();
+  const int64_t R = q.size(0), H = q.size(1), part = H / P;  // channels of one rank's heads
+  // [R, 3, P, part] -> [P, R, 3, part]: the rows for rank j are rank j's heads of q, k and v.
+  const at::Tensor send = at::stack({q, k, v}, 1).view({R, 3, P, part}).permute({2, 0, 1, 3}).contiguous().view({P * R, 3 * part});
+  const std::vector<int64_t> mine(P, R);
+  const at::Tensor got = group.all_to_all(send, mine, rank_rows).view({-1, 3, part});  // [L, 3, part]
+  const at::Tensor out = row_attention(got.select(1, 0).contiguous(), got.select(1, 1).contiguous(),
+                                       got.select(1, 2).contiguous(), heads / P, scale);  // [L, part]
+  // Back: each rank's rows of this rank's heads; from every rank, this rank's rows of its heads.
+  const at::Tensor back = group.all_to_all(out.contiguous(), rank_rows, mine);  // [P * R, part]
+  return back.view({P, R, part}).permute({1, 0, 2}).reshape({R, H});
+}
+
 // Attention of one segment's computed rows over all of its positions in block `block`:
 // q, k, v [R, H] are the fresh rows (post norm and RoPE).
 at::Tensor segment_attention(SegmentState& s, int block, const at::Tensor& q, const at::Tensor& k,
                              const at::Tensor& v, int64_t heads, double scale) {
   const bool cpu_float = q.device().is_cpu() && q.scalar_type() == at::kFloat;
+  if (s.seg->group != nullptr) {
+    if (s.seg->sink != nullptr) s.seg->sink->store_rows(block, s.positions, k, v);
+    return ulysses_attention(*s.seg->group, s.seg->group_rows, q, k, v, heads, scale);
+  }
   if (s.full) {
     if (s.seg->sink != nullptr) s.seg->sink->store(block, k, v);
     return row_attention(q, k, v, heads, scale);
@@ -556,7 +580,19 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     TORCH_CHECK(s.positions.dim() == 1 && s.positions.size(0) == rows, "segment ", i, ": positions must be [", rows,
                 "]");
     s.full = rows == L;
-    TORCH_CHECK(s.full || seg.kv != nullptr, "segment ", i, ": computing ", rows, " of ", L,
+    if (seg.group != nullptr) {
+      const int P = seg.group->size(), rank = seg.group->rank();
+      TORCH_CHECK(n == 1, "segment ", i, ": a sequence-parallel share is the only segment of its forward");
+      TORCH_CHECK(heads % P == 0, "segment ", i, ": ", heads, " heads do not split over ", P, " ranks");
+      TORCH_CHECK(static_cast<int>(seg.group_rows.size()) == P && seg.group_rows[rank] == rows &&
+                      std::accumulate(seg.group_rows.begin(), seg.group_rows.end(), int64_t{0}) == L,
+                  "segment ", i, ": group_rows must give every rank's rows (this rank's: ", rows, ") summing to ", L);
+      TORCH_CHECK(seg.kv == nullptr && seg.full_blocks == 0, "segment ", i,
+                  ": a sequence-parallel share reads no cached K/V and recomputes no prefix");
+      TORCH_CHECK(seg.group->device() == device, "segment ", i, ": rank ", rank, " of its group computes on ",
+                  seg.group->device(), ", the model on ", device);
+    }
+    TORCH_CHECK(s.full || seg.kv != nullptr || seg.group != nullptr, "segment ", i, ": computing ", rows, " of ", L,
                 " positions needs a KvSource");
     TORCH_CHECK(seg.full_blocks >= 0 && seg.full_blocks <= cfg.depth(), "segment ", i, ": full_blocks is ",
                 seg.full_blocks, ", expected 0 .. ", cfg.depth());

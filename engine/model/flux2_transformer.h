@@ -32,6 +32,8 @@
 
 namespace infill {
 
+class SequenceGroup;  // model/sequence_group.h
+
 struct Flux2Config {
   int in_channels = 128;     ///< latent channels per token (the prediction has as many)
   /// Extra input channels of mask-conditioned models (the FLUX.1 Fill convention, used by the
@@ -122,6 +124,15 @@ struct Flux2Segment {
   /// strength * (x A^T) B^T for them. Every adapter must have been loaded for this model's
   /// config (load_lora).
   AdapterSet adapters;
+  /// Ulysses sequence parallelism (model/flux2_sequence_parallel.h): this segment is this
+  /// rank's share of one whole-sequence forward that every rank of `group` runs at once, the
+  /// only segment of its forward. Its rows are the share (positions ascending, no KvSource);
+  /// each attention trades heads for rows with the other ranks (all-to-all), so every rank
+  /// attends over the whole sequence for heads / size of the heads; the sink receives the
+  /// share's rows (KvSink::store_rows). Not owned; null: a forward on one device.
+  SequenceGroup* group = nullptr;
+  /// With `group`: the rows of every rank's share, in rank order (sum: sequence_length).
+  std::vector<int64_t> group_rows;
 };
 
 /// Per-block outputs of a forward of one segment, for checking against a reference.

@@ -36,6 +36,15 @@ class KvSink {
   virtual ~KvSink() = default;
   /// `k`, `v`: [L, H] float32, possibly strided views valid only during the call.
   virtual void store(int block, const at::Tensor& k, const at::Tensor& v) = 0;
+  /// Some rows of the sequence: one rank's share of a sequence-parallel forward
+  /// (model/flux2_sequence_parallel.h). `positions`: int64 [R] on the CPU, ascending; `k`, `v`:
+  /// [R, H]. The ranks of one forward call it at once from their threads, on disjoint rows.
+  /// Sinks that take whole sequences only refuse (c10::Error).
+  virtual void store_rows(int block, const at::Tensor& positions, const at::Tensor& k, const at::Tensor& v);
 };
+
+inline void KvSink::store_rows(int, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  TORCH_CHECK(false, "this K/V sink takes whole sequences only, not a sequence-parallel rank's rows");
+}
 
 }  // namespace infill

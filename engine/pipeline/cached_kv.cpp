@@ -72,6 +72,23 @@ void EntryKvSink::store(int block, const at::Tensor& k, const at::Tensor& v) {
   float_to_fp16_slab(v, entry_.v(step_, block_offset_ + block));
 }
 
+void EntryKvSink::store_rows(int block, const at::Tensor& positions, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t rows = positions.size(0), H = k.size(1);
+  TORCH_CHECK(k.size(0) == rows && v.size(0) == rows, "EntryKvSink::store_rows: ", rows, " positions for ", k.size(0),
+              " rows");
+  const int64_t* p = positions.data_ptr<int64_t>();
+  uint16_t* k_slab = entry_.k(step_, block_offset_ + block);
+  uint16_t* v_slab = entry_.v(step_, block_offset_ + block);
+  // A rank's rows are a few runs of consecutive positions (its text and its image share).
+  for (int64_t begin = 0; begin < rows;) {
+    int64_t end = begin + 1;
+    while (end < rows && p[end] == p[end - 1] + 1) ++end;
+    float_to_fp16_slab(k.narrow(0, begin, end - begin), k_slab + p[begin] * H);
+    float_to_fp16_slab(v.narrow(0, begin, end - begin), v_slab + p[begin] * H);
+    begin = end;
+  }
+}
+
 void RepeatingKvSource::fetch(int block, at::Tensor& k, at::Tensor& v) {
   if (block != block_) {
     if (!k_.defined() || !k_.sizes().equals(k.sizes())) {

@@ -49,6 +49,7 @@ class EntryKvSink final : public KvSink {
       : entry_(entry), step_(step), block_offset_(block_offset) {}
   void set_step(int step) { step_ = step; }
   void store(int block, const at::Tensor& k, const at::Tensor& v) override;
+  void store_rows(int block, const at::Tensor& positions, const at::Tensor& k, const at::Tensor& v) override;
 
  private:
   ActivationEntry& entry_;

@@ -113,8 +113,22 @@ void Flux2PrepareRun::run_step() {
     ++step_;
     return;
   }
+  std::vector<Flux2Segment> segments = trajectory_segments();
+  model_->forward(segments);
+  ++step_;
+}
+
+bool Flux2PrepareRun::splits_over_devices() const { return !stroke_; }
+
+std::vector<Flux2Segment> Flux2PrepareRun::step_segments() {
+  TORCH_CHECK(!done() && !stroke_, "flux2 prepare: step_segments is for a template's trajectory, before done()");
+  return trajectory_segments();
+}
+
+std::vector<Flux2Segment> Flux2PrepareRun::trajectory_segments() {
+  c10::InferenceMode guard;
   const int i = step_;
-  Flux2Segment segments[2];
+  std::vector<Flux2Segment> segments(null_sink_ ? 2 : 1);
   segments[0].txt = text_;
   segments[0].txt_ids = text_ids_;
   segments[0].img = at::cat({flux2_with_mask(sampler_->add_noise(clean_, noise_, i), no_mask_rows_), reference_});
@@ -135,7 +149,11 @@ void Flux2PrepareRun::run_step() {
     segments[1].sink = null_sink_.get();
     null_sink_->set_step(i);
   }
-  model_->forward(std::span<Flux2Segment>(segments, null_sink_ ? 2 : 1));
+  return segments;
+}
+
+void Flux2PrepareRun::step_done() {
+  TORCH_CHECK(!done(), "flux2 prepare: step_done after the last step");
   ++step_;
 }
 

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -77,11 +78,23 @@ class Flux2PrepareRun {
   /// Runs the next step's forward, recording its K/V. Precondition: !done(). A model error
   /// throws (c10::Error); the run is then unusable.
   void run_step();
+  /// Whether the steps may run as step_segments / step_done on several devices (a template's
+  /// trajectory; not a run recorded from a live stroke, whose steps sample).
+  bool splits_over_devices() const;
+  /// The next step's segments (one, or the prompted and null-prompt halves), their sinks set
+  /// to record it: a whole-sequence forward each, which the caller runs as it likes, e.g. in
+  /// sequence parallel over several devices (model/flux2_sequence_parallel.h), then calls
+  /// step_done. Precondition: !done() and splits_over_devices(). run_step is forward of these,
+  /// then step_done.
+  std::vector<Flux2Segment> step_segments();
+  void step_done();
   /// The entry; complete once done().
   std::shared_ptr<const ActivationEntry> entry() const { return entry_; }
 
  private:
   Flux2PrepareRun() = default;
+  // The segments of the template's trajectory at step_ (every step of a template-keyed run).
+  std::vector<Flux2Segment> trajectory_segments();
   std::shared_ptr<const Flux2Transformer> model_;
   std::shared_ptr<const TemplateImage> tmpl_;
   std::optional<Sampler> sampler_;

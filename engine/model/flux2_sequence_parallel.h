@@ -1,0 +1,55 @@
+#pragma once
+/// FLUX.2 forwards over several devices at once (issue 41), for what runs a whole sequence:
+/// prepare runs, full steps, large masks.
+/// - Ulysses sequence parallelism (DeepSpeed-Ulysses, as xDiT runs FLUX): each rank computes a
+///   share of the sequence's rows through every linear layer, and at each attention trades
+///   rows for heads with the others (all-to-all), so that it attends over the whole sequence
+///   for heads / P of the heads (klein's 24 heads split over 2, 3, 4, 6 or 8 ranks). A sink's
+///   K/V arrive rank by rank, each rank writing its own rows of the one entry.
+/// - Guidance on two devices (Katz's latent parallelism): a guided step's conditional and
+///   unconditional segments, each on its own rank at once.
+/// Every rank runs the same call at once on its own thread, with the same inputs.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "model/flux2_transformer.h"
+#include "model/sequence_group.h"
+
+namespace infill {
+
+/// One rank's rows of a sequence of text rows then image (and reference) rows: the text and
+/// the image rows are each split into `ranks` consecutive runs as even as possible (the first
+/// runs one row longer), so each rank holds a share of both streams.
+struct Flux2SequenceShare {
+  int64_t text_begin = 0, text_rows = 0;
+  int64_t image_begin = 0, image_rows = 0;  ///< within the image rows
+  int64_t rows() const { return text_rows + image_rows; }
+};
+std::vector<Flux2SequenceShare> flux2_sequence_shares(int64_t text_rows, int64_t image_rows, int ranks);
+
+/// This rank's share of `whole`, a full forward's segment (every row of its sequence, in
+/// order, no KvSource, no recomputed prefix): its text and image rows, their ids and positions,
+/// the group and every rank's rows; timestep, guidance, sink and adapters as `whole`'s.
+/// invalid_argument when `whole` is not a full forward or has fewer image rows than ranks.
+Result<Flux2Segment> flux2_sequence_share(const Flux2Segment& whole, SequenceGroup& group);
+
+/// `whole` in sequence parallel over `group`: every rank calls it at once with the same
+/// segment and gets the whole prediction [R_i, in_channels] float32 on the CPU, equal to
+/// Flux2Transformer::forward of `whole` on one device up to float rounding. Throws c10::Error
+/// when a collective fails (the group is then out of use).
+at::Tensor flux2_forward_sequence_parallel(const Flux2Transformer& model, const Flux2Segment& whole,
+                                           SequenceGroup& group);
+
+/// One segment per rank, each on its own device at once (a guided step's two halves on two
+/// devices); every rank gets the prediction of all of them in segment order, as one
+/// Flux2Transformer::forward of the packed segments gives it. Precondition: as many segments
+/// as ranks, none with a recomputed prefix; each segment's KvSource, if any, is read by its rank
+/// alone.
+at::Tensor flux2_forward_segment_per_rank(const Flux2Transformer& model, std::span<Flux2Segment> segments,
+                                          SequenceGroup& group);
+
+}  // namespace infill
