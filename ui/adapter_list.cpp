@@ -128,7 +128,7 @@ int AdapterList::pending() const {
 QList<AdapterChoice> AdapterList::adapters() const {
   QList<AdapterChoice> out;
   for (const Row& r : rows_)
-    if (!r.id.isEmpty()) out.append({r.id, r.strength->value()});
+    if (!r.id.isEmpty()) out.append({r.id, r.strength->value(), r.path});
   return out;
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace infill::ui {
 
@@ -49,6 +50,8 @@ EditController::EditController(EngineConnection* engine, MaskDocument* mask, QOb
   connect(engine_, &EngineConnection::editPreview, this, &EditController::onPreview);
   connect(engine_, &EngineConnection::editFinished, this, &EditController::onFinished);
   connect(engine_, &EngineConnection::editRejected, this, &EditController::onRejected);
+  connect(engine_, &EngineConnection::adapterUploaded, this, &EditController::onAdapterUploaded);
+  connect(engine_, &EngineConnection::adapterFailed, this, &EditController::onAdapterFailed);
   connect(mask_, &MaskDocument::editCommitted, this, &EditController::onMaskEdited);
 }
 
@@ -106,7 +109,7 @@ void EditController::onTemplateRegistered(quint64 tag, const TemplateStatus& sta
   ++template_epoch_;
   if (status.state != INFILL_TEMPLATE_PREPARED) template_poll_.start();
   emit templateStateChanged(templateStateText());
-  if (generate_waiting_) {
+  if (generate_waiting_ && !uploadsRunning()) {
     generate_waiting_ = false;
     submitBatch();
   }
@@ -166,6 +169,11 @@ bool EditController::generate() {
     emit message(tr("Registering the image with the engine..."), false);
     return true;
   }
+  if (!adapter_uploads_.empty()) {
+    generate_waiting_ = true;  // submitted once the LoRA files are back on the engine
+    emit message(tr("Uploading the LoRA files to the engine again..."), false);
+    return true;
+  }
   return submitBatch();
 }
 
@@ -182,6 +190,7 @@ bool EditController::submitBatch() {
     p.result.prompt = params_.prompt;
     p.result.seed = seed;
     p.template_epoch = template_epoch_;
+    p.adapters_uploaded_again = adapters_uploaded_again_;
     p.clock.start();
     batch_.insert(tag);
   }
@@ -192,6 +201,7 @@ bool EditController::submitBatch() {
 
 void EditController::cancel() {
   generate_waiting_ = false;
+  live_waiting_ = false;
   debounce_.stop();
   for (quint64 tag : batch_) engine_->cancelEdit(tag);
   if (live_tag_ != 0 && pending_.count(live_tag_)) engine_->cancelEdit(live_tag_);
@@ -224,6 +234,10 @@ void EditController::submitLive() {
     debounce_.start();
     return;
   }
+  if (!adapter_uploads_.empty()) {
+    live_waiting_ = true;  // submitted once the LoRA files are back on the engine
+    return;
+  }
   EditSubmission s = baseSubmission(params_.seed);
   s.edit_class = INFILL_CLASS_LIVE;
   // The engine sends a live edit's first preview right after its first step (the first sight
@@ -240,6 +254,7 @@ void EditController::submitLive() {
   p.result.seed = s.seed;
   p.live = true;
   p.template_epoch = template_epoch_;
+  p.adapters_uploaded_again = adapters_uploaded_again_;
   p.clock.start();
   ++live_stats_.submitted;
 }
@@ -339,12 +354,31 @@ void EditController::onFinished(quint64 tag, const EditOutcome& outcome) {
   }
 }
 
-void EditController::onRejected(quint64 tag, const QString& text) {
+void EditController::onRejected(quint64 tag, const QString& text, const QString& engine_code) {
   auto it = pending_.find(tag);
   if (it == pending_.end()) return;
   const bool live = it->second.live;
+  const bool retried = it->second.adapters_uploaded_again;
   const bool in_batch = batch_.count(tag) > 0;
   finishTag(tag);
+  if (engine_code == QLatin1String("unknown_adapter")) {
+    // The engine's adapter store no longer holds a LoRA this editor uploaded (it restarted with
+    // another store, or the adapter was deleted): upload the files again and submit once more,
+    // once per edit. Not the image's fault, so not the template path below.
+    const bool newest = in_batch || tag == live_tag_;
+    if (newest && !retried && (!adapter_uploads_.empty() || uploadAdaptersAgain())) {
+      if (in_batch) {
+        for (quint64 t : std::set<quint64>(batch_)) finishTag(t);  // refused for the same reason
+        generate_waiting_ = true;
+      } else {
+        live_waiting_ = true;
+      }
+      emit message(tr("The engine no longer holds a LoRA of the list (it restarted?); uploading the files again..."), false);
+      return;
+    }
+    emit message((live ? tr("Live edit refused: %1") : tr("Edit refused: %1")).arg(text), true);
+    return;
+  }
   if (text.contains(QLatin1String("not_found"))) {
     // The engine evicted the template (or restarted): upload it again for the next edit.
     template_dirty_ = true;
@@ -361,6 +395,54 @@ void EditController::onRejected(quint64 tag, const QString& text) {
     }
   }
   emit message((live ? tr("Live edit refused: %1") : tr("Edit refused: %1")).arg(text), true);
+}
+
+bool EditController::uploadAdaptersAgain() {
+  for (const AdapterChoice& a : params_.adapters) {
+    if (a.file.isEmpty()) continue;
+    bool running = false;
+    for (const auto& [tag, file] : adapter_uploads_) running |= file == a.file;
+    if (!running) adapter_uploads_[engine_->uploadAdapter(a.file, params_.model_id)] = a.file;
+  }
+  return !adapter_uploads_.empty();
+}
+
+void EditController::onAdapterUploaded(quint64 tag, const AdapterStatus& status) {
+  auto it = adapter_uploads_.find(tag);
+  if (it == adapter_uploads_.end()) return;  // the LoRA list's own upload
+  // The same bytes are the same id; a file changed on disk since is a new one: send that.
+  for (AdapterChoice& a : params_.adapters)
+    if (a.file == it->second) a.id = status.id;
+  adapter_uploads_.erase(it);
+  if (adapter_uploads_.empty()) adaptersUploadedAgain();
+}
+
+void EditController::onAdapterFailed(quint64 tag, const QString& text) {
+  auto it = adapter_uploads_.find(tag);
+  if (it == adapter_uploads_.end()) return;
+  adapter_upload_failure_ = tr("Could not upload LoRA %1 to the engine again: %2").arg(QFileInfo(it->second).fileName(), text);
+  adapter_uploads_.erase(it);
+  if (adapter_uploads_.empty()) adaptersUploadedAgain();
+}
+
+void EditController::adaptersUploadedAgain() {
+  if (!adapter_upload_failure_.isEmpty()) {
+    generate_waiting_ = false;
+    live_waiting_ = false;
+    emit message(std::exchange(adapter_upload_failure_, QString()), true);
+    return;
+  }
+  // What is submitted now is the one more try: refused again, it is not retried.
+  adapters_uploaded_again_ = true;
+  if (generate_waiting_ && !uploadsRunning()) {
+    generate_waiting_ = false;
+    submitBatch();
+  }
+  if (live_waiting_) {
+    live_waiting_ = false;
+    submitLive();
+  }
+  adapters_uploaded_again_ = false;
 }
 
 }  // namespace infill::ui

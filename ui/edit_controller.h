@@ -46,6 +46,12 @@ struct GenerationResult {
 /// Runs on the GUI thread. Registers the image as a template, submits Generate batches
 /// (previews, progress with ETA, cancel) and, in live mode, one edit per finished mask edit
 /// (after a short debounce), each superseding the previous one so only the last result is shown.
+///
+/// An edit the engine refuses with `unknown_adapter` (its adapter store no longer holds a LoRA
+/// uploaded earlier: it restarted with another store, or the adapter was deleted) makes it
+/// upload the files of GenerationParams::adapters again and submit the edit (the Generate
+/// batch, or the newest live edit) once more; refused again, the refusal is shown. A lost
+/// image (a template the engine no longer knows) is uploaded again the same way.
 class EditController : public QObject {
   Q_OBJECT
 
@@ -112,6 +118,7 @@ class EditController : public QObject {
     int steps_done = 0, steps_total = 0;
     bool live = false;
     quint64 template_epoch = 0;  // template_epoch_ when it was submitted
+    bool adapters_uploaded_again = false;  // submitted after uploading its LoRAs again: no second try
   };
   void uploadTemplate();
   void onEngineState(EngineConnection::State state);
@@ -121,7 +128,17 @@ class EditController : public QObject {
   void onProgress(quint64 tag, int done, int total);
   void onPreview(quint64 tag, int done, const QImage& preview);
   void onFinished(quint64 tag, const EditOutcome& outcome);
-  void onRejected(quint64 tag, const QString& message);
+  void onRejected(quint64 tag, const QString& message, const QString& engine_code);
+  /// Uploads the files of params_.adapters again (the engine no longer holds one); false when
+  /// no adapter names a file.
+  bool uploadAdaptersAgain();
+  void onAdapterUploaded(quint64 tag, const AdapterStatus& status);
+  void onAdapterFailed(quint64 tag, const QString& message);
+  /// Every upload of uploadAdaptersAgain() answered: submits what waited for them, or says
+  /// why not.
+  void adaptersUploadedAgain();
+  /// True while the image or the LoRA files are being uploaded: edits wait for them.
+  bool uploadsRunning() const { return template_dirty_ || template_tag_ != 0 || !adapter_uploads_.empty(); }
   void onMaskEdited();
   void submitLive();
   bool submitBatch();
@@ -140,6 +157,11 @@ class EditController : public QObject {
   bool generate_waiting_ = false;  // Generate pressed while the upload runs
   bool template_retried_ = false;  // this Generate already uploaded the image again once
   quint64 template_epoch_ = 0;     // counts registrations of the image with the engine
+  // LoRA files uploaded again after an edit was refused with unknown_adapter, by upload tag.
+  std::map<quint64, QString> adapter_uploads_;
+  QString adapter_upload_failure_;        // the first of those uploads that failed
+  bool adapters_uploaded_again_ = false;  // set while submitting right after those uploads
+  bool live_waiting_ = false;             // a live edit waits for those uploads
   GenerationParams params_;
 
   std::map<quint64, Pending> pending_;  // every edit in flight, by tag

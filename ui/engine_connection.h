@@ -76,6 +76,9 @@ struct AdapterStatus {
 struct AdapterChoice {
   QString id;  ///< AdapterStatus::id
   double strength = 1.0;
+  /// The LoRA file `id` was uploaded from: uploaded again when the engine no longer holds
+  /// `id` (engine code unknown_adapter). Not sent with the edit.
+  QString file;
   bool operator==(const AdapterChoice&) const = default;
 };
 
@@ -177,7 +180,9 @@ class EngineConnection : public QObject {
   void adapterUploaded(quint64 tag, const infill::ui::AdapterStatus& status);
   void adapterFailed(quint64 tag, const QString& message);
   void editAccepted(quint64 tag, quint64 edit_id);
-  void editRejected(quint64 tag, const QString& message);
+  /// `engine_code` is the engine's code when it refused the edit ("unknown_adapter",
+  /// "template_not_found", ...; docs/api.md), "" when the edit never reached it.
+  void editRejected(quint64 tag, const QString& message, const QString& engine_code);
   void editProgress(quint64 tag, int steps_done, int steps_total);
   void editPreview(quint64 tag, int steps_done, const QImage& preview);
   void editFinished(quint64 tag, const infill::ui::EditOutcome& outcome);

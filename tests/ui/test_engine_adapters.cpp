@@ -3,7 +3,8 @@
 // connection. A LoRA added from a file and an image dropped on the strip are uploaded, the
 // edits from the panel carry their ids (the SHA-256 of the files, the engine's ids) and the
 // engine applies them (the results differ inside the mask only); files the model cannot use
-// are refused with a message naming them.
+// are refused with a message naming them; a LoRA the engine's store lost is uploaded again by
+// the next Generate.
 #include <catch2/catch.hpp>
 
 #include <QCryptographicHash>
@@ -144,13 +145,38 @@ TEST_CASE("The panel's LoRAs and reference images go with the edit and the engin
   REQUIRE(wait_until([&] { return loras->pending() == 0; }, 60000));
   INFO(errors.join(QLatin1Char('\n')).toStdString());
   REQUIRE(loras->count() == 1);
-  const QList<infill::ui::AdapterChoice> expected{{sha256_of(style), 1.0}};
+  const QList<infill::ui::AdapterChoice> expected{{sha256_of(style), 1.0, style}};
   CHECK(panel->params().adapters == expected);
   CHECK(window.controller()->parameters().adapters == expected);  // what the next edit sends
   const QImage adapted = generate();
   Changes c = changes(plain, adapted, reach);
   CHECK(c.outside == 0);
   CHECK(c.inside > 0);
+
+  // The engine's store loses the LoRA behind the editor's back (another client deletes it; an
+  // engine restarted with another store is the same to an edit): the next Generate is refused
+  // with unknown_adapter, and the editor uploads the file again and submits once more. The
+  // result is the LoRA's, and the store holds it again.
+  {
+    infill::client::ClientOptions o;
+    o.endpoint = window.engine()->endpoint().toStdString();
+    infill::client::Client other(o);
+    const std::string id = expected[0].id.toStdString();
+    other.delete_adapter(id);
+    REQUIRE(other.adapters().empty());
+    QStringList said;
+    const auto watch = QObject::connect(window.controller(), &infill::ui::EditController::message,
+                                        [&](const QString& m, bool) { said << m; });
+    const QImage again = generate();
+    QObject::disconnect(watch);
+    INFO(said.join(QLatin1Char('\n')).toStdString());
+    CHECK(said.filter(QStringLiteral("uploading the files again")).size() == 1);
+    CHECK(said.filter(QStringLiteral("refused")).isEmpty());
+    CHECK(changes(adapted, again, reach).inside == 0);
+    CHECK(changes(adapted, again, reach).outside == 0);
+    CHECK(other.get_adapter(id).id == id);
+    CHECK(panel->params().adapters == expected);  // the list itself is unchanged
+  }
   // Its strength box: a negative strength gives yet another result.
   loras->strengthBox(0)->setValue(-2.0);
   CHECK(panel->params().adapters.value(0).strength == -2.0);
