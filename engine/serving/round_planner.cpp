@@ -25,17 +25,27 @@ struct Score {
   int value = 0;
   double gpu_ms = 0;
   int devices = 0;
+  bool feasible = true;
 };
 
-Score operator+(const Score& s, const Option& o) { return {s.value + o.value, s.gpu_ms + o.gpu_ms, s.devices + o.degree}; }
+Score operator+(const Score& s, const Option& o) {
+  return {s.value + o.value, s.gpu_ms + o.gpu_ms, s.devices + o.degree, s.feasible};
+}
 
-// True when a is strictly better than b. GPU times are sums taken in different orders, so
-// they are equal within a relative 1e-9.
+// GPU times are sums taken in different orders: equal within a relative 1e-9.
+bool less_gpu(double a, double b) { return b - a > 1e-9 * std::max({1.0, std::abs(a), std::abs(b)}); }
+
+// True when a is strictly better than b.
 bool better(const Score& a, const Score& b) {
   if (a.value != b.value) return a.value > b.value;
-  const double tolerance = 1e-9 * std::max({1.0, std::abs(a.gpu_ms), std::abs(b.gpu_ms)});
-  if (std::abs(a.gpu_ms - b.gpu_ms) > tolerance) return a.gpu_ms < b.gpu_ms;
+  if (less_gpu(a.gpu_ms, b.gpu_ms)) return true;
+  if (less_gpu(b.gpu_ms, a.gpu_ms)) return false;
   return a.devices > b.devices;
+}
+
+// A request whose step in flight outlasts the round keeps its devices and degree.
+bool pinned(const PlannerRequest& r, double now_ms, const RoundPlannerOptions& o) {
+  return r.steps_left > 0 && !r.placement.empty() && r.ready_ms >= now_ms + o.round_ms;
 }
 
 Status check_inputs(std::span<const PlannerRequest> requests, const RoundPlannerOptions& o) {
@@ -199,6 +209,15 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
   const size_t n = requests.size();
   const size_t nd = degrees.size();
   const int cap = o.devices;
+  for (const PlannerRequest& r : requests) {
+    const int d = static_cast<int>(r.placement.size());
+    if (pinned(r, now_ms, o) && !std::binary_search(degrees.begin(), degrees.end(), d)) {
+      return invalid_argument("round planner: request " + std::to_string(r.id) + " holds " + std::to_string(d) +
+                              " devices through the round (its step in flight), expected an allowed degree (a "
+                              "divisor of the " + std::to_string(o.heads) + " heads up to " +
+                              std::to_string(degrees.back()) + ")");
+    }
+  }
 
   // step[i * nd + k]: request i's step time at degrees[k].
   std::vector<double> step(n * nd);
@@ -225,27 +244,48 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
       opts.push_back({0, r.ready_ms <= r.deadline_ms ? 1 : 0, 0.0});
       continue;
     }
+    if (pinned(r, now_ms, o)) {
+      // Busy through the round on its devices: only its degree, from its step's end.
+      const int d = static_cast<int>(r.placement.size());
+      const double s = step[i * nd + static_cast<size_t>(std::lower_bound(degrees.begin(), degrees.end(), d) -
+                                                          degrees.begin())];
+      opts.push_back({d, r.ready_ms + steps * s <= r.deadline_ms ? 1 : 0, double(d) * steps * s});
+      continue;
+    }
+    // Waiting: on time if the degree it would take now (the least GPU time on time) is still
+    // on time from the next round.
+    const double start = std::max(now_ms, r.ready_ms);
     const double start_next = std::max(now_ms + o.round_ms, r.ready_ms);
-    Option wait{0, 0, kInfinity};
-    double cheapest = kInfinity;
+    double cheapest = kInfinity, cheapest_on_time = kInfinity;
+    size_t k_on_time = nd;
     for (size_t k = 0; k < nd; ++k) {
       const double gpu = double(degrees[k]) * steps * step[i * nd + k];
       cheapest = std::min(cheapest, gpu);
-      if (start_next + steps * step[i * nd + k] <= r.deadline_ms) {
-        wait.value = 1;
-        wait.gpu_ms = std::min(wait.gpu_ms, gpu);
+      if (start + steps * step[i * nd + k] <= r.deadline_ms && gpu < cheapest_on_time) {
+        cheapest_on_time = gpu;
+        k_on_time = k;
       }
     }
-    if (wait.value == 0) wait.gpu_ms = cheapest;
-    opts.push_back(wait);
-    const double start = std::max(now_ms, r.ready_ms);
+    if (k_on_time < nd && start_next + steps * step[i * nd + k_on_time] <= r.deadline_ms) {
+      opts.push_back({0, 1, cheapest_on_time});
+    } else {
+      opts.push_back({0, 0, cheapest});
+    }
     for (size_t k = 0; k < nd; ++k) {
       const double s = step[i * nd + k];
-      opts.push_back({degrees[k], start + steps * s <= r.deadline_ms ? 1 : 0, double(degrees[k]) * steps * s});
+      const Option opt{degrees[k], start + steps * s <= r.deadline_ms ? 1 : 0, double(degrees[k]) * steps * s};
+      // An option is dropped when one with fewer devices scores more, or as much for less GPU
+      // time: swapping it in improves any plan. Typically a request keeps waiting, degree 1
+      // and the least degree that is on time.
+      const bool dominated = std::any_of(opts.begin(), opts.end(), [&](const Option& o) {
+        return o.value > opt.value || (o.value == opt.value && less_gpu(o.gpu_ms, opt.gpu_ms));
+      });
+      if (!dominated) opts.push_back(opt);
     }
   }
 
-  // Group knapsack: best[c] is the best score of the groups so far within c devices.
+  // Group knapsack: best[c] is the best score of the groups so far within c devices, or
+  // infeasible (pinned requests need more than c).
   const size_t width = static_cast<size_t>(cap) + 1;
   std::vector<Score> best(width), next(width);
   std::vector<uint8_t> choice(n * width, 0);
@@ -257,7 +297,9 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
       for (size_t k = 0; k < options[i].size(); ++k) {
         const Option& opt = options[i][k];
         if (static_cast<size_t>(opt.degree) > c) break;  // options ascend by degree
-        const Score s = best[c - static_cast<size_t>(opt.degree)] + opt;
+        const Score& before = best[c - static_cast<size_t>(opt.degree)];
+        if (!before.feasible) continue;
+        const Score s = before + opt;
         if (!have || better(s, top)) {
           top = s;
           top_k = static_cast<uint8_t>(k);
@@ -265,6 +307,7 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
         }
       }
       next[c] = top;
+      next[c].feasible = have;
       choice[i * width + c] = top_k;
     }
     best.swap(next);
@@ -303,7 +346,7 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
       size_t pick = n;
       int pick_to = 0;
       for (size_t i = 0; i < n && free > 0; ++i) {
-        if (requests[i].steps_left == 0) continue;
+        if (requests[i].steps_left == 0 || pinned(requests[i], now_ms, o)) continue;
         const size_t k = degree[i] == 0 ? 0 : degree_index(degree[i]) + 1;
         if (k >= nd || degrees[k] - degree[i] > free) continue;
         if (degree[i] > 0 && !(step[i * nd + k] < step[i * nd + degree_index(degree[i])])) continue;

@@ -28,6 +28,11 @@ struct Objective {
   double gpu_ms = 0;
 };
 
+// Busy on its devices through the round: it keeps them and its degree.
+bool pinned(const PlannerRequest& r, double now, double round_ms) {
+  return r.steps_left > 0 && !r.placement.empty() && r.ready_ms >= now + round_ms;
+}
+
 // The header's value function, written out again: what the planner must maximise.
 Objective evaluate(const std::vector<PlannerRequest>& rs, const std::vector<int>& degree, double now,
                    double round_ms, const std::vector<int>& allowed, const StepMsFunction& step) {
@@ -36,6 +41,7 @@ Objective evaluate(const std::vector<PlannerRequest>& rs, const std::vector<int>
     const PlannerRequest& r = rs[i];
     const double steps = double(r.steps_left);
     if (degree[i] > 0) {
+      // A pinned request's step in flight ends after now (ready_ms): max() covers it.
       const double s = step(r.tokens, degree[i]);
       obj.value += std::max(now, r.ready_ms) + steps * s <= r.deadline_ms ? 1 : 0;
       obj.gpu_ms += double(degree[i]) * steps * s;
@@ -47,14 +53,17 @@ Objective evaluate(const std::vector<PlannerRequest>& rs, const std::vector<int>
     }
     double cheapest = std::numeric_limits<double>::infinity();
     double cheapest_on_time = cheapest;
+    int d_star = 0;
     for (int d : allowed) {
       const double s = step(r.tokens, d);
       cheapest = std::min(cheapest, double(d) * steps * s);
-      if (std::max(now + round_ms, r.ready_ms) + steps * s <= r.deadline_ms) {
-        cheapest_on_time = std::min(cheapest_on_time, double(d) * steps * s);
+      if (std::max(now, r.ready_ms) + steps * s <= r.deadline_ms && double(d) * steps * s < cheapest_on_time) {
+        cheapest_on_time = double(d) * steps * s;
+        d_star = d;
       }
     }
-    const bool on_time = std::isfinite(cheapest_on_time);
+    const bool on_time =
+        d_star > 0 && std::max(now + round_ms, r.ready_ms) + steps * step(r.tokens, d_star) <= r.deadline_ms;
     obj.value += on_time ? 1 : 0;
     obj.gpu_ms += on_time ? cheapest_on_time : cheapest;
   }
@@ -77,6 +86,7 @@ Objective brute_force(const std::vector<PlannerRequest>& rs, int devices, double
     }
     for (int d : choices) {
       if (used + d > devices || (d > 0 && rs[i].steps_left == 0)) continue;
+      if (pinned(rs[i], now, round_ms) && d != static_cast<int>(rs[i].placement.size())) continue;
       degree[i] = d;
       walk(i + 1, used + d);
     }
@@ -86,10 +96,10 @@ Objective brute_force(const std::vector<PlannerRequest>& rs, int devices, double
   return best;
 }
 
-// Random requests: deadlines from hopeless to slack, some with a step in flight, disjoint
-// random placements.
+// Random requests: deadlines from hopeless to slack, some with a step in flight (some of
+// those past the round's end), disjoint random placements of allowed sizes.
 std::vector<PlannerRequest> random_requests(std::mt19937_64& rng, int count, int devices, double now,
-                                            const StepMsFunction& step) {
+                                            const StepMsFunction& step, const std::vector<int>& allowed) {
   std::uniform_int_distribution<int64_t> tokens(64, 20000);
   std::uniform_int_distribution<int> steps(0, 30);
   std::uniform_real_distribution<double> u(0, 1);
@@ -102,9 +112,13 @@ std::vector<PlannerRequest> random_requests(std::mt19937_64& rng, int count, int
     r.id = static_cast<uint64_t>(100 + i);
     r.tokens = tokens(rng);
     r.steps_left = steps(rng);
-    r.ready_ms = u(rng) < 0.3 ? now + u(rng) * step(r.tokens, 1) : now - 1.0;
+    r.ready_ms = u(rng) < 0.4 ? now + 2 * u(rng) * step(r.tokens, 1) : now - 1.0;
     r.deadline_ms = now + (0.1 + 1.6 * u(rng)) * double(std::max(1, r.steps_left)) * step(r.tokens, 1);
-    const int held = std::uniform_int_distribution<int>(0, std::min<int>(3, static_cast<int>(free.size())))(rng);
+    std::vector<int> sizes{0};
+    for (int d : allowed) {
+      if (d <= static_cast<int>(free.size())) sizes.push_back(d);
+    }
+    const int held = sizes[std::uniform_int_distribution<size_t>(0, sizes.size() - 1)(rng)];
     for (int h = 0; h < held; ++h) {
       r.placement.push_back(free.back());
       free.pop_back();
@@ -155,7 +169,7 @@ TEST_CASE("the packing equals a brute-force search over every (request, degree) 
   std::mt19937_64 rng(41);
   std::uniform_real_distribution<double> u(0, 1);
   const int heads_choices[] = {24, 6, 12, 8, 7};
-  int cases_with_waiting = 0, cases_with_late = 0;
+  int cases_with_waiting = 0, cases_with_late = 0, pinned_requests = 0;
   for (int c = 0; c < 200; ++c) {
     const int devices = std::uniform_int_distribution<int>(2, 8)(rng);
     const int count = std::uniform_int_distribution<int>(1, 5)(rng);
@@ -163,13 +177,13 @@ TEST_CASE("the packing equals a brute-force search over every (request, degree) 
     const SyntheticCost cost{0.5 + 5 * u(rng), 0.001 + 0.01 * u(rng), u(rng) < 0.5 ? 0.0 : 20 * u(rng)};
     const StepMsFunction step = cost;
     const double now = 1000.0 * u(rng);
-    const std::vector<PlannerRequest> rs = random_requests(rng, count, devices, now, step);
+    const std::vector<int> allowed = allowed_degrees(heads, devices);
+    const std::vector<PlannerRequest> rs = random_requests(rng, count, devices, now, step, allowed);
     RoundPlannerOptions o;
     o.devices = devices;
     o.heads = heads;
     o.round_ms = 5 + 200 * u(rng);
     o.grant_idle_devices = false;
-    const std::vector<int> allowed = allowed_degrees(heads, devices);
     INFO("case " << c << ": " << count << " requests, " << devices << " devices, heads " << heads);
     const Result<RoundPlan> plan = plan_round(rs, now, step, o);
     REQUIRE(plan.ok());
@@ -189,10 +203,18 @@ TEST_CASE("the packing equals a brute-force search over every (request, degree) 
     }
     if (std::count(degree.begin(), degree.end(), 0) > 0) ++cases_with_waiting;
     if (best.value < count) ++cases_with_late;
+    for (size_t i = 0; i < rs.size(); ++i) {
+      if (!pinned(rs[i], now, o.round_ms)) continue;
+      ++pinned_requests;
+      std::vector<int> held = rs[i].placement;
+      std::sort(held.begin(), held.end());
+      CHECK(plan->requests[i].devices == held);
+    }
   }
-  // The cases reach both sides of the decisions (some wait, some are late).
+  // The cases reach every side of the decisions (some wait, some are late, some pinned).
   CHECK(cases_with_waiting > 20);
   CHECK(cases_with_late > 20);
+  CHECK(pinned_requests > 20);
 }
 
 TEST_CASE("grants keep the packing's on-time count and use only allowed degrees", "[serving][round_planner]") {
@@ -206,7 +228,7 @@ TEST_CASE("grants keep the packing's on-time count and use only allowed degrees"
       const SyntheticCost cost{1 + 3 * u(rng), 0.002 + 0.01 * u(rng), u(rng) < 0.7 ? 0.0 : 5 * u(rng)};
       const StepMsFunction step = cost;
       const int count = std::uniform_int_distribution<int>(1, 6)(rng);
-      const std::vector<PlannerRequest> rs = random_requests(rng, count, devices, 0.0, step);
+      const std::vector<PlannerRequest> rs = random_requests(rng, count, devices, 0.0, step, allowed);
       RoundPlannerOptions o;
       o.devices = devices;
       o.heads = heads;
@@ -269,7 +291,7 @@ TEST_CASE("a request whose degree is unchanged keeps its devices", "[serving][ro
     o.grant_idle_devices = true;
     int kept = 0, changed = 0;
     for (int c = 0; c < 100; ++c) {
-      std::vector<PlannerRequest> rs = random_requests(rng, 5, 8, 0.0, step);
+      std::vector<PlannerRequest> rs = random_requests(rng, 5, 8, 0.0, step, allowed_degrees(24, 8));
       for (auto& r : rs) r.placement.clear();
       double now = 0;
       for (int round = 0; round < 6; ++round) {
@@ -378,7 +400,7 @@ TEST_CASE("an empty round, one device, and more requests than devices", "[servin
     o.devices = 4;
     std::mt19937_64 rng(11);
     for (int c = 0; c < 20; ++c) {
-      const std::vector<PlannerRequest> rs = random_requests(rng, 8, 4, 0.0, step);
+      const std::vector<PlannerRequest> rs = random_requests(rng, 8, 4, 0.0, step, allowed_degrees(24, 4));
       const Result<RoundPlan> p = plan_round(rs, 0.0, step, o);
       REQUIRE(p.ok());
       require_valid(*p, rs, 4, allowed_degrees(24, 4));

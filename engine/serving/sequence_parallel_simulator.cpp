@@ -1,0 +1,389 @@
+#include "serving/sequence_parallel_simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <queue>
+#include <string>
+
+#include "serving/round_planner.h"
+
+namespace infill {
+namespace {
+
+enum class Ev { kStepEnd = 0, kArrive = 1, kRound = 2 };  // at one instant: step ends first
+
+struct Event {
+  double t;
+  Ev kind;
+  size_t who;  // request index (kRound: unused)
+  uint64_t seq;
+  bool operator>(const Event& o) const {
+    if (t != o.t) return t > o.t;
+    if (kind != o.kind) return static_cast<int>(kind) > static_cast<int>(o.kind);
+    return seq > o.seq;
+  }
+};
+using EventQueue = std::priority_queue<Event, std::vector<Event>, std::greater<>>;
+
+// Per request, while it runs.
+struct Live {
+  double deadline = 0;        // absolute
+  int steps_left = 0;         // not yet started
+  bool arrived = false;
+  bool in_step = false;
+  bool done = false;
+  double step_end = 0;
+  std::vector<int> held;      // devices it holds now
+  std::vector<int> target;    // devices of its plan (empty: it waits)
+  std::vector<int> last_devices;
+  int last_degree = 0;
+  double finish = 0;
+  // statistics
+  double degree_sum = 0;
+  int steps_run = 0;
+  int max_degree = 0;
+  int degree_changes = 0;
+  int moves = 0;
+};
+
+Status check(std::span<const SpSimRequest> trace, const SpSimOptions& o) {
+  if (o.devices < 1) return invalid_argument("sequence-parallel simulation: devices is " + std::to_string(o.devices) + ", expected >= 1");
+  if (o.heads < 1) return invalid_argument("sequence-parallel simulation: heads is " + std::to_string(o.heads) + ", expected >= 1");
+  if (o.policy == SpPolicy::kFixedDegree) {
+    if (o.fixed_degree < 1 || o.fixed_degree > o.devices || o.heads % o.fixed_degree != 0) {
+      return invalid_argument("sequence-parallel simulation: fixed_degree is " + std::to_string(o.fixed_degree) +
+                              ", expected a divisor of the " + std::to_string(o.heads) + " heads from 1 to the " +
+                              std::to_string(o.devices) + " devices");
+    }
+  } else if (o.policy == SpPolicy::kRoundPlanner) {
+    if (o.round_steps < 0) {
+      return invalid_argument("sequence-parallel simulation: round_steps is " + std::to_string(o.round_steps) + ", expected >= 0");
+    }
+    if (o.round_steps == 0 && (!(o.round_ms > 0) || !std::isfinite(o.round_ms))) {
+      return invalid_argument("sequence-parallel simulation: round_ms is " + std::to_string(o.round_ms) + ", expected > 0");
+    }
+  } else {
+    return invalid_argument("sequence-parallel simulation: unknown policy " + std::to_string(static_cast<int>(o.policy)));
+  }
+  for (const SpSimRequest& r : trace) {
+    const std::string who = "sequence-parallel simulation: request " + std::to_string(r.id);
+    if (r.tokens < 1) return invalid_argument(who + " has " + std::to_string(r.tokens) + " tokens, expected >= 1");
+    if (r.steps < 1) return invalid_argument(who + " has " + std::to_string(r.steps) + " steps, expected >= 1");
+    if (!std::isfinite(r.arrival_ms) || !std::isfinite(r.deadline_ms)) {
+      return invalid_argument(who + " has a non-finite arrival or deadline");
+    }
+  }
+  return Status::success();
+}
+
+// Met within a relative 1e-9: a deadline of exactly steps x step time must count as met
+// although the simulated clock sums the steps one by one.
+bool met(double latency_ms, double deadline_ms) { return latency_ms <= deadline_ms + 1e-9 * std::abs(deadline_ms); }
+
+class FixedDegreeSim {
+ public:
+  FixedDegreeSim(std::span<const SpSimRequest> trace, const StepMsFunction& step_ms, const SpSimOptions& o)
+      : trace_(trace), step_ms_(step_ms), o_(o) {}
+
+  Result<SpSimReport> run() {
+    const size_t n = trace_.size();
+    const int degree = o_.fixed_degree;
+    SpSimReport report;
+    report.requests.resize(n);
+    report.steps_by_degree.assign(static_cast<size_t>(o_.devices) + 1, 0);
+    std::vector<bool> group_busy(static_cast<size_t>(o_.devices / degree), false);
+    std::vector<int> group_of(n, -1);
+    std::deque<size_t> queue;
+    EventQueue events;
+    uint64_t seq = 0;
+    double first = std::numeric_limits<double>::infinity(), last = 0;
+    for (size_t i = 0; i < n; ++i) {
+      events.push({trace_[i].arrival_ms, Ev::kArrive, i, seq++});
+      first = std::min(first, trace_[i].arrival_ms);
+    }
+    const auto start = [&](size_t i, size_t g, double now) -> Status {
+      const SpSimRequest& r = trace_[i];
+      const double s = step_ms_(r.tokens, degree);
+      if (!std::isfinite(s) || s <= 0) return bad_step(r, degree, s);
+      group_busy[g] = true;
+      group_of[i] = static_cast<int>(g);
+      const double run = double(r.steps) * s;
+      report.busy_device_ms += double(degree) * run;
+      report.steps_by_degree[static_cast<size_t>(degree)] += static_cast<uint64_t>(r.steps);
+      events.push({now + run, Ev::kStepEnd, i, seq++});
+      return Status::success();
+    };
+    while (!events.empty()) {
+      const Event e = events.top();
+      events.pop();
+      if (e.kind == Ev::kArrive) {
+        const auto g = std::find(group_busy.begin(), group_busy.end(), false);
+        if (g == group_busy.end()) {
+          queue.push_back(e.who);
+        } else {
+          INFILL_RETURN_IF_ERROR(start(e.who, static_cast<size_t>(g - group_busy.begin()), e.t));
+        }
+        continue;
+      }
+      const SpSimRequest& r = trace_[e.who];
+      SpSimOutcome& out = report.requests[e.who];
+      out.id = r.id;
+      out.latency_ms = e.t - r.arrival_ms;
+      out.deadline_met = met(out.latency_ms, r.deadline_ms);
+      out.mean_degree = degree;
+      out.max_degree = degree;
+      last = std::max(last, e.t);
+      const size_t g = static_cast<size_t>(group_of[e.who]);
+      group_busy[g] = false;
+      if (!queue.empty()) {
+        const size_t next = queue.front();
+        queue.pop_front();
+        INFILL_RETURN_IF_ERROR(start(next, g, e.t));
+      }
+    }
+    finish(report, first, last);
+    return report;
+  }
+
+  static Status bad_step(const SpSimRequest& r, int degree, double ms) {
+    return invalid_argument("sequence-parallel simulation: the step time of request " + std::to_string(r.id) + " (" +
+                            std::to_string(r.tokens) + " tokens) at degree " + std::to_string(degree) + " is " +
+                            std::to_string(ms) + ", expected a positive finite value");
+  }
+
+  static void finish(SpSimReport& report, double first, double last) {
+    size_t on_time = 0;
+    for (const SpSimOutcome& o : report.requests) on_time += o.deadline_met ? 1 : 0;
+    report.slo_attainment = report.requests.empty() ? 0.0 : double(on_time) / double(report.requests.size());
+    report.makespan_ms = report.requests.empty() ? 0.0 : last - first;
+  }
+
+ private:
+  std::span<const SpSimRequest> trace_;
+  const StepMsFunction& step_ms_;
+  const SpSimOptions& o_;
+};
+
+class RoundPlannerSim {
+ public:
+  RoundPlannerSim(std::span<const SpSimRequest> trace, const StepMsFunction& step_ms, const SpSimOptions& o)
+      : trace_(trace), step_ms_(step_ms), o_(o), holder_(static_cast<size_t>(o.devices), -1) {}
+
+  Result<SpSimReport> run() {
+    const size_t n = trace_.size();
+    report_.requests.resize(n);
+    report_.steps_by_degree.assign(static_cast<size_t>(o_.devices) + 1, 0);
+    live_.resize(n);
+    arrivals_.resize(n);
+    std::iota(arrivals_.begin(), arrivals_.end(), size_t{0});
+    std::stable_sort(arrivals_.begin(), arrivals_.end(),
+                     [&](size_t a, size_t b) { return trace_[a].arrival_ms < trace_[b].arrival_ms; });
+    for (size_t i = 0; i < n; ++i) {
+      live_[i].deadline = trace_[i].arrival_ms + trace_[i].deadline_ms;
+      live_[i].steps_left = trace_[i].steps;
+    }
+    if (n == 0) return report_;
+    const double first = trace_[arrivals_.front()].arrival_ms;
+    schedule_round_for_arrival(first);
+    while (!events_.empty()) {
+      const Event e = events_.top();
+      events_.pop();
+      if (e.kind == Ev::kRound) {
+        INFILL_RETURN_IF_ERROR(round(e.t));
+      } else {
+        INFILL_RETURN_IF_ERROR(step_end(e.who, e.t));
+      }
+    }
+    double last = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const Live& l = live_[i];
+      SpSimOutcome& out = report_.requests[i];
+      out.id = trace_[i].id;
+      out.latency_ms = l.finish - trace_[i].arrival_ms;
+      out.deadline_met = met(out.latency_ms, trace_[i].deadline_ms);
+      out.mean_degree = l.steps_run > 0 ? l.degree_sum / double(l.steps_run) : 0.0;
+      out.max_degree = l.max_degree;
+      out.degree_changes = l.degree_changes;
+      out.moves = l.moves;
+      last = std::max(last, l.finish);
+    }
+    FixedDegreeSim::finish(report_, first, last);
+    return report_;
+  }
+
+ private:
+  // The first round boundary at or after t: on the grid of round_ms, or t itself when rounds
+  // are counted in steps.
+  void schedule_round_for_arrival(double t) {
+    const double at = o_.round_steps > 0 ? t : std::ceil(t / o_.round_ms) * o_.round_ms;
+    events_.push({at, Ev::kRound, 0, seq_++});
+  }
+
+  Status round(double now) {
+    while (next_arrival_ < arrivals_.size() && trace_[arrivals_[next_arrival_]].arrival_ms <= now) {
+      const size_t i = arrivals_[next_arrival_++];
+      live_[i].arrived = true;
+      active_.push_back(i);
+    }
+    std::erase_if(active_, [&](size_t i) { return live_[i].done; });
+
+    std::vector<PlannerRequest> requests;
+    std::vector<size_t> index;
+    double longest_single = 0;
+    for (size_t i : active_) {
+      const Live& l = live_[i];
+      if (l.steps_left == 0) continue;  // its last step is in flight
+      PlannerRequest p;
+      p.id = i;
+      p.tokens = trace_[i].tokens;
+      p.steps_left = l.steps_left;
+      p.deadline_ms = l.deadline;
+      p.placement = l.target;
+      p.ready_ms = l.in_step ? l.step_end : now;
+      requests.push_back(std::move(p));
+      index.push_back(i);
+      longest_single = std::max(longest_single, step_ms_(trace_[i].tokens, 1));
+    }
+    double planned_round_ms = o_.round_ms;
+    if (o_.round_steps > 0) {
+      planned_round_ms = last_round_ms_ > 0 ? last_round_ms_ : double(o_.round_steps) * longest_single;
+      if (!(planned_round_ms > 0)) planned_round_ms = 1.0;  // nothing to plan
+    }
+    RoundPlannerOptions po;
+    po.devices = o_.devices;
+    po.heads = o_.heads;
+    po.round_ms = planned_round_ms;
+    po.max_degree = o_.max_degree;
+    po.grant_idle_devices = o_.grant_idle_devices;
+    Result<RoundPlan> plan = plan_round(requests, now, step_ms_, po);
+    if (!plan.ok()) return plan.status();
+    if (!requests.empty()) ++report_.rounds;
+
+    double slowest_step = 0;
+    for (size_t k = 0; k < index.size(); ++k) {
+      const PlannedRequest& p = plan->requests[k];
+      live_[index[k]].target = p.devices;
+      if (p.degree > 0) slowest_step = std::max(slowest_step, step_ms_(trace_[index[k]].tokens, p.degree));
+    }
+    for (size_t k = 0; k < index.size(); ++k) {
+      Live& l = live_[index[k]];
+      if (!l.in_step) release_untargeted(index[k]);
+    }
+    INFILL_RETURN_IF_ERROR(start_waiting(now));
+
+    // The next round: while anything is active or in flight, one round on; else at the next
+    // arrival's boundary.
+    const bool busy = std::any_of(active_.begin(), active_.end(), [&](size_t i) { return !live_[i].done; });
+    if (busy) {
+      double next = now + o_.round_ms;
+      if (o_.round_steps > 0) {
+        last_round_ms_ = double(o_.round_steps) * slowest_step;
+        if (last_round_ms_ <= 0) {
+          // Nothing planned (only last steps in flight): re-plan when the first of them ends.
+          double soonest = std::numeric_limits<double>::infinity();
+          for (size_t i : active_) {
+            if (live_[i].in_step) soonest = std::min(soonest, live_[i].step_end);
+          }
+          if (next_arrival_ < arrivals_.size()) soonest = std::min(soonest, trace_[arrivals_[next_arrival_]].arrival_ms);
+          last_round_ms_ = std::isfinite(soonest) && soonest > now ? soonest - now : planned_round_ms;
+        }
+        next = now + last_round_ms_;
+      }
+      events_.push({next, Ev::kRound, 0, seq_++});
+    } else if (next_arrival_ < arrivals_.size()) {
+      schedule_round_for_arrival(trace_[arrivals_[next_arrival_]].arrival_ms);
+    }
+    return Status::success();
+  }
+
+  Status step_end(size_t i, double now) {
+    Live& l = live_[i];
+    l.in_step = false;
+    if (l.steps_left == 0) {
+      l.done = true;
+      l.finish = now;
+      l.target.clear();
+    }
+    // A round is pending whenever a request is active (round() queues the next one), so the
+    // last request's end needs none: that round finds nothing active and waits for arrivals.
+    release_untargeted(i);
+    return start_waiting(now);
+  }
+
+  void release_untargeted(size_t i) {
+    Live& l = live_[i];
+    std::vector<int> kept;
+    for (int d : l.held) {
+      if (std::find(l.target.begin(), l.target.end(), d) != l.target.end()) {
+        kept.push_back(d);
+      } else {
+        holder_[static_cast<size_t>(d)] = -1;
+      }
+    }
+    l.held = std::move(kept);
+  }
+
+  Status start_waiting(double now) {
+    for (size_t i : active_) {
+      Live& l = live_[i];
+      if (l.in_step || l.done || l.target.empty() || l.steps_left == 0) continue;
+      const bool free = std::all_of(l.target.begin(), l.target.end(), [&](int d) {
+        const int h = holder_[static_cast<size_t>(d)];
+        return h < 0 || h == static_cast<int>(i);
+      });
+      if (!free) continue;
+      for (int d : l.target) holder_[static_cast<size_t>(d)] = static_cast<int>(i);
+      l.held = l.target;
+      const int degree = static_cast<int>(l.target.size());
+      const double s = step_ms_(trace_[i].tokens, degree);
+      if (!std::isfinite(s) || s <= 0) return FixedDegreeSim::bad_step(trace_[i], degree, s);
+      if (l.steps_run > 0) {
+        if (degree != l.last_degree) {
+          ++l.degree_changes;
+        } else if (l.target != l.last_devices) {
+          ++l.moves;
+        }
+      }
+      l.last_degree = degree;
+      l.last_devices = l.target;
+      l.in_step = true;
+      l.steps_left -= 1;
+      l.step_end = now + s;
+      l.degree_sum += degree;
+      l.steps_run += 1;
+      l.max_degree = std::max(l.max_degree, degree);
+      report_.busy_device_ms += double(degree) * s;
+      report_.steps_by_degree[static_cast<size_t>(degree)] += 1;
+      events_.push({l.step_end, Ev::kStepEnd, i, seq_++});
+    }
+    return Status::success();
+  }
+
+  std::span<const SpSimRequest> trace_;
+  const StepMsFunction& step_ms_;
+  const SpSimOptions& o_;
+  std::vector<int> holder_;  // per device: the request holding it, or -1
+  std::vector<Live> live_;
+  std::vector<size_t> arrivals_;  // request indices by arrival
+  size_t next_arrival_ = 0;
+  std::vector<size_t> active_;    // arrived, not yet done (done ones erased each round)
+  EventQueue events_;
+  uint64_t seq_ = 0;
+  double last_round_ms_ = 0;
+  SpSimReport report_;
+};
+
+}  // namespace
+
+Result<SpSimReport> simulate_sequence_parallel(std::span<const SpSimRequest> trace, const StepMsFunction& step_ms,
+                                               const SpSimOptions& options) {
+  INFILL_RETURN_IF_ERROR(check(trace, options));
+  if (options.policy == SpPolicy::kFixedDegree) return FixedDegreeSim(trace, step_ms, options).run();
+  return RoundPlannerSim(trace, step_ms, options).run();
+}
+
+}  // namespace infill

@@ -1,0 +1,87 @@
+#pragma once
+/// Discrete-event simulation of whole-sequence requests (prepare runs, full steps) served in
+/// Ulysses sequence parallel on 1 to 512 devices, so that the degree planning of a cluster
+/// can be studied without it. Step times come from a StepMsFunction (e.g.
+/// SequenceParallelCostModel::function()). The masked-step simulator is simulator.h.
+///
+/// Two policies:
+/// - Round planner (TetriServe): rounds start every `round_ms` (or, with `round_steps` = K,
+///   each round lasts K steps of the slowest step it planned). At a round's start every
+///   request that has arrived and has steps not yet started goes to plan_round
+///   (round_planner.h) with its devices of the last round as its placement and the end of its
+///   step in flight as its ready time. Until the next round each request runs its steps back
+///   to back at its planned degree on its planned devices. Steps are not preempted: a request
+///   whose plan changed moves when its step in flight ends, and a device passes to its new
+///   holder when its old holder's step on it ends. Requests arriving in a round wait for the
+///   next one.
+/// - Fixed degree D (xDiT's serving, the baseline): the devices form devices / D groups of D
+///   contiguous devices; a request takes the lowest free group when it arrives, or waits in
+///   one first-come-first-served queue, and runs all its steps at D there. No rounds.
+///
+/// Not modelled: moving a request's latents between devices (free here), text encoding, VAE
+/// decode, the planner's own run time.
+///
+/// Threading: a pure function; runs on the calling thread.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "serving/sequence_parallel_cost_model.h"
+
+namespace infill {
+
+/// One whole-sequence request of a trace.
+struct SpSimRequest {
+  uint64_t id = 0;
+  double arrival_ms = 0;
+  int64_t tokens = 0;       ///< tokens of its sequence (what the step function takes)
+  int steps = 0;            ///< denoising steps, each over the whole sequence
+  double deadline_ms = 0;   ///< relative to arrival
+};
+
+/// Values only grow; 0 is not a policy.
+enum class SpPolicy { kRoundPlanner = 1, kFixedDegree = 2 };
+
+struct SpSimOptions {
+  int devices = 8;
+  int heads = 24;             ///< attention heads: every degree divides them
+  SpPolicy policy = SpPolicy::kRoundPlanner;
+  int fixed_degree = 1;       ///< kFixedDegree: every request's degree
+  double round_ms = 100;      ///< kRoundPlanner: round length (when round_steps is 0)
+  /// kRoundPlanner: > 0 makes each round last this many steps of the slowest step planned in
+  /// it; the planner is then told the previous round's length (the first round's: this many
+  /// steps of the longest active request at degree 1).
+  int round_steps = 0;
+  int max_degree = 0;         ///< kRoundPlanner: 0 = up to the devices
+  bool grant_idle_devices = true;  ///< kRoundPlanner
+};
+
+struct SpSimOutcome {
+  uint64_t id = 0;
+  double latency_ms = 0;      ///< arrival -> last step's end
+  bool deadline_met = false;
+  double mean_degree = 0;     ///< over its steps
+  int max_degree = 0;
+  int degree_changes = 0;     ///< steps started at a degree other than its previous step's
+  int moves = 0;              ///< steps started at the same degree on other devices
+};
+
+struct SpSimReport {
+  std::vector<SpSimOutcome> requests;   ///< in the order of the input
+  double slo_attainment = 0;            ///< share of requests that met their deadline
+  double busy_device_ms = 0;            ///< sum over steps of degree x step time
+  double makespan_ms = 0;               ///< first arrival -> last finish
+  int rounds = 0;                       ///< plans made (0 for a fixed degree)
+  std::vector<uint64_t> steps_by_degree;  ///< index: degree
+};
+
+/// Runs the trace to completion (requests in any order). Errors: options out of range
+/// (devices < 1, heads < 1, a fixed degree that does not divide the heads or exceeds the
+/// devices, a round length not positive), a request with tokens < 1, steps < 1 or a
+/// non-finite arrival or deadline, or a step time that is not positive and finite.
+Result<SpSimReport> simulate_sequence_parallel(std::span<const SpSimRequest> trace, const StepMsFunction& step_ms,
+                                               const SpSimOptions& options);
+
+}  // namespace infill

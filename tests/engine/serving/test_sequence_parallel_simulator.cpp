@@ -1,0 +1,182 @@
+#include "support/catch.h"
+
+#include <algorithm>
+#include <random>
+
+#include "serving/sequence_parallel_simulator.h"
+
+using namespace infill;
+
+namespace {
+
+const SequenceParallelCostModel& flux() {
+  static const SequenceParallelCostModel m = SequenceParallelCostModel::flux1_dev_h100();
+  return m;
+}
+
+SpSimRequest request(uint64_t id, double arrival, int64_t tokens, int steps, double deadline) {
+  return {id, arrival, tokens, steps, deadline};
+}
+
+SpSimReport run(const std::vector<SpSimRequest>& trace, const SpSimOptions& o) {
+  const Result<SpSimReport> r = simulate_sequence_parallel(trace, flux().function(), o);
+  REQUIRE(r.ok());
+  return *r;
+}
+
+SpSimOptions fixed(int degree, int devices = 8) {
+  SpSimOptions o;
+  o.devices = devices;
+  o.policy = SpPolicy::kFixedDegree;
+  o.fixed_degree = degree;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a lone request runs at the degree it is given", "[serving][sp_simulator]") {
+  const double s1 = flux().step_ms(16384, 1), s8 = flux().step_ms(16384, 8);
+  const std::vector<SpSimRequest> trace{request(5, 200.0, 16384, 28, 2 * 28 * s1)};
+
+  SECTION("fixed degrees") {
+    for (int d : {1, 2, 4, 8}) {
+      const SpSimReport rep = run(trace, fixed(d));
+      REQUIRE(rep.requests.size() == 1);
+      CHECK(rep.requests[0].id == 5);
+      CHECK(rep.requests[0].latency_ms == Approx(28 * flux().step_ms(16384, d)));
+      CHECK(rep.requests[0].mean_degree == d);
+      CHECK(rep.steps_by_degree[static_cast<size_t>(d)] == 28);
+      CHECK(rep.busy_device_ms == Approx(d * 28 * flux().step_ms(16384, d)));
+      CHECK(rep.rounds == 0);
+    }
+  }
+
+  SECTION("the round planner grants it every device and never moves it") {
+    SpSimOptions o;
+    o.round_ms = 100;  // it arrives on a round's boundary
+    const SpSimReport rep = run(trace, o);
+    CHECK(rep.requests[0].latency_ms == Approx(28 * s8));
+    CHECK(rep.requests[0].deadline_met);
+    CHECK(rep.requests[0].mean_degree == 8);
+    CHECK(rep.requests[0].degree_changes == 0);
+    CHECK(rep.requests[0].moves == 0);
+    CHECK(rep.rounds > 40);  // every 100 ms while it has steps to start
+    o.grant_idle_devices = false;
+    const SpSimReport packed = run(trace, o);
+    CHECK(packed.requests[0].mean_degree == 1);  // on time at degree 1, the cheapest
+    CHECK(packed.requests[0].latency_ms == Approx(28 * s1));
+  }
+
+  SECTION("rounds counted in steps") {
+    SpSimOptions o;
+    o.round_steps = 2;
+    const SpSimReport rep = run(trace, o);
+    CHECK(rep.requests[0].latency_ms == Approx(28 * s8));
+    CHECK(rep.rounds == 14);
+  }
+
+  SECTION("an arrival between rounds waits for the next one") {
+    SpSimOptions o;
+    o.round_ms = 300;
+    const SpSimReport rep = run(trace, o);
+    CHECK(rep.requests[0].latency_ms == Approx(100 + 28 * s8));
+  }
+}
+
+TEST_CASE("a fixed degree serves first come first served on its groups", "[serving][sp_simulator]") {
+  const double run4 = 10 * flux().step_ms(4096, 4);
+  // Three at once on 8 devices at degree 4: two groups, the third waits for the first.
+  const std::vector<SpSimRequest> trace{request(1, 0, 4096, 10, 1e9), request(2, 0, 4096, 10, 1e9),
+                                        request(3, 1, 4096, 10, 1e9)};
+  const SpSimReport rep = run(trace, fixed(4));
+  CHECK(rep.requests[0].latency_ms == Approx(run4));
+  CHECK(rep.requests[1].latency_ms == Approx(run4));
+  CHECK(rep.requests[2].latency_ms == Approx(2 * run4 - 1));
+  CHECK(rep.makespan_ms == Approx(2 * run4));
+}
+
+TEST_CASE("the round planner meets deadlines that no fixed degree meets", "[serving][sp_simulator]") {
+  // A 2048^2 request that needs 4 devices to make its deadline and four 256^2 requests that
+  // make theirs on one device each: planned per request, all five are on time (the large one
+  // at 4 devices, then at more as the small ones finish and leave theirs idle). Degree 1
+  // misses the large one, degree 4 queues the small ones on one group, degree 8 queues them
+  // behind the large one.
+  std::vector<SpSimRequest> trace{request(1, 0, 16384, 10, 1.1 * 10 * flux().step_ms(16384, 4))};
+  for (uint64_t i = 2; i <= 5; ++i) trace.push_back(request(i, 0, 256, 10, 1.5 * 10 * flux().step_ms(256, 1)));
+  SpSimOptions o;
+  o.round_ms = 50;
+  const SpSimReport planned = run(trace, o);
+  CHECK(planned.slo_attainment == 1.0);
+  CHECK(planned.requests[0].mean_degree >= 4);
+  CHECK(planned.requests[0].mean_degree < 8);
+  for (size_t i = 1; i < 5; ++i) CHECK(planned.requests[i].mean_degree == 1);
+  for (int d : {1, 2, 4, 8}) {
+    INFO("fixed degree " << d);
+    CHECK(run(trace, fixed(d)).slo_attainment < 1.0);
+  }
+}
+
+TEST_CASE("the simulator plans only degrees that divide the heads", "[serving][sp_simulator]") {
+  std::mt19937_64 rng(17);
+  std::exponential_distribution<double> gap(1.0 / 300.0);
+  const int64_t sizes[] = {256, 1024, 4096, 16384};
+  std::vector<SpSimRequest> trace;
+  double t = 0;
+  for (uint64_t i = 0; i < 300; ++i) {
+    t += gap(rng);
+    const int64_t tokens = sizes[i % 4];
+    trace.push_back(request(i, t, tokens, 20, 1.2 * 20 * flux().step_ms(tokens, 1)));
+  }
+  SpSimOptions o;
+  o.heads = 6;
+  o.round_ms = 100;
+  const SpSimReport rep = run(trace, o);
+  REQUIRE(rep.steps_by_degree.size() == 9);
+  for (int bad : {4, 5, 7, 8}) CHECK(rep.steps_by_degree[static_cast<size_t>(bad)] == 0);
+  CHECK(rep.steps_by_degree[6] > 0);
+  CHECK(rep.steps_by_degree[1] > 0);
+  uint64_t steps = 0;
+  for (uint64_t s : rep.steps_by_degree) steps += s;
+  CHECK(steps == 300 * 20);
+  for (const SpSimOutcome& out : rep.requests) CHECK(out.latency_ms > 0);
+}
+
+TEST_CASE("the sequence-parallel simulator runs 512 devices and never books a device twice",
+          "[serving][sp_simulator]") {
+  std::mt19937_64 rng(5);
+  std::exponential_distribution<double> gap(1.0 / 45.0);  // half the devices' time at degree 1
+  std::uniform_int_distribution<int> pick(0, 3);
+  const int64_t sizes[] = {256, 1024, 4096, 16384};
+  std::vector<SpSimRequest> trace;
+  double t = 0;
+  for (uint64_t i = 0; i < 2000; ++i) {
+    t += gap(rng);
+    const int64_t tokens = sizes[pick(rng)];
+    trace.push_back(request(i, t, tokens, 28, 1.0 * 28 * flux().step_ms(tokens, 1)));
+  }
+  for (const SpSimOptions& o : {SpSimOptions{512, 24, SpPolicy::kRoundPlanner, 1, 200, 0, 0, true}, fixed(8, 512)}) {
+    const SpSimReport rep = run(trace, o);
+    REQUIRE(rep.requests.size() == trace.size());
+    // Device time used fits in the devices over the span of the run.
+    CHECK(rep.busy_device_ms <= 512 * (rep.makespan_ms + 200) * (1 + 1e-9));
+    CHECK(rep.slo_attainment > 0.0);
+    CHECK(rep.slo_attainment <= 1.0);
+  }
+}
+
+TEST_CASE("the sequence-parallel simulator refuses bad options and requests", "[serving][sp_simulator]") {
+  const std::vector<SpSimRequest> trace{request(1, 0, 1024, 10, 1000)};
+  SpSimOptions o = fixed(5);
+  Result<SpSimReport> r = simulate_sequence_parallel(trace, flux().function(), o);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("fixed_degree is 5"));
+  o = SpSimOptions{};
+  o.round_ms = 0;
+  r = simulate_sequence_parallel(trace, flux().function(), o);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("round_ms is 0"));
+  const std::vector<SpSimRequest> bad{request(9, 0, 1024, 0, 1000)};
+  r = simulate_sequence_parallel(bad, flux().function(), SpSimOptions{});
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("request 9 has 0 steps"));
+}
