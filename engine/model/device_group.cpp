@@ -111,7 +111,10 @@ Result<std::vector<std::unique_ptr<DeviceGroup>>> DeviceGroup::create(const std:
                                                                       DeviceGroupOptions options) {
   if (devices.empty()) return invalid_argument("a device group needs at least one device");
   std::string names;
-  for (const ComputeDevice& d : devices) names += (names.empty() ? "" : ",") + d.name();
+  for (const ComputeDevice& d : devices) {
+    if (!names.empty()) names += ',';
+    names += d.name();
+  }
   const bool cuda = devices.front().cuda;
   for (const ComputeDevice& d : devices) {
     if (d.cuda != cuda) return invalid_argument("device group " + names + ": CPUs and GPUs do not share a process group");

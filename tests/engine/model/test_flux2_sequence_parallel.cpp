@@ -6,6 +6,7 @@
 // upstream's tensors (test_flux2_transformer.cpp). Tolerance: max |diff| / max |reference|
 // <= 1e-5, float32.
 #include "support/catch.h"
+#include "support/cuda_device.h"
 #include "support/device_groups.h"
 #include "support/temp_dir.h"
 #include "support/tiny_flux2.h"
@@ -285,4 +286,23 @@ TEST_CASE("A sequence-parallel forward refuses what it cannot split", "[model][p
   });
   for (int r = 0; r < 3; ++r) CHECK_THAT(errors[r], Catch::Contains("2 heads do not split over 3 ranks"));
   CHECK(group[0]->health().ok());
+}
+
+TEST_CASE("On one GPU the group of size 1 runs the sequence-parallel forward through NCCL", "[model][parallel][cuda]") {
+  const ComputeDevice cuda = test::require_cuda_or_skip();
+  c10::InferenceMode guard;
+  test::TempDir dir;
+  const Flux2Config cfg = heads24_config();
+  Flux2Transformer model = test::attentive_flux2(cfg, 14, dir.file("t.safetensors"));
+  REQUIRE(model.to_device(cuda, at::kFloat).ok());
+  Flux2Segment reference_segment = whole_segment(cfg, 6, 4, 4, 2);
+  const at::Tensor expected = model.forward(std::span<Flux2Segment>(&reference_segment, 1));
+  auto group = DeviceGroup::create({cuda});
+  REQUIRE(group.ok());
+  REQUIRE(group->size() == 1);
+  CHECK(std::string((*group)[0]->backend()) == "nccl");
+  Flux2Segment whole = whole_segment(cfg, 6, 4, 4, 2);
+  const at::Tensor got = flux2_forward_sequence_parallel(model, whole, *(*group)[0]);
+  CHECK((*group)[0]->collectives() == static_cast<uint64_t>(2 * cfg.depth() + 1));
+  CHECK(relative(got, expected) <= 1e-5);
 }
