@@ -248,6 +248,20 @@ class RoundPlannerSim {
       index.push_back(i);
       longest_single = std::max(longest_single, step_ms_(trace_[i].tokens, 1));
     }
+    // A request that waited still has its latents on the devices it last ran on: it claims
+    // them as its placement while no other request's holds them, so that resuming at the same
+    // degree does not move it.
+    std::vector<bool> claimed(static_cast<size_t>(o_.devices), false);
+    for (const PlannerRequest& p : requests) {
+      for (int d : p.placement) claimed[static_cast<size_t>(d)] = true;
+    }
+    for (size_t k = 0; k < requests.size(); ++k) {
+      const std::vector<int>& last = live_[index[k]].last_devices;
+      if (!requests[k].placement.empty() || last.empty()) continue;
+      if (std::any_of(last.begin(), last.end(), [&](int d) { return claimed[static_cast<size_t>(d)]; })) continue;
+      requests[k].placement = last;
+      for (int d : last) claimed[static_cast<size_t>(d)] = true;
+    }
     double planned_round_ms = o_.round_ms;
     if (o_.round_steps > 0) {
       planned_round_ms = last_round_ms_ > 0 ? last_round_ms_ : double(o_.round_steps) * longest_single;

@@ -9,7 +9,9 @@
 ///   each round lasts K steps of the slowest step it planned). At a round's start every
 ///   request that has arrived and has steps not yet started goes to plan_round
 ///   (round_planner.h) with its devices of the last round as its placement and the end of its
-///   step in flight as its ready time. Until the next round each request runs its steps back
+///   step in flight as its ready time (a request that waited gives the devices it last ran on,
+///   where its latents are, when no other request's placement holds them). Until the next
+///   round each request runs its steps back
 ///   to back at its planned degree on its planned devices. Steps are not preempted: a request
 ///   whose plan changed moves when its step in flight ends, and a device passes to its new
 ///   holder when its old holder's step on it ends. Requests arriving in a round wait for the
@@ -65,7 +67,10 @@ struct SpSimOutcome {
   double mean_degree = 0;     ///< over its steps
   int max_degree = 0;
   int degree_changes = 0;     ///< steps started at a degree other than its previous step's
-  int moves = 0;              ///< steps started at the same degree on other devices
+  /// Steps started at the degree of its previous step on other devices (a move of its
+  /// latents): after it waited while others took its devices, or when its degree changed and
+  /// changed back within one step.
+  int moves = 0;
 };
 
 struct SpSimReport {

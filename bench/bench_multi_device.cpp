@@ -1,0 +1,358 @@
+// bench_multi_device: serving on several devices. Prints one JSON document on stdout;
+// progress goes to stderr. Sections, each a key of "sections", run in this order unless
+// --only names one:
+//   simulator  TetriServe's setting in the sequence-parallel simulator: 8 H100s, FLUX.1-dev-
+//              sized steps at 256^2 to 2048^2, uniform and skewed mixes, SLO scales 1.0, 1.2
+//              and 1.5, Poisson arrivals: SLO attainment of the round planner against fixed
+//              degrees 1, 2, 4 and 8 (no devices used: the cost model stands for them).
+// A section is one function taking the parsed options and returning its JSON object; add one
+// to kSections (sections to come: "gloo", CPU collectives; "nccl", GPU collectives).
+//
+//   bench_multi_device [--only NAME] [--requests N] [--seeds N]
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/blas_kernel.h"
+#include "machine_info.h"
+#include "serving/round_planner.h"
+#include "serving/sequence_parallel_cost_model.h"
+#include "serving/sequence_parallel_simulator.h"
+
+using namespace infill;
+using json = nlohmann::json;
+
+namespace {
+
+struct Args {
+  std::string only;
+  int requests = 2000;  // per trace
+  int seeds = 3;        // traces per setting; attainment is their mean
+};
+
+// v rounded to `decimals` places (divided, not multiplied back, so that JSON shows 2.3 and
+// not 2.3000000000000003).
+double round_to(double v, int decimals) {
+  const double scale = std::pow(10.0, decimals);
+  return std::round(v * scale) / scale;
+}
+
+// --- simulator -----------------------------------------------------------------------------
+
+constexpr int kDevices = 8;
+constexpr int kHeads = 24;   // FLUX.1-dev and klein: 24 heads of 128
+constexpr int kSteps = 28;   // FLUX.1-dev's default, and xDiT's benchmark
+constexpr double kRoundMs = 100;
+const int64_t kTokens[] = {256, 1024, 4096, 16384};  // 256^2 .. 2048^2 at 16x16-pixel tokens
+const char* const kResolutions[] = {"256x256", "512x512", "1024x1024", "2048x2048"};
+
+struct Mix {
+  const char* name;
+  double share[4];
+  const char* note;
+};
+const Mix kMixes[] = {
+    {"uniform", {0.25, 0.25, 0.25, 0.25}, "each resolution a quarter of the requests"},
+    {"skewed", {0.1, 0.2, 0.3, 0.4},
+     "large-resolution-heavy (TetriServe's skewed mix leans to large images; these shares are ours)"},
+};
+
+enum class Reference { kSingleDevice, kBestDegree };
+struct ReferenceInfo {
+  Reference ref;
+  const char* name;
+  const char* definition;
+};
+const ReferenceInfo kReferences[] = {
+    {Reference::kSingleDevice, "single_device",
+     "deadline = scale x the request's latency alone on one device (28 steps at degree 1)"},
+    {Reference::kBestDegree, "best_degree",
+     "deadline = scale x the request's latency alone at its fastest degree of the 8 devices"},
+};
+
+const double kLoads[] = {0.5, 0.7, 0.9};
+const double kScales[] = {1.0, 1.2, 1.5};
+
+double reference_ms(const SequenceParallelCostModel& m, int64_t tokens, Reference ref) {
+  if (ref == Reference::kSingleDevice) return kSteps * m.step_ms(tokens, 1);
+  double best = m.step_ms(tokens, 1);
+  for (int d : allowed_degrees(kHeads, kDevices)) best = std::min(best, m.step_ms(tokens, d));
+  return kSteps * best;
+}
+
+// Arrivals and resolutions of one trace; deadlines are set per setting.
+struct Arrival {
+  double t;
+  int size;  // index into kTokens
+};
+
+std::vector<Arrival> poisson_trace(const SequenceParallelCostModel& m, const Mix& mix, double load, uint64_t seed,
+                                   int n) {
+  // Offered load: arrival rate x a request's mean device time at degree 1, over the devices.
+  double mean_ms = 0;
+  for (int k = 0; k < 4; ++k) mean_ms += mix.share[k] * kSteps * m.step_ms(kTokens[k], 1);
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> gap(load * kDevices / mean_ms);
+  std::discrete_distribution<int> size(std::begin(mix.share), std::end(mix.share));
+  std::vector<Arrival> out;
+  double t = 0;
+  for (int i = 0; i < n; ++i) {
+    t += gap(rng);
+    out.push_back({t, size(rng)});
+  }
+  return out;
+}
+
+struct Policy {
+  std::string name;
+  SpSimOptions options;
+};
+
+std::vector<Policy> policies() {
+  std::vector<Policy> out;
+  SpSimOptions planner;
+  planner.devices = kDevices;
+  planner.heads = kHeads;
+  planner.round_ms = kRoundMs;
+  out.push_back({"round_planner", planner});
+  planner.grant_idle_devices = false;
+  out.push_back({"round_planner_no_grants", planner});
+  for (int d : {1, 2, 4, 8}) {
+    SpSimOptions o;
+    o.devices = kDevices;
+    o.heads = kHeads;
+    o.policy = SpPolicy::kFixedDegree;
+    o.fixed_degree = d;
+    out.push_back({"fixed_" + std::to_string(d), o});
+  }
+  return out;
+}
+
+json simulator_section(const Args& args) {
+  const SequenceParallelCostModel m = SequenceParallelCostModel::flux1_dev_h100();
+  const StepMsFunction step = m.function();
+  const SequenceParallelCoefficients& c = m.coefficients();
+  json cfg;
+  cfg["devices"] = "8 x H100 SXM, simulated (the cost model below; no device is used)";
+  cfg["model"] = "FLUX.1-dev-sized: hidden 3072, 24 heads, 19 double + 38 single blocks, 512 text tokens";
+  cfg["steps"] = kSteps;
+  cfg["round_ms"] = kRoundMs;
+  cfg["requests_per_trace"] = args.requests;
+  cfg["traces_per_setting"] = args.seeds;
+  cfg["step_times_source"] =
+      "derived, not taken from TetriServe's paper (its per-step figures were not at hand): a FLOP model "
+      "(12.9 GFLOP per sequence row for the linear layers, 4 x 3072 x 57 FLOP per row pair for attention, "
+      "512 text rows added) at the compute rate that reproduces xDiT's published FLUX.1-dev 1024px time on one "
+      "H100 (6.71 s for 28 steps, PyTorch, no torch.compile), 8 ms per step of weight reads and launches at "
+      "every degree, and Ulysses all-to-alls (4 per block, 20 us each, 200 GB/s per device); see "
+      "SequenceParallelCostModel::flux1_dev_h100";
+  cfg["cost_coefficients"] = {{"text_tokens", c.text_tokens},
+                              {"fixed_ms", c.fixed_ms},
+                              {"ms_per_token", c.ms_per_token},
+                              {"ms_per_token_squared", c.ms_per_token_squared},
+                              {"hidden", c.hidden},
+                              {"all_to_alls_per_step", c.all_to_alls_per_step},
+                              {"all_to_all_latency_ms", c.all_to_all_latency_ms},
+                              {"link_bytes_per_ms", c.link_bytes_per_ms}};
+  json steps = json::object();
+  for (int k = 0; k < 4; ++k) {
+    json row = json::object();
+    for (int d : allowed_degrees(kHeads, kDevices)) row[std::to_string(d)] = round_to(m.step_ms(kTokens[k], d), 1);
+    steps[kResolutions[k]] = {{"tokens", kTokens[k]}, {"step_ms_by_degree", row}};
+  }
+  cfg["steps_by_resolution"] = steps;
+  cfg["load"] = "arrival rate x a request's mean device time at degree 1 / 8 devices (Poisson arrivals)";
+  cfg["loads"] = kLoads;
+  cfg["slo_scales"] = kScales;
+  json mixes = json::object();
+  for (const Mix& mix : kMixes) mixes[mix.name] = {{"shares", mix.share}, {"note", mix.note}};
+  cfg["mixes"] = mixes;
+  json refs = json::object();
+  for (const ReferenceInfo& r : kReferences) refs[r.name] = r.definition;
+  cfg["slo_references"] = refs;
+  cfg["policies"] = {
+      {"round_planner", "serving/round_planner every 100 ms (group-knapsack packing, placement kept, idle "
+                        "devices granted)"},
+      {"round_planner_no_grants", "the same without granting idle devices"},
+      {"fixed_D", "xDiT-like: 8 / D groups of D devices, first come first served, a request starts on arrival "
+                  "when a group is free (no rounds)"}};
+
+  const std::vector<Policy> pols = policies();
+  json results = json::array();
+  // The target is judged on the primary reference: TetriServe's SLO scales start at 1.0 with
+  // fixed degrees meeting most requests, which single_device reproduces (best_degree at 1.0
+  // leaves nothing to a scheduler that ever waits).
+  double min_gain_at_1 = INFINITY, max_gain_at_1 = -INFINITY;
+  for (const Mix& mix : kMixes) {
+    for (double load : kLoads) {
+      std::vector<std::vector<Arrival>> traces;
+      for (int s = 0; s < args.seeds; ++s) traces.push_back(poisson_trace(m, mix, load, 1000 + uint64_t(s), args.requests));
+      for (const ReferenceInfo& ref : kReferences) {
+        for (double scale : kScales) {
+          std::cerr << "simulator: " << mix.name << " load " << load << " " << ref.name << " scale " << scale << "\n";
+          json attainment = json::object();
+          json planner_stats;
+          std::vector<std::vector<double>> by_trace(pols.size());  // per policy, per trace
+          double best_fixed = -1;
+          std::string best_fixed_name;
+          for (size_t pi = 0; pi < pols.size(); ++pi) {
+            const Policy& p = pols[pi];
+            double sum = 0, busy = 0, span = 0, changes = 0;
+            uint64_t moves = 0;
+            std::vector<double> degree_sum(4, 0), met_sum(4, 0), count(4, 0);
+            for (const std::vector<Arrival>& arrivals : traces) {
+              std::vector<SpSimRequest> trace;
+              for (size_t i = 0; i < arrivals.size(); ++i) {
+                const int64_t tokens = kTokens[arrivals[i].size];
+                trace.push_back({i, arrivals[i].t, tokens, kSteps, scale * reference_ms(m, tokens, ref.ref)});
+              }
+              const Result<SpSimReport> rep = simulate_sequence_parallel(trace, step, p.options);
+              if (!rep.ok()) {
+                std::cerr << "bench_multi_device: " << rep.status().to_string() << "\n";
+                std::exit(1);
+              }
+              sum += rep->slo_attainment;
+              by_trace[pi].push_back(rep->slo_attainment);
+              busy += rep->busy_device_ms;
+              span += kDevices * rep->makespan_ms;
+              for (size_t i = 0; i < trace.size(); ++i) {
+                const SpSimOutcome& out = rep->requests[i];
+                const int k = arrivals[i].size;
+                degree_sum[static_cast<size_t>(k)] += out.mean_degree;
+                met_sum[static_cast<size_t>(k)] += out.deadline_met ? 1 : 0;
+                count[static_cast<size_t>(k)] += 1;
+                changes += out.degree_changes;
+                moves += static_cast<uint64_t>(out.moves);
+              }
+            }
+            const double mean = sum / double(traces.size());
+            attainment[p.name] = round_to(mean, 4);
+            if (p.options.policy == SpPolicy::kFixedDegree && mean > best_fixed) {
+              best_fixed = mean;
+              best_fixed_name = p.name;
+            }
+            if (p.name == "round_planner") {
+              json by_size = json::object();
+              for (int k = 0; k < 4; ++k) {
+                const size_t kk = static_cast<size_t>(k);
+                by_size[kResolutions[k]] = {{"attainment", round_to(met_sum[kk] / std::max(1.0, count[kk]), 3)},
+                                            {"mean_degree", round_to(degree_sum[kk] / std::max(1.0, count[kk]), 2)}};
+              }
+              const double n = double(traces.size()) * double(args.requests);
+              planner_stats = {{"by_resolution", by_size},
+                               {"device_utilisation", round_to(busy / std::max(1e-9, span), 3)},
+                               {"degree_changes_per_request", round_to(changes / n, 2)},
+                               {"moves_at_unchanged_degree", moves}};
+            }
+          }
+          const double planner = attainment["round_planner"].get<double>();
+          const double gain = 100.0 * (planner - best_fixed);
+          // Trace by trace against the fixed degree best on average: the spread of the gain
+          // (pols[0] is the round planner).
+          json gain_by_trace = json::array();
+          const size_t best_index = static_cast<size_t>(
+              std::find_if(pols.begin(), pols.end(), [&](const Policy& p) { return p.name == best_fixed_name; }) -
+              pols.begin());
+          for (size_t t = 0; t < traces.size(); ++t) {
+            gain_by_trace.push_back(round_to(100.0 * (by_trace[0][t] - by_trace[best_index][t]), 1));
+          }
+          if (ref.ref == Reference::kSingleDevice && scale == 1.0) {
+            min_gain_at_1 = std::min(min_gain_at_1, gain);
+            max_gain_at_1 = std::max(max_gain_at_1, gain);
+          }
+          results.push_back({{"mix", mix.name},
+                             {"load", load},
+                             {"slo_reference", ref.name},
+                             {"slo_scale", scale},
+                             {"attainment", attainment},
+                             {"best_fixed", best_fixed_name},
+                             {"planner_minus_best_fixed_points", round_to(gain, 1)},
+                             {"headroom_points", round_to(100.0 * (1.0 - best_fixed), 1)},
+                             {"points_by_trace", gain_by_trace},
+                             {"round_planner", planner_stats}});
+        }
+      }
+    }
+  }
+  json out;
+  out["config"] = cfg;
+  out["results"] = results;
+  out["target"] = {
+      {"goal", "at least +25 points of SLO attainment over the best fixed degree at SLO scale 1.0 (issue 41)"},
+      {"judged_on", "slo_reference single_device, scale 1.0, every mix and load above"},
+      {"min_points", round_to(min_gain_at_1, 1)},
+      {"max_points", round_to(max_gain_at_1, 1)},
+      {"met", min_gain_at_1 >= 25.0},
+      {"notes",
+       {"headroom_points is what the best fixed degree leaves (100 - its attainment): at loads where degree 1 "
+        "meets most deadlines no policy can gain 25 points",
+        "best_degree at scale 1.0: the round planner meets none by construction: an arrival waits for the next "
+        "round (up to 100 ms) and a deadline of exactly its fastest latency leaves no wait; fixed degree 8 starts "
+        "on arrival when its group is free",
+        "moves_at_unchanged_degree counts steps started on other devices at the degree of the request's previous "
+        "step: almost all after it waited while others took its devices"}},
+      {"tetriserve_reported",
+       "FLUX.1-dev on 8 x H100 (its README's table): best fixed baseline vs TetriServe about 74% vs 76% at "
+       "scale 1.0 (+2 points), +28% at 1.1, +32% at 1.2, 80% vs 95% at 1.5; +32% is its 'up to'"}};
+  return out;
+}
+
+// --- sections ------------------------------------------------------------------------------
+
+struct Section {
+  const char* name;
+  std::function<json(const Args&)> run;
+};
+const Section kSections[] = {
+    {"simulator", simulator_section},
+};
+
+int usage(const std::string& why) {
+  std::cerr << "bench_multi_device: " << why << "\nusage: bench_multi_device [--only NAME] [--requests N] [--seeds N]\n"
+            << "sections:";
+  for (const Section& s : kSections) std::cerr << " " << s.name;
+  std::cerr << "\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--only" && i + 1 < argc) {
+      args.only = argv[++i];
+    } else if (a == "--requests" && i + 1 < argc) {
+      args.requests = std::atoi(argv[++i]);
+    } else if (a == "--seeds" && i + 1 < argc) {
+      args.seeds = std::atoi(argv[++i]);
+    } else {
+      return usage("unknown argument " + a);
+    }
+  }
+  if (args.requests < 1 || args.seeds < 1) return usage("--requests and --seeds must be at least 1");
+  if (!args.only.empty() &&
+      std::none_of(std::begin(kSections), std::end(kSections), [&](const Section& s) { return args.only == s.name; })) {
+    return usage("no section named " + args.only + " in this build");
+  }
+  json out;
+  out["benchmark"] = "bench_multi_device";
+  out["machine"] = bench::machine_info();
+  out["sections"] = json::object();
+  for (const Section& s : kSections) {
+    if (!args.only.empty() && args.only != s.name) continue;
+    out["sections"][s.name] = s.run(args);
+  }
+  std::cout << out.dump(2) << "\n";
+  return 0;
+}
