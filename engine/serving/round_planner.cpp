@@ -33,7 +33,9 @@ Score operator+(const Score& s, const Option& o) {
 }
 
 // GPU times are sums taken in different orders: equal within a relative 1e-9.
-bool less_gpu(double a, double b) { return b - a > 1e-9 * std::max({1.0, std::abs(a), std::abs(b)}); }
+bool less_gpu(double a, double b) {
+  return b - a > 1e-9 * std::max({1.0, std::abs(a), std::abs(b)});
+}
 
 // True when a is strictly better than b.
 bool better(const Score& a, const Score& b) {
@@ -49,34 +51,45 @@ bool pinned(const PlannerRequest& r, double now_ms, const RoundPlannerOptions& o
 }
 
 Status check_inputs(std::span<const PlannerRequest> requests, const RoundPlannerOptions& o) {
-  if (o.devices < 1) return invalid_argument("round planner: devices is " + std::to_string(o.devices) + ", expected >= 1");
-  if (o.heads < 1) return invalid_argument("round planner: heads is " + std::to_string(o.heads) + ", expected >= 1");
+  if (o.devices < 1)
+    return invalid_argument("round planner: devices is " + std::to_string(o.devices) +
+                            ", expected >= 1");
+  if (o.heads < 1)
+    return invalid_argument("round planner: heads is " + std::to_string(o.heads) +
+                            ", expected >= 1");
   if (!(o.round_ms > 0) || !std::isfinite(o.round_ms)) {
-    return invalid_argument("round planner: round_ms is " + std::to_string(o.round_ms) + ", expected > 0");
+    return invalid_argument("round planner: round_ms is " + std::to_string(o.round_ms) +
+                            ", expected > 0");
   }
   if (o.max_degree < 0) {
-    return invalid_argument("round planner: max_degree is " + std::to_string(o.max_degree) + ", expected >= 0");
+    return invalid_argument("round planner: max_degree is " + std::to_string(o.max_degree) +
+                            ", expected >= 0");
   }
   std::unordered_set<uint64_t> ids;
   std::vector<int> holder(static_cast<size_t>(o.devices), -1);
   for (size_t i = 0; i < requests.size(); ++i) {
     const PlannerRequest& r = requests[i];
     const std::string who = "round planner: request " + std::to_string(r.id);
-    if (!ids.insert(r.id).second) return invalid_argument(who + " appears twice, expected unique ids");
-    if (r.tokens < 1) return invalid_argument(who + " has " + std::to_string(r.tokens) + " tokens, expected >= 1");
+    if (!ids.insert(r.id).second)
+      return invalid_argument(who + " appears twice, expected unique ids");
+    if (r.tokens < 1)
+      return invalid_argument(who + " has " + std::to_string(r.tokens) + " tokens, expected >= 1");
     if (r.steps_left < 0) {
-      return invalid_argument(who + " has " + std::to_string(r.steps_left) + " steps left, expected >= 0");
+      return invalid_argument(who + " has " + std::to_string(r.steps_left) +
+                              " steps left, expected >= 0");
     }
     for (int d : r.placement) {
       if (d < 0 || d >= o.devices) {
-        return invalid_argument(who + "'s placement names device " + std::to_string(d) + ", expected 0.." +
-                                std::to_string(o.devices - 1));
+        return invalid_argument(who + "'s placement names device " + std::to_string(d) +
+                                ", expected 0.." + std::to_string(o.devices - 1));
       }
       int& h = holder[static_cast<size_t>(d)];
-      if (h == static_cast<int>(i)) return invalid_argument(who + "'s placement names device " + std::to_string(d) + " twice");
+      if (h == static_cast<int>(i))
+        return invalid_argument(who + "'s placement names device " + std::to_string(d) + " twice");
       if (h >= 0) {
-        return invalid_argument(who + "'s placement names device " + std::to_string(d) + ", which request " +
-                                std::to_string(requests[static_cast<size_t>(h)].id) + " also holds");
+        return invalid_argument(
+            who + "'s placement names device " + std::to_string(d) + ", which request " +
+            std::to_string(requests[static_cast<size_t>(h)].id) + " also holds");
       }
       h = static_cast<int>(i);
     }
@@ -202,8 +215,8 @@ std::vector<int> allowed_degrees(int heads, int devices, int max_degree) {
   return out;
 }
 
-Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double now_ms, const StepMsFunction& step_ms,
-                             const RoundPlannerOptions& o) {
+Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double now_ms,
+                             const StepMsFunction& step_ms, const RoundPlannerOptions& o) {
   INFILL_RETURN_IF_ERROR(check_inputs(requests, o));
   const std::vector<int> degrees = allowed_degrees(o.heads, o.devices, o.max_degree);
   const size_t n = requests.size();
@@ -212,10 +225,11 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
   for (const PlannerRequest& r : requests) {
     const int d = static_cast<int>(r.placement.size());
     if (pinned(r, now_ms, o) && !std::binary_search(degrees.begin(), degrees.end(), d)) {
-      return invalid_argument("round planner: request " + std::to_string(r.id) + " holds " + std::to_string(d) +
-                              " devices through the round (its step in flight), expected an allowed degree (a "
-                              "divisor of the " + std::to_string(o.heads) + " heads up to " +
-                              std::to_string(degrees.back()) + ")");
+      return invalid_argument(
+          "round planner: request " + std::to_string(r.id) + " holds " + std::to_string(d) +
+          " devices through the round (its step in flight), expected an allowed degree (a "
+          "divisor of the " +
+          std::to_string(o.heads) + " heads up to " + std::to_string(degrees.back()) + ")");
     }
   }
 
@@ -225,7 +239,8 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
     for (size_t k = 0; k < nd; ++k) {
       const double ms = step_ms(requests[i].tokens, degrees[k]);
       if (!std::isfinite(ms) || ms <= 0) {
-        return invalid_argument("round planner: the step time of request " + std::to_string(requests[i].id) + " (" +
+        return invalid_argument("round planner: the step time of request " +
+                                std::to_string(requests[i].id) + " (" +
                                 std::to_string(requests[i].tokens) + " tokens) at degree " +
                                 std::to_string(degrees[k]) + " is " + std::to_string(ms) +
                                 ", expected a positive finite value");
@@ -247,8 +262,9 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
     if (pinned(r, now_ms, o)) {
       // Busy through the round on its devices: only its degree, from its step's end.
       const int d = static_cast<int>(r.placement.size());
-      const double s = step[i * nd + static_cast<size_t>(std::lower_bound(degrees.begin(), degrees.end(), d) -
-                                                          degrees.begin())];
+      const double s =
+          step[i * nd + static_cast<size_t>(std::lower_bound(degrees.begin(), degrees.end(), d) -
+                                            degrees.begin())];
       opts.push_back({d, r.ready_ms + steps * s <= r.deadline_ms ? 1 : 0, double(d) * steps * s});
       continue;
     }
@@ -273,7 +289,8 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
     }
     for (size_t k = 0; k < nd; ++k) {
       const double s = step[i * nd + k];
-      const Option opt{degrees[k], start + steps * s <= r.deadline_ms ? 1 : 0, double(degrees[k]) * steps * s};
+      const Option opt{degrees[k], start + steps * s <= r.deadline_ms ? 1 : 0,
+                       double(degrees[k]) * steps * s};
       // An option is dropped when one with fewer devices scores more, or as much for less GPU
       // time: swapping it in improves any plan. Typically a request keeps waiting, degree 1
       // and the least degree that is on time.
@@ -338,7 +355,8 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
   }
 
   const auto degree_index = [&](int d) {
-    return static_cast<size_t>(std::lower_bound(degrees.begin(), degrees.end(), d) - degrees.begin());
+    return static_cast<size_t>(std::lower_bound(degrees.begin(), degrees.end(), d) -
+                               degrees.begin());
   };
   if (o.grant_idle_devices) {
     for (;;) {
@@ -375,7 +393,8 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
   }
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return degree[a] > degree[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return degree[a] > degree[b]; });
   const auto pass = [&](auto&& applies, auto&& place) {
     for (size_t i : order) {
       if (degree[i] == 0 || !applies(i)) continue;
@@ -392,7 +411,8 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
        });
   pass([&](size_t i) { return size_of(i) > 0 && size_of(i) < degree[i]; },
        [&](size_t i) { return placer.grow(static_cast<int>(i), held[i], degree[i]); });
-  pass([&](size_t i) { return size_of(i) == 0; }, [&](size_t i) { return placer.fresh(degree[i]); });
+  pass([&](size_t i) { return size_of(i) == 0; },
+       [&](size_t i) { return placer.fresh(degree[i]); });
 
   for (size_t i = 0; i < n; ++i) {
     PlannedRequest& p = plan.requests[i];
@@ -407,7 +427,8 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
     const double start = std::max(now_ms, r.ready_ms);
     const double end = now_ms + o.round_ms;
     p.finish_ms = start + double(r.steps_left) * s;
-    p.steps = start < end ? std::min(r.steps_left, static_cast<int>(std::ceil((end - start) / s))) : 0;
+    p.steps =
+        start < end ? std::min(r.steps_left, static_cast<int>(std::ceil((end - start) / s))) : 0;
   }
   return plan;
 }

@@ -65,9 +65,9 @@ namespace infill {
 /// One active request at the round's start.
 struct PlannerRequest {
   uint64_t id = 0;
-  int64_t tokens = 0;         ///< tokens of its whole sequence (what the step function takes)
-  int steps_left = 0;         ///< steps not yet started
-  double deadline_ms = 0;     ///< absolute, on the clock of now_ms
+  int64_t tokens = 0;      ///< tokens of its whole sequence (what the step function takes)
+  int steps_left = 0;      ///< steps not yet started
+  double deadline_ms = 0;  ///< absolute, on the clock of now_ms
   /// The device indices it held last round; empty when it held none.
   std::vector<int> placement;
   /// When its step in flight ends (absolute); at or before now_ms when none is in flight.
@@ -75,23 +75,23 @@ struct PlannerRequest {
 };
 
 struct RoundPlannerOptions {
-  int devices = 1;         ///< devices to plan, indices 0 .. devices - 1
-  double round_ms = 0;     ///< length of a round (> 0): when a waiting request can start next
-  int heads = 24;          ///< attention heads of the model: degrees must divide them
-  int max_degree = 0;      ///< 0 = no limit beyond the devices
+  int devices = 1;      ///< devices to plan, indices 0 .. devices - 1
+  double round_ms = 0;  ///< length of a round (> 0): when a waiting request can start next
+  int heads = 24;       ///< attention heads of the model: degrees must divide them
+  int max_degree = 0;   ///< 0 = no limit beyond the devices
   bool grant_idle_devices = true;
 };
 
 struct PlannedRequest {
   uint64_t id = 0;
-  int degree = 0;             ///< 0 = waits this round
-  std::vector<int> devices;   ///< ascending, `degree` of them
-  int steps = 0;              ///< steps it starts this round at that degree
+  int degree = 0;            ///< 0 = waits this round
+  std::vector<int> devices;  ///< ascending, `degree` of them
+  int steps = 0;             ///< steps it starts this round at that degree
   /// The packing's prediction: on time (counted in RoundPlan::predicted_on_time).
   bool on_time = false;
   /// Predicted finish if it keeps its degree (infinity while it waits).
   double finish_ms = 0;
-  bool moved = false;         ///< its devices differ from a non-empty placement
+  bool moved = false;  ///< its devices differ from a non-empty placement
 };
 
 struct RoundPlan {

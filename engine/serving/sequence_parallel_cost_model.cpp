@@ -10,15 +10,16 @@ namespace {
 
 Status require(bool ok, const char* field, const char* expected) {
   if (ok) return Status::success();
-  return invalid_argument(std::string("sequence-parallel cost model: ") + field + " is " + expected);
+  return invalid_argument(std::string("sequence-parallel cost model: ") + field + " is " +
+                          expected);
 }
 
 // What both H100 presets share: the compute rate calibrated on xDiT's FLUX.1-dev figure and
 // the all-to-all of an NVLink H100 (see flux1_dev_h100 in the header).
 constexpr double kH100StepAt4096Ms = 6710.0 / 28.0;  // xDiT: 1024px, 28 steps, 6.71 s
-constexpr double kH100FixedMs = 8.0;                  // FLUX.1-dev's weights read once a step
+constexpr double kH100FixedMs = 8.0;                 // FLUX.1-dev's weights read once a step
 constexpr int64_t kTextTokens = 512;
-constexpr double kFlux1FlopPerRow = 2.0 * 6.45e9;     // 19 double (one stream) + 38 single
+constexpr double kFlux1FlopPerRow = 2.0 * 6.45e9;  // 19 double (one stream) + 38 single
 constexpr double kFlux1FlopPerRowPair = 4.0 * 3072.0 * 57.0;
 
 double h100_flop_per_ms() {
@@ -45,18 +46,20 @@ SequenceParallelCoefficients h100_coefficients(double flop_per_row, double flop_
 
 }  // namespace
 
-Result<SequenceParallelCostModel> SequenceParallelCostModel::create(const SequenceParallelCoefficients& c) {
+Result<SequenceParallelCostModel> SequenceParallelCostModel::create(
+    const SequenceParallelCoefficients& c) {
   const auto finite_nonneg = [](double v) { return std::isfinite(v) && v >= 0; };
   INFILL_RETURN_IF_ERROR(require(c.text_tokens >= 0, "text_tokens", "negative, expected >= 0"));
   INFILL_RETURN_IF_ERROR(require(finite_nonneg(c.fixed_ms), "fixed_ms", "negative or not finite"));
-  INFILL_RETURN_IF_ERROR(require(finite_nonneg(c.ms_per_token), "ms_per_token", "negative or not finite"));
   INFILL_RETURN_IF_ERROR(
-      require(finite_nonneg(c.ms_per_token_squared), "ms_per_token_squared", "negative or not finite"));
+      require(finite_nonneg(c.ms_per_token), "ms_per_token", "negative or not finite"));
+  INFILL_RETURN_IF_ERROR(require(finite_nonneg(c.ms_per_token_squared), "ms_per_token_squared",
+                                 "negative or not finite"));
   INFILL_RETURN_IF_ERROR(require(c.hidden > 0, "hidden", "not positive"));
   INFILL_RETURN_IF_ERROR(require(c.heads > 0, "heads", "not positive"));
   INFILL_RETURN_IF_ERROR(require(c.all_to_alls_per_step >= 0, "all_to_alls_per_step", "negative"));
-  INFILL_RETURN_IF_ERROR(
-      require(finite_nonneg(c.all_to_all_latency_ms), "all_to_all_latency_ms", "negative or not finite"));
+  INFILL_RETURN_IF_ERROR(require(finite_nonneg(c.all_to_all_latency_ms), "all_to_all_latency_ms",
+                                 "negative or not finite"));
   INFILL_RETURN_IF_ERROR(
       require(finite_nonneg(c.bytes_per_element), "bytes_per_element", "negative or not finite"));
   INFILL_RETURN_IF_ERROR(require(std::isfinite(c.link_bytes_per_ms) && c.link_bytes_per_ms > 0,
@@ -87,7 +90,8 @@ double SequenceParallelCostModel::all_to_all_ms(int64_t tokens, int degree) cons
   const double rows = double(tokens + c_.text_tokens);
   const double d = double(degree);
   const double bytes = c_.bytes_per_element * (rows / d) * double(c_.hidden) * (d - 1.0) / d;
-  return double(c_.all_to_alls_per_step) * (c_.all_to_all_latency_ms + bytes / c_.link_bytes_per_ms);
+  return double(c_.all_to_alls_per_step) *
+         (c_.all_to_all_latency_ms + bytes / c_.link_bytes_per_ms);
 }
 
 double SequenceParallelCostModel::step_ms(int64_t tokens, int degree) const {

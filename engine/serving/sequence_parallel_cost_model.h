@@ -35,16 +35,16 @@ namespace infill {
 using StepMsFunction = std::function<double(int64_t tokens, int degree)>;
 
 struct SequenceParallelCoefficients {
-  int64_t text_tokens = 0;            ///< added to every request's tokens (the prompt's rows)
-  double fixed_ms = 0;                ///< per step at any degree (weight reads, launches)
-  double ms_per_token = 0;            ///< one device's linear layers, per sequence row
-  double ms_per_token_squared = 0;    ///< one device's attention, per row squared
-  int64_t hidden = 0;                 ///< model width: an all-to-all moves rows x hidden elements
-  int heads = 0;                      ///< attention heads: a degree must divide them
-  int all_to_alls_per_step = 0;       ///< 4 per attention layer
-  double all_to_all_latency_ms = 0;   ///< fixed cost of one all-to-all
-  double bytes_per_element = 2;       ///< bf16
-  double link_bytes_per_ms = 0;       ///< what one device's all-to-all moves per ms
+  int64_t text_tokens = 0;           ///< added to every request's tokens (the prompt's rows)
+  double fixed_ms = 0;               ///< per step at any degree (weight reads, launches)
+  double ms_per_token = 0;           ///< one device's linear layers, per sequence row
+  double ms_per_token_squared = 0;   ///< one device's attention, per row squared
+  int64_t hidden = 0;                ///< model width: an all-to-all moves rows x hidden elements
+  int heads = 0;                     ///< attention heads: a degree must divide them
+  int all_to_alls_per_step = 0;      ///< 4 per attention layer
+  double all_to_all_latency_ms = 0;  ///< fixed cost of one all-to-all
+  double bytes_per_element = 2;      ///< bf16
+  double link_bytes_per_ms = 0;      ///< what one device's all-to-all moves per ms
 };
 
 class SequenceParallelCostModel {

@@ -31,14 +31,14 @@ using EventQueue = std::priority_queue<Event, std::vector<Event>, std::greater<>
 
 // Per request, while it runs.
 struct Live {
-  double deadline = 0;        // absolute
-  int steps_left = 0;         // not yet started
+  double deadline = 0;  // absolute
+  int steps_left = 0;   // not yet started
   bool arrived = false;
   bool in_step = false;
   bool done = false;
   double step_end = 0;
-  std::vector<int> held;      // devices it holds now
-  std::vector<int> target;    // devices of its plan (empty: it waits)
+  std::vector<int> held;    // devices it holds now
+  std::vector<int> target;  // devices of its plan (empty: it waits)
   std::vector<int> last_devices;
   int last_degree = 0;
   double finish = 0;
@@ -51,28 +51,38 @@ struct Live {
 };
 
 Status check(std::span<const SpSimRequest> trace, const SpSimOptions& o) {
-  if (o.devices < 1) return invalid_argument("sequence-parallel simulation: devices is " + std::to_string(o.devices) + ", expected >= 1");
-  if (o.heads < 1) return invalid_argument("sequence-parallel simulation: heads is " + std::to_string(o.heads) + ", expected >= 1");
+  if (o.devices < 1)
+    return invalid_argument("sequence-parallel simulation: devices is " +
+                            std::to_string(o.devices) + ", expected >= 1");
+  if (o.heads < 1)
+    return invalid_argument("sequence-parallel simulation: heads is " + std::to_string(o.heads) +
+                            ", expected >= 1");
   if (o.policy == SpPolicy::kFixedDegree) {
     if (o.fixed_degree < 1 || o.fixed_degree > o.devices || o.heads % o.fixed_degree != 0) {
-      return invalid_argument("sequence-parallel simulation: fixed_degree is " + std::to_string(o.fixed_degree) +
-                              ", expected a divisor of the " + std::to_string(o.heads) + " heads from 1 to the " +
+      return invalid_argument("sequence-parallel simulation: fixed_degree is " +
+                              std::to_string(o.fixed_degree) + ", expected a divisor of the " +
+                              std::to_string(o.heads) + " heads from 1 to the " +
                               std::to_string(o.devices) + " devices");
     }
   } else if (o.policy == SpPolicy::kRoundPlanner) {
     if (o.round_steps < 0) {
-      return invalid_argument("sequence-parallel simulation: round_steps is " + std::to_string(o.round_steps) + ", expected >= 0");
+      return invalid_argument("sequence-parallel simulation: round_steps is " +
+                              std::to_string(o.round_steps) + ", expected >= 0");
     }
     if (o.round_steps == 0 && (!(o.round_ms > 0) || !std::isfinite(o.round_ms))) {
-      return invalid_argument("sequence-parallel simulation: round_ms is " + std::to_string(o.round_ms) + ", expected > 0");
+      return invalid_argument("sequence-parallel simulation: round_ms is " +
+                              std::to_string(o.round_ms) + ", expected > 0");
     }
   } else {
-    return invalid_argument("sequence-parallel simulation: unknown policy " + std::to_string(static_cast<int>(o.policy)));
+    return invalid_argument("sequence-parallel simulation: unknown policy " +
+                            std::to_string(static_cast<int>(o.policy)));
   }
   for (const SpSimRequest& r : trace) {
     const std::string who = "sequence-parallel simulation: request " + std::to_string(r.id);
-    if (r.tokens < 1) return invalid_argument(who + " has " + std::to_string(r.tokens) + " tokens, expected >= 1");
-    if (r.steps < 1) return invalid_argument(who + " has " + std::to_string(r.steps) + " steps, expected >= 1");
+    if (r.tokens < 1)
+      return invalid_argument(who + " has " + std::to_string(r.tokens) + " tokens, expected >= 1");
+    if (r.steps < 1)
+      return invalid_argument(who + " has " + std::to_string(r.steps) + " steps, expected >= 1");
     if (!std::isfinite(r.arrival_ms) || !std::isfinite(r.deadline_ms)) {
       return invalid_argument(who + " has a non-finite arrival or deadline");
     }
@@ -82,11 +92,14 @@ Status check(std::span<const SpSimRequest> trace, const SpSimOptions& o) {
 
 // Met within a relative 1e-9: a deadline of exactly steps x step time must count as met
 // although the simulated clock sums the steps one by one.
-bool met(double latency_ms, double deadline_ms) { return latency_ms <= deadline_ms + 1e-9 * std::abs(deadline_ms); }
+bool met(double latency_ms, double deadline_ms) {
+  return latency_ms <= deadline_ms + 1e-9 * std::abs(deadline_ms);
+}
 
 class FixedDegreeSim {
  public:
-  FixedDegreeSim(std::span<const SpSimRequest> trace, const StepMsFunction& step_ms, const SpSimOptions& o)
+  FixedDegreeSim(std::span<const SpSimRequest> trace, const StepMsFunction& step_ms,
+                 const SpSimOptions& o)
       : trace_(trace), step_ms_(step_ms), o_(o) {}
 
   Result<SpSimReport> run() {
@@ -150,15 +163,17 @@ class FixedDegreeSim {
   }
 
   static Status bad_step(const SpSimRequest& r, int degree, double ms) {
-    return invalid_argument("sequence-parallel simulation: the step time of request " + std::to_string(r.id) + " (" +
-                            std::to_string(r.tokens) + " tokens) at degree " + std::to_string(degree) + " is " +
+    return invalid_argument("sequence-parallel simulation: the step time of request " +
+                            std::to_string(r.id) + " (" + std::to_string(r.tokens) +
+                            " tokens) at degree " + std::to_string(degree) + " is " +
                             std::to_string(ms) + ", expected a positive finite value");
   }
 
   static void finish(SpSimReport& report, double first, double last) {
     size_t on_time = 0;
     for (const SpSimOutcome& o : report.requests) on_time += o.deadline_met ? 1 : 0;
-    report.slo_attainment = report.requests.empty() ? 0.0 : double(on_time) / double(report.requests.size());
+    report.slo_attainment =
+        report.requests.empty() ? 0.0 : double(on_time) / double(report.requests.size());
     report.makespan_ms = report.requests.empty() ? 0.0 : last - first;
   }
 
@@ -170,7 +185,8 @@ class FixedDegreeSim {
 
 class RoundPlannerSim {
  public:
-  RoundPlannerSim(std::span<const SpSimRequest> trace, const StepMsFunction& step_ms, const SpSimOptions& o)
+  RoundPlannerSim(std::span<const SpSimRequest> trace, const StepMsFunction& step_ms,
+                  const SpSimOptions& o)
       : trace_(trace), step_ms_(step_ms), o_(o), holder_(static_cast<size_t>(o.devices), -1) {}
 
   Result<SpSimReport> run() {
@@ -180,8 +196,9 @@ class RoundPlannerSim {
     live_.resize(n);
     arrivals_.resize(n);
     std::iota(arrivals_.begin(), arrivals_.end(), size_t{0});
-    std::stable_sort(arrivals_.begin(), arrivals_.end(),
-                     [&](size_t a, size_t b) { return trace_[a].arrival_ms < trace_[b].arrival_ms; });
+    std::stable_sort(arrivals_.begin(), arrivals_.end(), [&](size_t a, size_t b) {
+      return trace_[a].arrival_ms < trace_[b].arrival_ms;
+    });
     for (size_t i = 0; i < n; ++i) {
       live_[i].deadline = trace_[i].arrival_ms + trace_[i].deadline_ms;
       live_[i].steps_left = trace_[i].steps;
@@ -258,13 +275,16 @@ class RoundPlannerSim {
     for (size_t k = 0; k < requests.size(); ++k) {
       const std::vector<int>& last = live_[index[k]].last_devices;
       if (!requests[k].placement.empty() || last.empty()) continue;
-      if (std::any_of(last.begin(), last.end(), [&](int d) { return claimed[static_cast<size_t>(d)]; })) continue;
+      if (std::any_of(last.begin(), last.end(),
+                      [&](int d) { return claimed[static_cast<size_t>(d)]; }))
+        continue;
       requests[k].placement = last;
       for (int d : last) claimed[static_cast<size_t>(d)] = true;
     }
     double planned_round_ms = o_.round_ms;
     if (o_.round_steps > 0) {
-      planned_round_ms = last_round_ms_ > 0 ? last_round_ms_ : double(o_.round_steps) * longest_single;
+      planned_round_ms =
+          last_round_ms_ > 0 ? last_round_ms_ : double(o_.round_steps) * longest_single;
       if (!(planned_round_ms > 0)) planned_round_ms = 1.0;  // nothing to plan
     }
     RoundPlannerOptions po;
@@ -281,7 +301,8 @@ class RoundPlannerSim {
     for (size_t k = 0; k < index.size(); ++k) {
       const PlannedRequest& p = plan->requests[k];
       live_[index[k]].target = p.devices;
-      if (p.degree > 0) slowest_step = std::max(slowest_step, step_ms_(trace_[index[k]].tokens, p.degree));
+      if (p.degree > 0)
+        slowest_step = std::max(slowest_step, step_ms_(trace_[index[k]].tokens, p.degree));
     }
     for (size_t k = 0; k < index.size(); ++k) {
       Live& l = live_[index[k]];
@@ -291,7 +312,8 @@ class RoundPlannerSim {
 
     // The next round: while anything is active or in flight, one round on; else at the next
     // arrival's boundary.
-    const bool busy = std::any_of(active_.begin(), active_.end(), [&](size_t i) { return !live_[i].done; });
+    const bool busy =
+        std::any_of(active_.begin(), active_.end(), [&](size_t i) { return !live_[i].done; });
     if (busy) {
       double next = now + o_.round_ms;
       if (o_.round_steps > 0) {
@@ -302,8 +324,10 @@ class RoundPlannerSim {
           for (size_t i : active_) {
             if (live_[i].in_step) soonest = std::min(soonest, live_[i].step_end);
           }
-          if (next_arrival_ < arrivals_.size()) soonest = std::min(soonest, trace_[arrivals_[next_arrival_]].arrival_ms);
-          last_round_ms_ = std::isfinite(soonest) && soonest > now ? soonest - now : planned_round_ms;
+          if (next_arrival_ < arrivals_.size())
+            soonest = std::min(soonest, trace_[arrivals_[next_arrival_]].arrival_ms);
+          last_round_ms_ =
+              std::isfinite(soonest) && soonest > now ? soonest - now : planned_round_ms;
         }
         next = now + last_round_ms_;
       }
@@ -384,7 +408,7 @@ class RoundPlannerSim {
   std::vector<Live> live_;
   std::vector<size_t> arrivals_;  // request indices by arrival
   size_t next_arrival_ = 0;
-  std::vector<size_t> active_;    // arrived, not yet done (done ones erased each round)
+  std::vector<size_t> active_;  // arrived, not yet done (done ones erased each round)
   EventQueue events_;
   uint64_t seq_ = 0;
   double last_round_ms_ = 0;
@@ -393,10 +417,12 @@ class RoundPlannerSim {
 
 }  // namespace
 
-Result<SpSimReport> simulate_sequence_parallel(std::span<const SpSimRequest> trace, const StepMsFunction& step_ms,
+Result<SpSimReport> simulate_sequence_parallel(std::span<const SpSimRequest> trace,
+                                               const StepMsFunction& step_ms,
                                                const SpSimOptions& options) {
   INFILL_RETURN_IF_ERROR(check(trace, options));
-  if (options.policy == SpPolicy::kFixedDegree) return FixedDegreeSim(trace, step_ms, options).run();
+  if (options.policy == SpPolicy::kFixedDegree)
+    return FixedDegreeSim(trace, step_ms, options).run();
   return RoundPlannerSim(trace, step_ms, options).run();
 }
 

@@ -38,9 +38,9 @@ namespace infill {
 struct SpSimRequest {
   uint64_t id = 0;
   double arrival_ms = 0;
-  int64_t tokens = 0;       ///< tokens of its sequence (what the step function takes)
-  int steps = 0;            ///< denoising steps, each over the whole sequence
-  double deadline_ms = 0;   ///< relative to arrival
+  int64_t tokens = 0;      ///< tokens of its sequence (what the step function takes)
+  int steps = 0;           ///< denoising steps, each over the whole sequence
+  double deadline_ms = 0;  ///< relative to arrival
 };
 
 /// Values only grow; 0 is not a policy.
@@ -48,25 +48,25 @@ enum class SpPolicy { kRoundPlanner = 1, kFixedDegree = 2 };
 
 struct SpSimOptions {
   int devices = 8;
-  int heads = 24;             ///< attention heads: every degree divides them
+  int heads = 24;  ///< attention heads: every degree divides them
   SpPolicy policy = SpPolicy::kRoundPlanner;
-  int fixed_degree = 1;       ///< kFixedDegree: every request's degree
-  double round_ms = 100;      ///< kRoundPlanner: round length (when round_steps is 0)
+  int fixed_degree = 1;   ///< kFixedDegree: every request's degree
+  double round_ms = 100;  ///< kRoundPlanner: round length (when round_steps is 0)
   /// kRoundPlanner: > 0 makes each round last this many steps of the slowest step planned in
   /// it; the planner is then told the previous round's length (the first round's: this many
   /// steps of the longest active request at degree 1).
   int round_steps = 0;
-  int max_degree = 0;         ///< kRoundPlanner: 0 = up to the devices
+  int max_degree = 0;              ///< kRoundPlanner: 0 = up to the devices
   bool grant_idle_devices = true;  ///< kRoundPlanner
 };
 
 struct SpSimOutcome {
   uint64_t id = 0;
-  double latency_ms = 0;      ///< arrival -> last step's end
+  double latency_ms = 0;  ///< arrival -> last step's end
   bool deadline_met = false;
-  double mean_degree = 0;     ///< over its steps
+  double mean_degree = 0;  ///< over its steps
   int max_degree = 0;
-  int degree_changes = 0;     ///< steps started at a degree other than its previous step's
+  int degree_changes = 0;  ///< steps started at a degree other than its previous step's
   /// Steps started at the degree of its previous step on other devices (a move of its
   /// latents): after it waited while others took its devices, or when its degree changed and
   /// changed back within one step.
@@ -74,11 +74,11 @@ struct SpSimOutcome {
 };
 
 struct SpSimReport {
-  std::vector<SpSimOutcome> requests;   ///< in the order of the input
-  double slo_attainment = 0;            ///< share of requests that met their deadline
-  double busy_device_ms = 0;            ///< sum over steps of degree x step time
-  double makespan_ms = 0;               ///< first arrival -> last finish
-  int rounds = 0;                       ///< plans made (0 for a fixed degree)
+  std::vector<SpSimOutcome> requests;     ///< in the order of the input
+  double slo_attainment = 0;              ///< share of requests that met their deadline
+  double busy_device_ms = 0;              ///< sum over steps of degree x step time
+  double makespan_ms = 0;                 ///< first arrival -> last finish
+  int rounds = 0;                         ///< plans made (0 for a fixed degree)
   std::vector<uint64_t> steps_by_degree;  ///< index: degree
 };
 
@@ -86,7 +86,8 @@ struct SpSimReport {
 /// (devices < 1, heads < 1, a fixed degree that does not divide the heads or exceeds the
 /// devices, a round length not positive), a request with tokens < 1, steps < 1 or a
 /// non-finite arrival or deadline, or a step time that is not positive and finite.
-Result<SpSimReport> simulate_sequence_parallel(std::span<const SpSimRequest> trace, const StepMsFunction& step_ms,
+Result<SpSimReport> simulate_sequence_parallel(std::span<const SpSimRequest> trace,
+                                               const StepMsFunction& step_ms,
                                                const SpSimOptions& options);
 
 }  // namespace infill

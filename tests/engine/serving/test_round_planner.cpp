@@ -34,8 +34,9 @@ bool pinned(const PlannerRequest& r, double now, double round_ms) {
 }
 
 // The header's value function, written out again: what the planner must maximise.
-Objective evaluate(const std::vector<PlannerRequest>& rs, const std::vector<int>& degree, double now,
-                   double round_ms, const std::vector<int>& allowed, const StepMsFunction& step) {
+Objective evaluate(const std::vector<PlannerRequest>& rs, const std::vector<int>& degree,
+                   double now, double round_ms, const std::vector<int>& allowed,
+                   const StepMsFunction& step) {
   Objective obj;
   for (size_t i = 0; i < rs.size(); ++i) {
     const PlannerRequest& r = rs[i];
@@ -57,13 +58,15 @@ Objective evaluate(const std::vector<PlannerRequest>& rs, const std::vector<int>
     for (int d : allowed) {
       const double s = step(r.tokens, d);
       cheapest = std::min(cheapest, double(d) * steps * s);
-      if (std::max(now, r.ready_ms) + steps * s <= r.deadline_ms && double(d) * steps * s < cheapest_on_time) {
+      if (std::max(now, r.ready_ms) + steps * s <= r.deadline_ms &&
+          double(d) * steps * s < cheapest_on_time) {
         cheapest_on_time = double(d) * steps * s;
         d_star = d;
       }
     }
     const bool on_time =
-        d_star > 0 && std::max(now + round_ms, r.ready_ms) + steps * step(r.tokens, d_star) <= r.deadline_ms;
+        d_star > 0 &&
+        std::max(now + round_ms, r.ready_ms) + steps * step(r.tokens, d_star) <= r.deadline_ms;
     obj.value += on_time ? 1 : 0;
     obj.gpu_ms += on_time ? cheapest_on_time : cheapest;
   }
@@ -72,8 +75,9 @@ Objective evaluate(const std::vector<PlannerRequest>& rs, const std::vector<int>
 
 // Every assignment of {0} + allowed degrees with at most `devices` in all: the best value,
 // and the least GPU time among the assignments of that value.
-Objective brute_force(const std::vector<PlannerRequest>& rs, int devices, double now, double round_ms,
-                      const std::vector<int>& allowed, const StepMsFunction& step) {
+Objective brute_force(const std::vector<PlannerRequest>& rs, int devices, double now,
+                      double round_ms, const std::vector<int>& allowed,
+                      const StepMsFunction& step) {
   std::vector<int> choices{0};
   choices.insert(choices.end(), allowed.begin(), allowed.end());
   std::vector<int> degree(rs.size(), 0);
@@ -98,8 +102,9 @@ Objective brute_force(const std::vector<PlannerRequest>& rs, int devices, double
 
 // Random requests: deadlines from hopeless to slack, some with a step in flight (some of
 // those past the round's end), disjoint random placements of allowed sizes.
-std::vector<PlannerRequest> random_requests(std::mt19937_64& rng, int count, int devices, double now,
-                                            const StepMsFunction& step, const std::vector<int>& allowed) {
+std::vector<PlannerRequest> random_requests(std::mt19937_64& rng, int count, int devices,
+                                            double now, const StepMsFunction& step,
+                                            const std::vector<int>& allowed) {
   std::uniform_int_distribution<int64_t> tokens(64, 20000);
   std::uniform_int_distribution<int> steps(0, 30);
   std::uniform_real_distribution<double> u(0, 1);
@@ -113,7 +118,8 @@ std::vector<PlannerRequest> random_requests(std::mt19937_64& rng, int count, int
     r.tokens = tokens(rng);
     r.steps_left = steps(rng);
     r.ready_ms = u(rng) < 0.4 ? now + 2 * u(rng) * step(r.tokens, 1) : now - 1.0;
-    r.deadline_ms = now + (0.1 + 1.6 * u(rng)) * double(std::max(1, r.steps_left)) * step(r.tokens, 1);
+    r.deadline_ms =
+        now + (0.1 + 1.6 * u(rng)) * double(std::max(1, r.steps_left)) * step(r.tokens, 1);
     std::vector<int> sizes{0};
     for (int d : allowed) {
       if (d <= static_cast<int>(free.size())) sizes.push_back(d);
@@ -154,7 +160,8 @@ void require_valid(const RoundPlan& plan, const std::vector<PlannerRequest>& rs,
 
 }  // namespace
 
-TEST_CASE("allowed degrees are the divisors of the heads up to the devices", "[serving][round_planner]") {
+TEST_CASE("allowed degrees are the divisors of the heads up to the devices",
+          "[serving][round_planner]") {
   CHECK(allowed_degrees(24, 8) == std::vector<int>{1, 2, 3, 4, 6, 8});
   CHECK(allowed_degrees(24, 512) == std::vector<int>{1, 2, 3, 4, 6, 8, 12, 24});
   CHECK(allowed_degrees(6, 8) == std::vector<int>{1, 2, 3, 6});
@@ -174,7 +181,8 @@ TEST_CASE("the packing equals a brute-force search over every (request, degree) 
     const int devices = std::uniform_int_distribution<int>(2, 8)(rng);
     const int count = std::uniform_int_distribution<int>(1, 5)(rng);
     const int heads = heads_choices[c % 5];
-    const SyntheticCost cost{0.5 + 5 * u(rng), 0.001 + 0.01 * u(rng), u(rng) < 0.5 ? 0.0 : 20 * u(rng)};
+    const SyntheticCost cost{0.5 + 5 * u(rng), 0.001 + 0.01 * u(rng),
+                             u(rng) < 0.5 ? 0.0 : 20 * u(rng)};
     const StepMsFunction step = cost;
     const double now = 1000.0 * u(rng);
     const std::vector<int> allowed = allowed_degrees(heads, devices);
@@ -199,7 +207,8 @@ TEST_CASE("the packing equals a brute-force search over every (request, degree) 
     CHECK(own.gpu_ms == Approx(plan->packing_gpu_ms).epsilon(1e-7));
     for (size_t i = 0; i < rs.size(); ++i) {
       std::vector<PlannerRequest> one{rs[i]};
-      CHECK(evaluate(one, {degree[i]}, now, o.round_ms, allowed, step).value == (plan->requests[i].on_time ? 1 : 0));
+      CHECK(evaluate(one, {degree[i]}, now, o.round_ms, allowed, step).value ==
+            (plan->requests[i].on_time ? 1 : 0));
     }
     if (std::count(degree.begin(), degree.end(), 0) > 0) ++cases_with_waiting;
     if (best.value < count) ++cases_with_late;
@@ -217,7 +226,8 @@ TEST_CASE("the packing equals a brute-force search over every (request, degree) 
   CHECK(pinned_requests > 20);
 }
 
-TEST_CASE("grants keep the packing's on-time count and use only allowed degrees", "[serving][round_planner]") {
+TEST_CASE("grants keep the packing's on-time count and use only allowed degrees",
+          "[serving][round_planner]") {
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<double> u(0, 1);
   for (int heads : {24, 6}) {
@@ -225,10 +235,12 @@ TEST_CASE("grants keep the packing's on-time count and use only allowed degrees"
     const std::vector<int> allowed = allowed_degrees(heads, devices);
     std::set<int> seen;
     for (int c = 0; c < 150; ++c) {
-      const SyntheticCost cost{1 + 3 * u(rng), 0.002 + 0.01 * u(rng), u(rng) < 0.7 ? 0.0 : 5 * u(rng)};
+      const SyntheticCost cost{1 + 3 * u(rng), 0.002 + 0.01 * u(rng),
+                               u(rng) < 0.7 ? 0.0 : 5 * u(rng)};
       const StepMsFunction step = cost;
       const int count = std::uniform_int_distribution<int>(1, 6)(rng);
-      const std::vector<PlannerRequest> rs = random_requests(rng, count, devices, 0.0, step, allowed);
+      const std::vector<PlannerRequest> rs =
+          random_requests(rng, count, devices, 0.0, step, allowed);
       RoundPlannerOptions o;
       o.devices = devices;
       o.heads = heads;
@@ -291,7 +303,8 @@ TEST_CASE("a request whose degree is unchanged keeps its devices", "[serving][ro
     o.grant_idle_devices = true;
     int kept = 0, changed = 0;
     for (int c = 0; c < 100; ++c) {
-      std::vector<PlannerRequest> rs = random_requests(rng, 5, 8, 0.0, step, allowed_degrees(24, 8));
+      std::vector<PlannerRequest> rs =
+          random_requests(rng, 5, 8, 0.0, step, allowed_degrees(24, 8));
       for (auto& r : rs) r.placement.clear();
       double now = 0;
       for (int round = 0; round < 6; ++round) {
@@ -365,7 +378,8 @@ TEST_CASE("idle devices are granted to running requests", "[serving][round_plann
   }
 }
 
-TEST_CASE("an empty round, one device, and more requests than devices", "[serving][round_planner]") {
+TEST_CASE("an empty round, one device, and more requests than devices",
+          "[serving][round_planner]") {
   const StepMsFunction step = SequenceParallelCostModel::flux1_dev_h100().function();
   RoundPlannerOptions o;
   o.round_ms = 200;
@@ -400,7 +414,8 @@ TEST_CASE("an empty round, one device, and more requests than devices", "[servin
     o.devices = 4;
     std::mt19937_64 rng(11);
     for (int c = 0; c < 20; ++c) {
-      const std::vector<PlannerRequest> rs = random_requests(rng, 8, 4, 0.0, step, allowed_degrees(24, 4));
+      const std::vector<PlannerRequest> rs =
+          random_requests(rng, 8, 4, 0.0, step, allowed_degrees(24, 4));
       const Result<RoundPlan> p = plan_round(rs, 0.0, step, o);
       REQUIRE(p.ok());
       require_valid(*p, rs, 4, allowed_degrees(24, 4));
@@ -408,7 +423,8 @@ TEST_CASE("an empty round, one device, and more requests than devices", "[servin
       packed.grant_idle_devices = false;
       const Result<RoundPlan> q = plan_round(rs, 0.0, step, packed);
       REQUIRE(q.ok());
-      CHECK(q->predicted_on_time == brute_force(rs, 4, 0.0, o.round_ms, allowed_degrees(24, 4), step).value);
+      CHECK(q->predicted_on_time ==
+            brute_force(rs, 4, 0.0, o.round_ms, allowed_degrees(24, 4), step).value);
     }
   }
 }
@@ -442,7 +458,8 @@ TEST_CASE("the round planner refuses inconsistent input, naming it", "[serving][
   };
   const PlannerRequest a{1, 1024, 10, 1000, {0, 1}, 0};
   PlannerRequest b{2, 1024, 10, 1000, {1}, 0};
-  CHECK_THAT(message({a, b}, o, step), Catch::Contains("request 2") && Catch::Contains("device 1") &&
+  CHECK_THAT(message({a, b}, o, step), Catch::Contains("request 2") &&
+                                           Catch::Contains("device 1") &&
                                            Catch::Contains("request 1 also holds"));
   b.placement = {4};
   CHECK_THAT(message({a, b}, o, step), Catch::Contains("device 4, expected 0..3"));

@@ -4,7 +4,8 @@
 
 using namespace infill;
 
-TEST_CASE("the sequence-parallel step time splits compute and adds the all-to-alls", "[serving][sp_cost]") {
+TEST_CASE("the sequence-parallel step time splits compute and adds the all-to-alls",
+          "[serving][sp_cost]") {
   SequenceParallelCoefficients c;
   c.text_tokens = 10;
   c.fixed_ms = 2;
@@ -46,7 +47,8 @@ TEST_CASE("the FLUX.1-dev H100 preset reproduces its calibration and scales as U
   CHECK(klein.step_ms(4096, 1) > 0.2 * m.step_ms(4096, 1));
 }
 
-TEST_CASE("the sequence-parallel cost model refuses coefficients naming the one at fault", "[serving][sp_cost]") {
+TEST_CASE("the sequence-parallel cost model refuses coefficients naming the one at fault",
+          "[serving][sp_cost]") {
   SequenceParallelCoefficients c = SequenceParallelCostModel::flux1_dev_h100().coefficients();
   REQUIRE(SequenceParallelCostModel::create(c).ok());
   c.ms_per_token = -1;

@@ -83,7 +83,8 @@ TEST_CASE("a lone request runs at the degree it is given", "[serving][sp_simulat
   }
 }
 
-TEST_CASE("a fixed degree serves first come first served on its groups", "[serving][sp_simulator]") {
+TEST_CASE("a fixed degree serves first come first served on its groups",
+          "[serving][sp_simulator]") {
   const double run4 = 10 * flux().step_ms(4096, 4);
   // Three at once on 8 devices at degree 4: two groups, the third waits for the first.
   const std::vector<SpSimRequest> trace{request(1, 0, 4096, 10, 1e9), request(2, 0, 4096, 10, 1e9),
@@ -95,14 +96,16 @@ TEST_CASE("a fixed degree serves first come first served on its groups", "[servi
   CHECK(rep.makespan_ms == Approx(2 * run4));
 }
 
-TEST_CASE("the round planner meets deadlines that no fixed degree meets", "[serving][sp_simulator]") {
+TEST_CASE("the round planner meets deadlines that no fixed degree meets",
+          "[serving][sp_simulator]") {
   // A 2048^2 request that needs 4 devices to make its deadline and four 256^2 requests that
   // make theirs on one device each: planned per request, all five are on time (the large one
   // at 4 devices, then at more as the small ones finish and leave theirs idle). Degree 1
   // misses the large one, degree 4 queues the small ones on one group, degree 8 queues them
   // behind the large one.
   std::vector<SpSimRequest> trace{request(1, 0, 16384, 10, 1.1 * 10 * flux().step_ms(16384, 4))};
-  for (uint64_t i = 2; i <= 5; ++i) trace.push_back(request(i, 0, 256, 10, 1.5 * 10 * flux().step_ms(256, 1)));
+  for (uint64_t i = 2; i <= 5; ++i)
+    trace.push_back(request(i, 0, 256, 10, 1.5 * 10 * flux().step_ms(256, 1)));
   SpSimOptions o;
   o.round_ms = 50;
   const SpSimReport planned = run(trace, o);
@@ -154,7 +157,8 @@ TEST_CASE("the sequence-parallel simulator runs 512 devices and never books a de
     const int64_t tokens = sizes[pick(rng)];
     trace.push_back(request(i, t, tokens, 28, 1.0 * 28 * flux().step_ms(tokens, 1)));
   }
-  for (const SpSimOptions& o : {SpSimOptions{512, 24, SpPolicy::kRoundPlanner, 1, 200, 0, 0, true}, fixed(8, 512)}) {
+  for (const SpSimOptions& o :
+       {SpSimOptions{512, 24, SpPolicy::kRoundPlanner, 1, 200, 0, 0, true}, fixed(8, 512)}) {
     const SpSimReport rep = run(trace, o);
     REQUIRE(rep.requests.size() == trace.size());
     // Device time used fits in the devices over the span of the run.
@@ -164,7 +168,8 @@ TEST_CASE("the sequence-parallel simulator runs 512 devices and never books a de
   }
 }
 
-TEST_CASE("the sequence-parallel simulator refuses bad options and requests", "[serving][sp_simulator]") {
+TEST_CASE("the sequence-parallel simulator refuses bad options and requests",
+          "[serving][sp_simulator]") {
   const std::vector<SpSimRequest> trace{request(1, 0, 1024, 10, 1000)};
   SpSimOptions o = fixed(5);
   Result<SpSimReport> r = simulate_sequence_parallel(trace, flux().function(), o);
