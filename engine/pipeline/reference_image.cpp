@@ -8,17 +8,13 @@
 
 #include "model/latent_codec.h"
 #include "pipeline/composite.h"
+#include "pipeline/reference_size.h"
 #include "pipeline/template_image.h"
 
 namespace infill {
 
 Result<ReferenceImage> make_reference_image(const LatentCodec& codec, int grid, const TemplateImage& tmpl) {
-  const std::string size = std::to_string(tmpl.width) + "x" + std::to_string(tmpl.height);
-  if (tmpl.width < 64 || tmpl.height < 64)
-    return invalid_argument("reference image " + tmpl.id + " is " + size + " pixels; a reference is at least 64 pixels a side");
-  const double aspect = double(std::max(tmpl.width, tmpl.height)) / double(std::min(tmpl.width, tmpl.height));
-  if (aspect > 8.0)
-    return invalid_argument("reference image " + tmpl.id + " is " + size + " pixels; a reference's aspect ratio is at most 8");
+  if (Status sized = check_reference_size(tmpl.id, tmpl.width, tmpl.height); !sized.ok()) return sized;
   ReferenceImage ref;
   ref.id = tmpl.id;
   const int64_t pixels = int64_t{tmpl.width} * tmpl.height;

@@ -7,7 +7,8 @@
 /// the unmasked tokens', so the activation keys include their ids.
 ///
 /// Sizes follow upstream's preparation where it is checkable: at least 64 pixels a side, an
-/// aspect ratio of at most 8, and at most 1024x1024 pixels (upstream's cap with several
+/// aspect ratio of at most 8 (check_reference_size in reference_size.h, the one rule that
+/// clients check too), and at most 1024x1024 pixels (upstream's cap with several
 /// references; it allows 2024^2 for a single one, which this engine does not, so that a step's
 /// cost stays bounded by the mask and four references). Larger images are scaled down keeping
 /// their aspect (antialiased bicubic; upstream uses PIL's Lanczos); sizes are rounded to the

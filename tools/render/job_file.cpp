@@ -14,6 +14,7 @@
 
 #include "common/hash.h"
 #include "output_pattern.h"
+#include "pipeline/reference_size.h"
 
 namespace infill::render {
 namespace {
@@ -305,7 +306,8 @@ void get_adapters(Checker& c, const Lookup& l, const std::string& dir, FileCache
 }
 
 // "references": at most the table's max_length distinct images (by their bytes: the engine's
-// template ids may not repeat).
+// template ids may not repeat), each of a size the engine takes as a reference (read from the
+// header: the engine's own rule, so that a remote engine's refusal does not wait for the item).
 void get_references(Checker& c, const Lookup& l, const std::string& dir, FileCache& files,
                     Field<std::vector<JobReference>>& out) {
   out = {{}, l.pointer};
@@ -324,6 +326,8 @@ void get_references(Checker& c, const Lookup& l, const std::string& dir, FileCac
     ref.file.value = absolute_from(dir, ref.file.value);
     const Result<ImageFacts>& facts = files.image(ref.file.value);
     if (!facts.ok()) return c.fail(ref.file.pointer, facts.status().message(), file_expected);
+    if (Status sized = check_reference_size(ref.file.value, facts->width, facts->height); !sized.ok())
+      return c.fail(ref.file.pointer, sized.message(), "a reference image of " + reference_size_expected());
     ref.sha256 = facts->sha256;
     for (const JobReference& before : out.value) {
       if (before.sha256 == ref.sha256)

@@ -87,8 +87,9 @@ Status job_error(const std::string& file, const std::string& pointer, const std:
 /// Reads, validates and expands a job file: JSON syntax, the schema (types, ranges, unknown
 /// keys), output patterns and collisions, that the template and mask files exist and decode
 /// and that their sizes match, that LoRA files exist and are safetensors files and that
-/// reference images exist and decode (whether the model takes them is the backend's check:
-/// load_job_inputs in job_items.h). Errors: job_error(...) (invalid_argument) for all of these.
+/// reference images exist, decode and have a size a reference may have (check_reference_size,
+/// from the header; whether the model takes them is the backend's check: load_job_inputs in
+/// job_items.h). Errors: job_error(...) (invalid_argument) for all of these.
 Result<Job> load_job(const std::string& path);
 /// As load_job, for a job given as text (tests); `path` names it in errors and its folder is
 /// the base of relative paths.

@@ -1,7 +1,8 @@
 // infill-render with LoRAs and reference images on a tiny FLUX.2 model (real model folder, real
 // LoRA files written here): a job's adapters and references change the render inside the mask
 // only, the same job renders the same bytes twice, and files the model cannot use are refused
-// before any item runs, naming the job file, the entry's JSON pointer and what was expected.
+// before any item runs, naming the job file, the entry's JSON pointer and what was expected
+// (a reference of a size no engine takes while the job loads, --engine too).
 // Embedded engine and --engine (which uploads them: POST /v1/adapters, POST /v1/templates).
 #include "support/catch.h"
 #include "support/tiny_flux2.h"
@@ -205,11 +206,11 @@ TEST_CASE("infill-render: a job's reference images change the FLUX.2 render insi
   const RenderRun again = run_render(d.args(job), d.dir.file("again"));
   CHECK(count_lines_starting(again.out, "Skipped: ") == 3);
 
-  // Smaller than the model takes: refused naming the file and the limit.
+  // Smaller than a reference may be: refused while the job loads, naming the file and the limit.
   const std::string small = d.job("small.json", R"([{"references": ["dusk_256.png", "small.png"], "output": "small/{seed}.png"}])");
   require_refused(run_render(d.args(small), d.dir.file("small")), small, "/edits/0/references/1",
                   {d.dir.file("small.png"), "is 40x40 pixels; a reference is at least 64 pixels a side",
-                   "; expected a reference image that model "});
+                   "; expected a reference image of at least 64 pixels a side with an aspect ratio of at most 8"});
   CHECK_FALSE(fs::exists(d.dir.file("small")));
   const std::string missing = d.job("nofile.json", R"([{"references": ["absent.png"], "output": "nofile/{seed}.png"}])");
   require_refused(run_render(d.args(missing), d.dir.file("nofile")), missing, "/edits/0/references/0",
@@ -261,4 +262,13 @@ TEST_CASE("infill-render --engine: uploads a job's LoRAs and reference images, t
                   {"refused the LoRA " + d.dir.file("loras/wider.safetensors"), "invalid_adapter",
                    "; expected a LoRA .safetensors file for model "});
   CHECK_FALSE(fs::exists(d.dir.file("wide")));
+  // A reference the engine would refuse for its size (it takes any template, and checks a
+  // reference's size only when an edit names it): refused while the job loads, before the
+  // first edit (which needs no reference) runs.
+  const std::string small = d.job("small.json", R"([{"name": "first", "output": "small/first.png"},
+      {"name": "second", "references": ["small.png"], "output": "small/{seed}.png"}])");
+  require_refused(run_render({small, "--engine", where}, d.dir.file("small")), small, "/edits/1/references/0",
+                  {"reference image " + d.dir.file("small.png") + " is 40x40 pixels; a reference is at least 64 pixels a side",
+                   "; expected a reference image of at least 64 pixels a side with an aspect ratio of at most 8"});
+  CHECK_FALSE(fs::exists(d.dir.file("small")));
 }
