@@ -5,10 +5,14 @@
 //              sized steps at 256^2 to 2048^2, uniform and skewed mixes, SLO scales 1.0, 1.2
 //              and 1.5, Poisson arrivals: SLO attainment of the round planner against fixed
 //              degrees 1, 2, 4 and 8 (no devices used: the cost model stands for them).
+//   gloo       a whole-sequence FLUX.2 step (random weights, mid-size, 24 heads) at 1024^2 and
+//              2048^2 token counts on one CPU device and in Ulysses sequence parallel over 2
+//              Gloo ranks (multi_device_gloo.h): step times, the share in collectives, and the
+//              sequence-parallel cost model fitted on these runs checked against them.
 // A section is one function taking the parsed options and returning its JSON object; add one
-// to kSections (sections to come: "gloo", CPU collectives; "nccl", GPU collectives).
+// to kSections (to come: "nccl", the same over NCCL where several GPUs are present).
 //
-//   bench_multi_device [--only NAME] [--requests N] [--seeds N]
+//   bench_multi_device [--only NAME] [--requests N] [--seeds N] [--repeats N]
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -23,6 +27,7 @@
 
 #include "common/blas_kernel.h"
 #include "machine_info.h"
+#include "multi_device_gloo.h"
 #include "serving/round_planner.h"
 #include "serving/sequence_parallel_cost_model.h"
 #include "serving/sequence_parallel_simulator.h"
@@ -36,6 +41,7 @@ struct Args {
   std::string only;
   int requests = 2000;  // per trace
   int seeds = 3;        // traces per setting; attainment is their mean
+  int repeats = 3;      // timed runs per measurement of the gloo section (median)
 };
 
 // v rounded to `decimals` places (divided, not multiplied back, so that JSON shows 2.3 and
@@ -335,13 +341,20 @@ struct Section {
   const char* name;
   std::function<json(const Args&)> run;
 };
+json gloo_section(const Args& args) {
+  bench::GlooBenchOptions o;
+  o.repeats = args.repeats;
+  return bench::bench_gloo(o);
+}
+
 const Section kSections[] = {
     {"simulator", simulator_section},
+    {"gloo", gloo_section},
 };
 
 int usage(const std::string& why) {
   std::cerr << "bench_multi_device: " << why
-            << "\nusage: bench_multi_device [--only NAME] [--requests N] [--seeds N]\n"
+            << "\nusage: bench_multi_device [--only NAME] [--requests N] [--seeds N] [--repeats N]\n"
             << "sections:";
   for (const Section& s : kSections) std::cerr << " " << s.name;
   std::cerr << "\n";
@@ -359,6 +372,8 @@ int main(int argc, char** argv) {
       args.only = argv[++i];
     } else if (a == "--requests" && i + 1 < argc) {
       args.requests = std::atoi(argv[++i]);
+    } else if (a == "--repeats" && i + 1 < argc) {
+      args.repeats = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--seeds" && i + 1 < argc) {
       args.seeds = std::atoi(argv[++i]);
     } else {
