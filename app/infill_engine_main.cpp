@@ -24,6 +24,7 @@
 #include "model/model.h"
 #include "pipeline/bundled_models.h"
 #include "pipeline/load_edit_model.h"
+#include "serving/device_list.h"
 #include "server/daemon_log.h"
 #include "server/engine_service.h"
 #include "server/http_server.h"
@@ -49,10 +50,13 @@ options:
                       transformer file + ae.safetensors + text_encoder/ + tokenizer/);
                       repeat to serve several models: the first is the default, an edit's
                       "model" picks another
-  --device DEVICE     where the models compute: cpu (default), cuda or cuda:N (FLUX.2 models;
-                      needs a build against a CUDA libtorch, the cuda preset)
-  --workers N         step-loop workers (default 1)
-  --threads N         compute threads per worker (default: cores / workers)
+  --device DEVICES    where the models compute: cpu (default), cuda (every visible GPU),
+                      cuda:N, or several separated by commas (cuda:0,cuda:1; cpu,cpu = two CPU
+                      devices, each with its share of the cores); the models are loaded on each
+                      device and each gets its own workers (GPUs: FLUX.2 models; needs a build
+                      against a CUDA libtorch, the cuda preset)
+  --workers N         step-loop workers per device (default 1)
+  --threads N         compute threads per worker (default: cores / (workers x devices))
   --journal PATH      SQLite journal of accepted batch edits, resumed after a crash
                       (default: $XDG_STATE_HOME/infill/journal.sqlite; "off" = none)
   --no-calibrate      skip the start-up timing of the cost model
@@ -174,8 +178,12 @@ int main(int argc, char** argv) {
     config.models = default_models(argv[0]);
     if (config.models.empty()) return fail("no model: pass --model PATH (no bundled or generated model was found)", 2);
   }
-  if (config.threads <= 0)
-    config.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / config.workers);
+  if (const infill::Status devices = infill::check_device_list(config.device); !devices.ok())
+    return fail("--device: " + devices.message(), 2);
+  if (config.threads <= 0) {
+    const int devices = std::max(1, infill::count_devices(config.device, infill::cuda_device_count()));
+    config.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / (config.workers * devices));
+  }
   // Socket activation (infill-engine.socket, systemd-socket-activate): serve on the sockets
   // the service manager made; they replace --socket and --listen.
   auto activated = infill::take_activated_sockets();
@@ -194,11 +202,14 @@ int main(int argc, char** argv) {
   if (opts.count("--check")) {
     nlohmann::json models = nlohmann::json::array();
     std::string default_id;
-    auto device = infill::parse_compute_device(config.device);
-    if (!device.ok()) return fail(device.status().message(), 2);
-    if (const infill::Status usable = infill::check_compute_device(*device); !usable.ok()) return fail(usable.message(), 2);
+    // The models are loaded on the first device (the engine loads them on each).
+    auto devices = infill::resolve_device_list(config.device);
+    if (!devices.ok()) return fail(devices.status().message(), 2);
+    nlohmann::json described = nlohmann::json::array();
+    for (const infill::EngineDevice& d : *devices)
+      described.push_back({{"device", d.label}, {"description", infill::describe_compute_device(d.device)}});
     for (const std::string& path : config.models) {
-      auto model = infill::load_edit_model(path, *device);
+      auto model = infill::load_edit_model(path, devices->front().device);
       if (!model.ok()) return fail("model " + path + ": " + model.status().message(), 2);
       const infill::EditModelInfo& info = model->model->info();
       for (const auto& m : models)
@@ -212,7 +223,8 @@ int main(int argc, char** argv) {
                               {"models", models},
                               {"socket", config.socket_path},
                               {"listen", config.listen},
-                              {"device", infill::describe_compute_device(*device)},
+                              {"device", infill::describe_compute_device(devices->front().device)},
+                              {"devices", described},
                               {"workers", config.workers},
                               {"threads", config.threads},
                               {"journal", config.journal},

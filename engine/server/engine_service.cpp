@@ -190,6 +190,7 @@ Status EngineService::load() {
   mo.calibration_path = s.options.calibration_path;
   mo.before_step = s.options.before_step;
   mo.may_step = s.options.may_step;
+  mo.before_load = s.options.before_load;
   auto models = ModelRegistry::load(mo);
   if (!models.ok()) return fail(models.status());
   s.models = std::move(*models);
@@ -306,20 +307,32 @@ ApiReply EngineService::health() const {
   json ids = json::array();
   for (size_t i = 0; i < impl_->models->size(); ++i) ids.push_back(impl_->models->id(i));
   // Each step loop and its device: a worker whose device failed for good (a sticky CUDA
-  // error) is out of service; with none left the engine cannot edit and says 503, so that a
-  // supervisor restarts it.
+  // error) is out of service, and so is a device left out at load (it could not hold the
+  // models); with no worker left the engine cannot edit and says 503, so that a supervisor
+  // restarts it.
+  const std::vector<WorkerMetrics> worker_metrics = impl_->models->runtime().worker_metrics();
   json workers = json::array();
   size_t in_service = 0;
-  for (const WorkerMetrics& w : impl_->models->runtime().worker_metrics()) {
+  for (const WorkerMetrics& w : worker_metrics) {
     json entry = {{"index", w.index}, {"device", w.device}, {"in_service", w.in_service}};
     if (!w.in_service) entry["fault"] = w.fault;
     in_service += w.in_service ? 1 : 0;
     workers.push_back(std::move(entry));
   }
-  const std::string status = in_service == workers.size() ? "ok" : in_service > 0 ? "degraded" : "failed";
+  json devices = json::array();
+  bool every_device = true;
+  for (const ServiceDevice& d : impl_->models->device_states(worker_metrics)) {
+    json entry = {{"device", d.device}, {"in_service", d.in_service}, {"workers", d.workers}};
+    if (!d.in_service) entry["fault"] = d.fault;
+    every_device = every_device && d.in_service;
+    devices.push_back(std::move(entry));
+  }
+  const std::string status =
+      in_service == workers.size() && every_device ? "ok" : in_service > 0 ? "degraded" : "failed";
   return json_reply(in_service > 0 ? 200 : 503, {{"status", status},
                                                  {"model", impl_->models->id(0)},
                                                  {"models", ids},
+                                                 {"devices", devices},
                                                  {"workers", workers},
                                                  {"live_edits", live_edits()}});
 }

@@ -4,8 +4,8 @@
 /// HTTP server (http_server.h) only parses requests and frames these replies.
 ///
 /// Several models may be loaded at once: the first is the default, an edit names another by
-/// id ("model"). Each model has its own serving runtime (workers, scheduler); the activation
-/// store is shared (its keys include the model id).
+/// id ("model"). One serving runtime runs them all, with workers on each of the engine's
+/// devices; the activation store is shared (its keys include the model id).
 ///
 /// It is made of parts with one job each: ModelRegistry (models, runtimes, store),
 /// TemplateRegistry, EditLedger (ids, limits, states, results, TTL), EventPublisher,
@@ -40,8 +40,10 @@ struct ServiceOptions {
   std::string model_path;     ///< a model folder (manifest.json + weights): the default model
   /// More model folders, served next to the default one and chosen by an edit's "model".
   std::vector<std::string> extra_model_paths;
-  /// Where every model computes: "cpu", "cuda" or "cuda:N" (model/compute_device.h).
+  /// Where the models compute: "cpu", "cuda" (every visible GPU), "cuda:N", or a
+  /// comma-separated list of those (serving/device_list.h): one set of workers per device.
   std::string device = "cpu";
+  /// Workers per device.
   int workers = 1;
   int threads_per_worker = 1;
   int pool_threads = 1;       ///< upload / mask decoding and post-processing
@@ -62,6 +64,9 @@ struct ServiceOptions {
   std::function<void(std::span<const uint64_t> ids)> before_step;
   /// Test seam: WorkerOptions::may_step of every worker (no batched step while it says no).
   std::function<bool(size_t ready)> may_step;
+  /// Test seam: ModelRegistryOptions::before_load (an error stands for that device's load
+  /// failing, e.g. out of device memory).
+  std::function<Status(const std::string& device, const std::string& path)> before_load;
   /// The adapter store's folder (LoRA files, pipeline/adapter_store.h); "" = `cache_dir`/adapters,
   /// or a private folder removed at exit when there is no cache_dir.
   std::string adapter_dir;

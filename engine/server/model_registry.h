@@ -1,7 +1,15 @@
 #pragma once
-/// The models an engine serves, the serving runtime of their device (one step loop per
-/// worker, every worker serving every model) and the activation store they share (its keys
-/// include the model id). Slot 0 is the default model; an edit names another by id.
+/// The models an engine serves, the serving runtime of its devices (one step loop per
+/// worker, every worker serving every model as loaded on its device) and the activation store
+/// they share (its keys include the model id). Slot 0 is the default model; an edit names
+/// another by id.
+///
+/// Several devices (`device` a list, serving/device_list.h): every model is loaded on each GPU
+/// (CPU devices share one copy). A device that cannot hold the models (the load fails with out
+/// of memory or another device fault: ErrorCode::kResourceExhausted, or a text that
+/// classify_device_fault knows) is left out: the engine serves on the others and devices()
+/// names it with its fault (/health says `degraded`). With no device left, or any other
+/// error (the model's own), the load fails naming the device.
 ///
 /// Torch-free header. Threading: built once by load(); afterwards read-only (the runtimes'
 /// own methods are thread-safe) until stop().
@@ -22,13 +30,17 @@ namespace infill {
 class ActivationStore;
 class EditModel;
 class ServingRuntime;
+struct ServiceDevice;
 struct ServiceMetrics;
+struct WorkerMetrics;
 
 struct ModelRegistryOptions {
   /// Model folders; the first is the default model.
   std::vector<std::string> paths;
-  /// "cpu", "cuda" or "cuda:N": where every model computes; errors name the device.
+  /// Where the models compute: "cpu", "cuda" (every visible GPU), "cuda:N", or a
+  /// comma-separated list of those ("cuda:0,cuda:1", "cpu,cpu"); errors name the device.
   std::string device = "cpu";
+  /// Workers per device.
   int workers = 1;
   int threads_per_worker = 1;
   int pool_threads = 1;
@@ -42,6 +54,18 @@ struct ModelRegistryOptions {
   std::function<void(std::span<const uint64_t> ids)> before_step;
   /// Test seam handed to every worker (WorkerOptions::may_step).
   std::function<bool(size_t ready)> may_step;
+  /// Test seam: called before each model is loaded on each device (the device's label, the
+  /// model folder), also for CPU devices that share one copy; an error is taken as that
+  /// load's result (a CUDA out-of-memory text, to leave the device out).
+  std::function<Status(const std::string& device, const std::string& path)> before_load;
+};
+
+/// One device of the engine: its label, whether it serves, and its workers.
+struct RegistryDevice {
+  std::string device;       ///< its label (device_list.h): "cuda:1", "cpu:0"
+  bool loaded = false;      ///< false: left out at load (`fault` says why), no workers
+  std::string fault;        ///< the load's error, or "" (its workers report their own faults)
+  std::vector<int> workers; ///< indices of its workers in the runtime
 };
 
 /// The calibration cache of the model at `index`: `path` for the default model,
@@ -71,7 +95,12 @@ class ModelRegistry {
   std::string ids_text() const;
   /// `GET /v1/models`'s list; `max_image_pixels` is the server's own upload limit.
   nlohmann::json models_json(int64_t max_image_pixels) const;
-  /// Adds the workers, their loads and recent requests, and the store's statistics.
+  /// Every device the engine was given, in order, including those left out at load.
+  const std::vector<RegistryDevice>& devices() const { return devices_; }
+  /// The same with whether each serves now: loaded and a worker of it in service (`workers`:
+  /// the runtime's worker_metrics()).
+  std::vector<ServiceDevice> device_states(const std::vector<WorkerMetrics>& workers) const;
+  /// Adds the devices, the workers, their loads and recent requests, and the store's statistics.
   void collect(ServiceMetrics& m) const;
   /// Waits up to `budget_ms` for all edits to end.
   bool drain(double budget_ms) const;
@@ -82,6 +111,7 @@ class ModelRegistry {
   ModelRegistry() = default;
   struct Slot;
   std::vector<Slot> slots_;
+  std::vector<RegistryDevice> devices_;
   std::shared_ptr<ActivationStore> store_;
   std::unique_ptr<ServingRuntime> runtime_;
 };

@@ -114,6 +114,9 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
   for (const Counter& c : {Counter{"infill_worker_steps_total", "Batched denoising steps run.", &WorkerMetrics::steps},
                            Counter{"infill_worker_failed_steps_total", "Steps whose forward failed (their requests failed).",
                                    &WorkerMetrics::failed_steps},
+                           Counter{"infill_worker_rerouted_total",
+                                   "Edits handed to another worker after this one's device failed for good.",
+                                   &WorkerMetrics::rerouted},
                            Counter{"infill_worker_prepare_steps_total", "Prepare-run slices (one full denoising step each).",
                                    &WorkerMetrics::prepare_steps},
                            Counter{"infill_worker_requests_advanced_total", "Request-steps run (sum of batch sizes).",
@@ -129,6 +132,23 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
   w.family("infill_worker_in_service", "gauge", "1 while the worker takes edits, 0 after its device failed for good.");
   for (const ServiceWorkerMetrics& mw : m.workers)
     w.sample("infill_worker_in_service", worker_labels(mw), mw.worker.in_service ? 1.0 : 0.0);
+  w.family("infill_device_in_service", "gauge",
+           "1 while the device serves (loaded, a worker of it in service), 0 when it was left out at load or failed.");
+  for (const ServiceDevice& d : m.devices) w.sample("infill_device_in_service", {{"device", d.device}}, d.in_service ? 1.0 : 0.0);
+  w.family("infill_router_routed_total", "counter",
+           "Edits the router sent to the worker, by why: template_locality (it held the template's entry), "
+           "live_client (the live client's earlier edits ran there), least_loaded.");
+  for (const ServiceWorkerMetrics& mw : m.workers) {
+    for (RouteReason r : {RouteReason::kLeastLoaded, RouteReason::kTemplateLocality, RouteReason::kLiveClient}) {
+      const auto it = mw.worker.routed.find(route_reason_name(r));
+      w.sample("infill_router_routed_total", with(worker_labels(mw), {{"reason", route_reason_name(r)}}),
+               it == mw.worker.routed.end() ? 0.0 : double(it->second));
+    }
+  }
+  w.family("infill_router_locality_misses_total", "counter",
+           "Edits of a template whose entry the worker held that the router sent elsewhere.");
+  for (const ServiceWorkerMetrics& mw : m.workers)
+    w.sample("infill_router_locality_misses_total", worker_labels(mw), double(mw.worker.locality_missed));
   w.family("infill_worker_busy_ratio", "gauge", "Share of the worker's uptime spent on steps, prepare slices and scheduling.");
   for (const ServiceWorkerMetrics& mw : m.workers) w.sample("infill_worker_busy_ratio", worker_labels(mw), mw.worker.utilisation());
 

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/compute_device.h"
+#include "serving/device_list.h"
 
 namespace infill {
 namespace {
@@ -124,10 +124,22 @@ Result<EngineConfig> parse_engine_config(std::string_view json_text, const std::
        }},
       {"device",
        [&](const json& v, const std::string& k) -> Status {
-         INFILL_RETURN_IF_ERROR(read_string(v, k, c.device));
-         // The name only; whether this machine has the device is checked when models load.
-         const auto parsed = parse_compute_device(c.device);
-         return parsed.ok() ? Status() : invalid_argument(k + ": " + parsed.status().message());
+         // One device or several: a string (commas between devices) or an array of strings.
+         if (v.is_array()) {
+           if (v.empty()) return invalid_argument(k + " must be a device or a non-empty array of devices");
+           c.device.clear();
+           for (const auto& d : v) {
+             if (!d.is_string())
+               return invalid_argument(k + " must be a device or a non-empty array of devices; an element is " + d.dump());
+             if (!c.device.empty()) c.device += ',';
+             c.device += d.get<std::string>();
+           }
+         } else {
+           INFILL_RETURN_IF_ERROR(read_string(v, k, c.device));
+         }
+         // The names only; whether this machine has the devices is checked when models load.
+         const Status parsed = check_device_list(c.device);
+         return parsed.ok() ? Status() : invalid_argument(k + ": " + parsed.message());
        }},
       {"cache_dir", [&](const json& v, const std::string& k) { return read_string(v, k, c.cache_dir); }},
       {"journal", [&](const json& v, const std::string& k) { return read_string(v, k, c.journal); }},

@@ -38,10 +38,13 @@ struct EngineConfig {
   /// Model folders; the first is the default. The config key `model` takes a string or an
   /// array of strings. Empty = the bundled model, else the build's random model.
   std::vector<std::string> models;
-  /// Where the models compute: "cpu", "cuda" or "cuda:N" (checked when the models load).
+  /// Where the models compute: "cpu", "cuda" (every visible GPU), "cuda:N", or several
+  /// separated by commas ("cuda:0,cuda:1", "cpu,cpu": serving/device_list.h). The config key
+  /// `device` takes that string or an array of devices. Checked when the models load.
   std::string device = "cpu";
+  /// Workers per device.
   int workers = 1;
-  int threads = 0;          ///< compute threads per worker; 0 = cores / workers
+  int threads = 0;          ///< compute threads per worker; 0 = cores / (workers x devices)
   std::string cache_dir;    ///< disk tier of the activation cache; "" = default_cache_dir()
   /// Journal of accepted batch edits; "" = default_state_dir()/journal.sqlite, "off" = none.
   std::string journal;

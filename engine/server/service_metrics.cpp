@@ -45,8 +45,11 @@ json service_metrics_json(const ServiceMetrics& m) {
                        {"models", mw.models},
                        {"steps", w.steps},
                        {"steps_by_model", w.steps_by_model},
+                       {"routed", w.routed},
+                       {"locality_missed", w.locality_missed},
                        {"cost_by_model", costs},
                        {"failed_steps", w.failed_steps},
+                       {"rerouted", w.rerouted},
                        {"prepare_steps", w.prepare_steps},
                        {"requests_advanced", w.requests_advanced},
                        {"max_batch", w.max_batch},
@@ -59,6 +62,9 @@ json service_metrics_json(const ServiceMetrics& m) {
                        {"uptime_ms", w.uptime_ms},
                        {"utilisation", w.utilisation()}});
   }
+  json devices = json::array();
+  for (const ServiceDevice& d : m.devices)
+    devices.push_back({{"device", d.device}, {"in_service", d.in_service}, {"fault", d.fault}, {"workers", d.workers}});
   json loads = json::array();
   for (const ServiceWorkerLoad& l : m.loads)
     loads.push_back({{"worker", l.worker}, {"device", l.device}, {"requests", l.load.requests}, {"backlog_ms", l.load.backlog_ms}});
@@ -75,7 +81,8 @@ json service_metrics_json(const ServiceMetrics& m) {
     return json{{"bytes", t.bytes},         {"budget", t.budget}, {"adapters", t.adapters},
                 {"hits", t.hits},           {"misses", t.misses}, {"evictions", t.evictions}};
   };
-  return {{"workers", workers},
+  return {{"devices", devices},
+          {"workers", workers},
           {"loads", loads},
           {"requests",
            {{"count", n},

@@ -24,6 +24,15 @@ struct ServiceWorkerMetrics {
   WorkerMetrics worker;             ///< its device, steps (also per model), times
 };
 
+/// One device of the engine (`--device`), with or without workers.
+struct ServiceDevice {
+  std::string device;        ///< its label: "cpu", "cuda:1", "cpu:0"
+  /// Loaded and at least one of its workers in service.
+  bool in_service = false;
+  std::string fault;         ///< why not: the load's error, or its workers' device fault
+  std::vector<int> workers;  ///< its workers' indices (none when it was left out at load)
+};
+
 struct ServiceWorkerLoad {
   std::string device;
   int worker = 0;  ///< the worker's index in the runtime
@@ -31,6 +40,7 @@ struct ServiceWorkerLoad {
 };
 
 struct ServiceMetrics {
+  std::vector<ServiceDevice> devices;
   std::vector<ServiceWorkerMetrics> workers;
   std::vector<ServiceWorkerLoad> loads;
   /// The runtime's recent finished requests (each worker keeps a bounded window).

@@ -53,6 +53,12 @@ struct WorkerMetrics {
   std::string fault;
   /// Batched steps that ran a forward of each model (a round with two models counts for both).
   std::map<std::string, uint64_t> steps_by_model;
+  /// Requests the runtime's router sent here, by why (route_reason_name: least_loaded,
+  /// template_locality, live_client); filled by the runtime, not the worker.
+  std::map<std::string, uint64_t> routed;
+  /// Edits of a template whose entry this worker held (router.h) that the router sent to
+  /// another worker (this one out of service, or dearer than that one even so).
+  uint64_t locality_missed = 0;
   /// The step cost each model has on this worker's device now: the coefficients
   /// [intercept ms, ms per token, ms per request, ms per attention unit] refitted from its
   /// timed steps, how many were timed, refits adopted, and the model's MAPE on recent steps.
@@ -65,6 +71,8 @@ struct WorkerMetrics {
   std::map<std::string, ModelCost> cost_by_model;
   uint64_t steps = 0;            ///< batched denoising steps run
   uint64_t failed_steps = 0;     ///< steps whose forward threw (their requests failed)
+  /// Requests handed back to be run on another worker after this one left service.
+  uint64_t rerouted = 0;
   uint64_t prepare_steps = 0;    ///< prepare-job slices run (one full denoising step each)
   uint64_t requests_advanced = 0;  ///< sum of batch sizes
   int max_batch = 0;

@@ -73,6 +73,11 @@ struct ServingRequest {
   std::function<void(uint64_t id, int steps_done, const at::Tensor& rgb)> on_preview;
   /// Called exactly once with the terminal result.
   std::function<void(const RequestResult&)> on_complete;
+  /// Several devices, each with its own instance of the model (GPUs): called by the runtime's
+  /// submit, on the submitting thread, once it routed the request to a device whose instance
+  /// is not `model`, with that instance; re-binds what `params` hold for one instance (LoRAs
+  /// resolved on its device). An error refuses the submit. Null: nothing to re-bind.
+  std::function<Status(EditParams& params, const std::shared_ptr<const EditModel>& model)> rebind;
 };
 
 }  // namespace infill

@@ -133,10 +133,11 @@ Worker::Worker(std::vector<ServedModel> models, std::shared_ptr<ActivationStore>
       store_(std::move(store)),
       pool_(pool),
       options_(std::move(options)),
+      device_(options_.device_label.empty() ? models_.front().model->device().name() : options_.device_label),
       selector_(options_.policy, options_.token_budget, options_.scheduler) {
   for (const ServedModel& m : models_) costs_.push_back(std::make_unique<LiveCostModel>(m.cost));
   metrics_.index = options_.index;
-  metrics_.device = models_.front().model->device().name();
+  metrics_.device = device_;
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -245,7 +246,8 @@ WorkerLoad Worker::load() const {
   // Each round pays the step intercept of the models in it: the dearest one stands for them.
   double backlog = 0;
   for (const auto& c : costs_) backlog = std::max(backlog, drain_ms(*c->current(), work_ms_.load(), max_steps_left_.load()));
-  l.backlog_ms = backlog;
+  // Nothing held, nothing to drain (what the running sums of work left over is rounding).
+  l.backlog_ms = l.requests > 0 ? backlog : 0.0;
   return l;
 }
 
@@ -768,6 +770,11 @@ void Worker::run_prepare_slice() {
   }
   for (auto& r : job.waiting) take_work(*r, job.step_work_ms / double(job.waiting.size()));
   const std::string canonical = best->first;
+  if (failed && classify_device_fault(error) == DeviceFault::kLost) {
+    // As in run_step: the job's requests fail, the rest of what the worker holds goes elsewhere.
+    error += "; worker " + std::to_string(options_.index) + " is out of service";
+    take_out_of_service(device_ + " failed: " + error);
+  }
   if (failed) {
     for (auto& r : job.waiting) {
       complete(r, RequestState::kFailed,
@@ -941,7 +948,7 @@ void Worker::run_step() {
       error += "; worker " + std::to_string(options_.index) + " is out of service";
       // Out of service before any of its requests is reported failed: a client told of the
       // failure finds /health already saying so.
-      take_out_of_service(g.served->model->device().name() + " failed: " + error);
+      take_out_of_service(device_ + " failed: " + error);
     }
     apply_rows(g.records, failed, error, rows);
     if (lost) break;  // nothing more runs on this device
@@ -978,7 +985,7 @@ void Worker::apply_rows(std::vector<std::shared_ptr<Record>>& batch, bool failed
     if (failed) {
       complete(r, RequestState::kFailed,
                Status(ErrorCode::kInternal, "step of request " + std::to_string(r->req.id) + " failed on " +
-                                                r->model().device().name() + ": " + error));
+                                                device_ + ": " + error));
       continue;
     }
     const int64_t n = r->session->prediction_rows();
@@ -1042,6 +1049,34 @@ void Worker::take_out_of_service(const std::string& fault) {
   in_service_.store(false);  // the loop fails what it still holds at its next boundary
 }
 
+bool Worker::hand_back(const std::shared_ptr<Record>& r) {
+  if (!options_.reroute || r->cancel_requested) return false;
+  {
+    std::lock_guard lock(r->mu);
+    // Ends here (first caller wins, as in complete()); the request goes on at another worker,
+    // which reports it.
+    if (!r->life.transition(RequestState::kCancelled, now_ms()).ok()) return false;
+    r->ended = true;
+  }
+  work_ms_.fetch_sub(r->remaining_work_ms.exchange(0.0));
+  ServingRequest request = std::move(r->req);
+  if (!request.tmpl) request.tmpl = r->tmpl;  // decoded here from template_bytes, now cleared
+  r->session.reset();
+  r->tmpl.reset();
+  requests_.fetch_sub(1);
+  {
+    std::lock_guard lock(records_mu_);
+    records_.erase(request.id);
+    if (records_.empty()) idle_cv_.notify_all();
+  }
+  {
+    std::lock_guard lock(metrics_mu_);
+    metrics_.rerouted += 1;
+  }
+  options_.reroute(std::move(request), r->submitted_ms);
+  return true;
+}
+
 void Worker::fail_all_out_of_service() {
   std::string fault;
   {
@@ -1049,6 +1084,7 @@ void Worker::fail_all_out_of_service() {
     fault = fault_;
   }
   auto fail = [&](const std::shared_ptr<Record>& r) {
+    if (hand_back(r)) return;
     complete(r, RequestState::kFailed,
              Status(ErrorCode::kUnavailable, "request " + std::to_string(r->req.id) + " not run: worker " +
                                                  std::to_string(options_.index) + " is out of service (" + fault +

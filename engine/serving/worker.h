@@ -30,9 +30,12 @@
 /// Device failure: a failed forward fails that model's requests with an error naming the
 /// device. Out of device memory leaves the worker as it was; a sticky CUDA error poisons the
 /// process's CUDA context (device_fault.h), so the worker fails everything it holds, takes
-/// itself out of service (load().in_service, the router passes it over; metrics() says why)
-/// and fails what still reaches it. The engine goes on with its other workers; a restart
-/// brings the device back.
+/// itself out of service (load().in_service, the router passes it over; metrics() says why).
+/// The requests of the step that hit the error fail (their own inputs may have caused it);
+/// every other request it holds or still receives is handed back through
+/// WorkerOptions::reroute (the runtime routes it again, from its start, to a worker in
+/// service), or failed as unavailable without one. The engine goes on with its other workers;
+/// a restart brings the device back.
 ///
 /// Threading: submit(), cancel(), load(), metrics() are safe from any thread. Callbacks run on
 /// the TaskPool. Every error is reported in the request's result; no exception leaves the loop.
@@ -74,6 +77,9 @@ struct ServedModel {
 
 struct WorkerOptions {
   int index = 0;
+  /// The worker's device as /health, /metrics and messages name it ("cpu:1" among several
+  /// CPU devices); "" = its models' device name.
+  std::string device_label;
   /// libtorch intra-op threads of this worker's step loop.
   int compute_threads = 1;
   BatchingPolicy policy = BatchingPolicy::kDeadline;
@@ -106,6 +112,11 @@ struct WorkerOptions {
   /// Test seam: the leading blocks a streamed edit recomputes (given the block count), in
   /// place of the load plan's choice.
   std::function<int(int blocks)> force_recompute_blocks;
+  /// After a sticky device error took this worker out of service: takes each request it held
+  /// (not those of the step that failed) with the time it was submitted (ms since the epoch),
+  /// to run it elsewhere; the worker then forgets it without a result. Called on the loop.
+  /// Null: such requests fail as unavailable. Set by the runtime.
+  std::function<void(ServingRequest request, double submitted_ms)> reroute;
 };
 
 class Worker {
@@ -138,6 +149,11 @@ class Worker {
   /// Blocks until no request is live here or `timeout_ms` passed; true when idle.
   bool wait_idle(double timeout_ms) const;
   int index() const { return options_.index; }
+  /// The device label (WorkerOptions::device_label, or the models' device name).
+  const std::string& device() const { return device_; }
+  /// The step cost of the model at `slot` (the order given) on this worker's device now, as
+  /// refitted from its own steps.
+  std::shared_ptr<const StepCostModel> cost(size_t slot) const { return costs_.at(slot)->current(); }
   /// Request records alive in every worker of the process (for leak checks).
   static int64_t live_records();
 
@@ -182,8 +198,12 @@ class Worker {
   /// After a sticky device error: records why and leaves service; the loop then fails every
   /// request it holds (fail_all_out_of_service) at its next boundary.
   void take_out_of_service(const std::string& fault);
-  /// Fails every request the loop holds (active, waiting on a prepare) as out of service.
+  /// Hands every request the loop holds (active, waiting on a prepare) to options_.reroute,
+  /// or fails it as out of service.
   void fail_all_out_of_service();
+  /// Ends `r` here without a result and hands its request to options_.reroute; false when it
+  /// cannot (no reroute, cancelled, already ended).
+  bool hand_back(const std::shared_ptr<Record>& r);
   /// The served model a request names (null: the first), or null when it is not served here.
   const ServedModel* served_model(const EditModel* model) const;
 
@@ -194,6 +214,7 @@ class Worker {
   std::shared_ptr<ActivationStore> store_;
   TaskPool& pool_;
   WorkerOptions options_;
+  const std::string device_;
 
   // Inbox: the only way other threads reach the loop's state.
   mutable std::mutex inbox_mu_;

@@ -37,13 +37,22 @@ TEST_CASE("engine config: known keys parse, unknown keys and bad values are erro
   CHECK(load_engine_config("/nonexistent/engine.json").status().code() == ErrorCode::kNotFound);
 }
 
-TEST_CASE("engine config: device is cpu, cuda or cuda:N", "[server][config]") {
+TEST_CASE("engine config: device is cpu, cuda or cuda:N, or a list of them", "[server][config]") {
   CHECK(parse_engine_config(R"({})", "e.json")->device == "cpu");
   CHECK(parse_engine_config(R"({"device": "cuda:1"})", "e.json")->device == "cuda:1");
   auto bad = parse_engine_config(R"({"device": "gpu0"})", "e.json");
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().message() == "e.json: device: device \"gpu0\": expected cpu, cuda or cuda:N");
   CHECK_FALSE(parse_engine_config(R"({"device": 0})", "e.json").ok());
+  // Several devices: a string with commas or an array.
+  CHECK(parse_engine_config(R"({"device": "cuda:0,cuda:1"})", "e.json")->device == "cuda:0,cuda:1");
+  CHECK(parse_engine_config(R"({"device": ["cpu", "cpu"]})", "e.json")->device == "cpu,cpu");
+  auto bad_list = parse_engine_config(R"({"device": ["cpu", "gpu0"]})", "e.json");
+  REQUIRE_FALSE(bad_list.ok());
+  CHECK(bad_list.status().message() == "e.json: device: device list \"cpu,gpu0\": device \"gpu0\": expected cpu, cuda or cuda:N");
+  CHECK_FALSE(parse_engine_config(R"({"device": []})", "e.json").ok());
+  CHECK_FALSE(parse_engine_config(R"({"device": ["cpu", 1]})", "e.json").ok());
+  CHECK_FALSE(parse_engine_config(R"({"device": "cpu,"})", "e.json").ok());
 }
 
 TEST_CASE("engine config: model is one folder or a list of them, the first the default", "[server][config]") {
