@@ -143,6 +143,13 @@ struct EngineService::Impl {
   Status journal_edit(uint64_t id, const EditSubmission& sub, const EditRequestFields& f, const std::string& model_id,
                       const std::vector<JournaledTemplate>& files);
   Status resume_journal();
+  /// Binds an edit's LoRAs to `model`'s instance: ready on its device, they are resolved now;
+  /// otherwise read and copied on the pool while the edit is set up and runs its first
+  /// adapters_from_step steps (pipeline/adapter_load.h). A model that takes no adapters
+  /// refuses now, with its own read_adapter's error. Errors: not_found for an adapter the
+  /// store lacks, others for one the model cannot use.
+  Status bind_adapters(EditParams& params, const std::vector<std::pair<std::string, double>>& uses,
+                       const std::shared_ptr<const EditModel>& model);
   void on_progress(uint64_t id, const RequestProgress& p);
   void on_preview(uint64_t id, int steps_done, const at::Tensor& rgb);
   void on_complete(const RequestResult& r);
@@ -493,6 +500,26 @@ Status EngineService::Impl::journal_edit(uint64_t id, const EditSubmission& sub,
   return journal_writer->run([&](JobJournal& j) { return j.add_edit(je); });
 }
 
+Status EngineService::Impl::bind_adapters(EditParams& params, const std::vector<std::pair<std::string, double>>& uses,
+                                          const std::shared_ptr<const EditModel>& model) {
+  bool all_in_memory = true;
+  for (const auto& [adapter_id, strength] : uses) all_in_memory = all_in_memory && adapters->ready(adapter_id, *model);
+  params.adapters = {};
+  params.adapter_load.reset();
+  if (all_in_memory || !model->takes_adapters()) {
+    auto resolved = adapters->resolve(uses, *model);
+    if (!resolved.ok()) return resolved.status();
+    params.adapters = std::move(*resolved);
+    return {};
+  }
+  params.adapter_load = std::make_shared<AdapterLoad>(uses);
+  pool->post([load = params.adapter_load, store = adapters, uses, model] {
+    c10::InferenceMode guard;
+    load->finish(store->resolve(uses, *model));
+  });
+  return {};
+}
+
 ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id) {
   c10::InferenceMode guard;
   auto parsed = parse_edit_request(sub.params, std::move(sub.mask_bytes));
@@ -510,31 +537,14 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   const EditModel& model_used = models->model(slot);
   const std::string& model_id = model_used.info().id;
   const RequestClass cls = f.cls;
-  // Adapters ready on the model's device are taken now; any other is read and copied on the
-  // pool while the edit is set up and runs its first adapters_from_step steps
-  // (pipeline/adapter_load.h).
-  bool all_in_memory = true;
   for (const auto& [adapter_id, strength] : f.adapters) {
     if (!adapters->find(adapter_id))
       return error_reply(404, "unknown_adapter", "adapter " + adapter_id + " is not in the store (upload it with POST /v1/adapters)");
-    all_in_memory = all_in_memory && adapters->ready(adapter_id, model_used);
   }
-  AdapterSet adapter_set;
-  std::shared_ptr<AdapterLoad> adapter_load;
-  // A model that takes no adapters refuses now, with its own read_adapter's error.
-  if (all_in_memory || !model_used.takes_adapters()) {
-    auto resolved = adapters->resolve(f.adapters, model_used);
-    if (!resolved.ok()) {
-      if (resolved.status().code() == ErrorCode::kNotFound) return error_reply(404, "unknown_adapter", resolved.status().message());
-      return error_reply(400, "invalid_adapter", resolved.status().message());
-    }
-    adapter_set = std::move(*resolved);
-  } else {
-    adapter_load = std::make_shared<AdapterLoad>(f.adapters);
-    pool->post([load = adapter_load, store = adapters, uses = f.adapters, model = models->shared_model(slot)] {
-      c10::InferenceMode guard;
-      load->finish(store->resolve(uses, *model));
-    });
+  EditParams bound_adapters;
+  if (Status bound = bind_adapters(bound_adapters, f.adapters, models->shared_model(slot)); !bound.ok()) {
+    if (bound.code() == ErrorCode::kNotFound) return error_reply(404, "unknown_adapter", bound.message());
+    return error_reply(400, "invalid_adapter", bound.message());
   }
 
   std::vector<ReferenceImage> references;
@@ -568,8 +578,14 @@ ApiReply EngineService::Impl::submit_now(EditSubmission sub, uint64_t replay_id)
   req.tmpl = tmpl;
   req.model = models->shared_model(slot);
   req.params.mask = *mask;
-  req.params.adapters = std::move(adapter_set);
-  req.params.adapter_load = std::move(adapter_load);
+  req.params.adapters = std::move(bound_adapters.adapters);
+  req.params.adapter_load = std::move(bound_adapters.adapter_load);
+  if (!f.adapters.empty()) {
+    // Routed to another GPU (its own instance of the model): the LoRAs bound there instead.
+    req.rebind = [this, uses = f.adapters](EditParams& params, const std::shared_ptr<const EditModel>& model) {
+      return bind_adapters(params, uses, model);
+    };
+  }
   if (f.adapters_from_step) req.params.adapters_from_step = static_cast<int>(*f.adapters_from_step);
   req.params.references = std::move(references);
   req.params.guidance_scale = f.guidance ? *f.guidance : model_used.info().default_guidance;
