@@ -9,8 +9,10 @@
 //              2048^2 token counts on one CPU device and in Ulysses sequence parallel over 2
 //              Gloo ranks (multi_device_gloo.h): step times, the share in collectives, and the
 //              sequence-parallel cost model fitted on these runs checked against them.
+//   nccl       the same at klein 4B sizes over NCCL on the GPUs present, every degree that fits
+//              (multi_device_nccl.h); says so and measures nothing without a GPU.
 // A section is one function taking the parsed options and returning its JSON object; add one
-// to kSections (to come: "nccl", the same over NCCL where several GPUs are present).
+// to kSections.
 //
 //   bench_multi_device [--only NAME] [--requests N] [--seeds N] [--repeats N]
 #include <algorithm>
@@ -28,6 +30,7 @@
 #include "common/blas_kernel.h"
 #include "machine_info.h"
 #include "multi_device_gloo.h"
+#include "multi_device_nccl.h"
 #include "serving/round_planner.h"
 #include "serving/sequence_parallel_cost_model.h"
 #include "serving/sequence_parallel_simulator.h"
@@ -347,9 +350,16 @@ json gloo_section(const Args& args) {
   return bench::bench_gloo(o);
 }
 
+json nccl_section(const Args& args) {
+  bench::NcclBenchOptions o;
+  o.repeats = args.repeats;
+  return bench::bench_nccl(o);
+}
+
 const Section kSections[] = {
     {"simulator", simulator_section},
     {"gloo", gloo_section},
+    {"nccl", nccl_section},
 };
 
 int usage(const std::string& why) {

@@ -10,20 +10,22 @@
 #   3. bench_row_attention --device cuda, bench_flux2 --device cuda at klein 4B sizes,
 #      bench_loading --device cuda (the bundled model through the worker, its entry resident,
 #      streamed from disk under the load plan, read whole first) and bench_adapters --device
-#      cuda (LoRAs of rank 16 and 64 at klein 4B sizes, bf16; reference tokens) (JSON).
+#      cuda (LoRAs of rank 16 and 64 at klein 4B sizes, bf16; reference tokens) and
+#      bench_multi_device --only nccl (the Ulysses forward at klein 4B sizes over NCCL on every
+#      GPU present, degree 1 through NCCL on a one-GPU machine) (JSON).
 # Prints each result and one summary JSON line last; exit 0 only when every check passed.
 #
 # usage: scripts/gpu_check.sh [--deps DIR] [--shared DIR] [--skip-bench] [--benches LIST]
 #   --deps: what scripts/gpu_deps.sh staged (default .gpu-deps; system packages otherwise)
 #   --shared: the shared test data (default .gpu-shared, else ../shared)
-#   --benches: which benchmarks, comma-separated (default row_attention,flux2,loading,adapters)
+#   --benches: which benchmarks, comma-separated (default row_attention,flux2,loading,adapters,multi_device)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 deps=.gpu-deps
 shared=""
 build=build/gpu-core
 bench=1
-benches=row_attention,flux2,loading,adapters
+benches=row_attention,flux2,loading,adapters,multi_device
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps) deps="$2"; shift 2 ;;
@@ -61,7 +63,7 @@ if ! cmake --preset gpu-core -DINFILL_SHARED_DIR="$shared" -DCMAKE_PREFIX_PATH="
 fi
 grep -E "Infill|CUDA|Torch" "$configure_log" | head -20
 targets=(infill_tests_model infill_tests_pipeline infill_tests_serving infill-model-check bench_flux2 bench_row_attention bench_loading
-         bench_adapters)
+         bench_adapters bench_multi_device)
 start=$(date +%s)
 # -k 0: every compile error of this libtorch at once; a target that fails to build fails its
 # checks below, the others still run.
@@ -102,6 +104,7 @@ wanted flux2 && check bench_flux2_cuda "$build/bench/bench_flux2" --device cuda 
 # The cache folder on the build's disk (a tmpfs /tmp would not read a device).
 wanted loading && check bench_loading_cuda "$build/bench/bench_loading" --device cuda --repeats 7 --dir "$PWD/$build/bench-loading-cache"
 wanted adapters && check bench_adapters_cuda "$build/bench/bench_adapters" --device cuda --repeats 10
+wanted multi_device && check bench_multi_device_nccl "$build/bench/bench_multi_device" --only nccl --repeats 5
 if [ ${#failed[@]} -eq 0 ]; then
   echo '{"gpu_check":"summary","ok":true}'
 else
