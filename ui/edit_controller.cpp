@@ -373,7 +373,9 @@ void EditController::onRejected(quint64 tag, const QString& text, const QString&
       } else {
         live_waiting_ = true;
       }
-      emit message(tr("The engine no longer holds a LoRA of the list (it restarted?); uploading the files again..."), false);
+      emit message(tr("The engine no longer holds a LoRA of the list (it restarted?); uploading "
+                      "the files again..."),
+                   false);
       return;
     }
     emit message((live ? tr("Live edit refused: %1") : tr("Edit refused: %1")).arg(text), true);
@@ -420,7 +422,8 @@ void EditController::onAdapterUploaded(quint64 tag, const AdapterStatus& status)
 void EditController::onAdapterFailed(quint64 tag, const QString& text) {
   auto it = adapter_uploads_.find(tag);
   if (it == adapter_uploads_.end()) return;
-  adapter_upload_failure_ = tr("Could not upload LoRA %1 to the engine again: %2").arg(QFileInfo(it->second).fileName(), text);
+  adapter_upload_failure_ = tr("Could not upload LoRA %1 to the engine again: %2")
+                                .arg(QFileInfo(it->second).fileName(), text);
   adapter_uploads_.erase(it);
   if (adapter_uploads_.empty()) adaptersUploadedAgain();
 }

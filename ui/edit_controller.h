@@ -118,7 +118,8 @@ class EditController : public QObject {
     int steps_done = 0, steps_total = 0;
     bool live = false;
     quint64 template_epoch = 0;  // template_epoch_ when it was submitted
-    bool adapters_uploaded_again = false;  // submitted after uploading its LoRAs again: no second try
+    // Submitted after uploading its LoRAs again: refused again, it is not retried.
+    bool adapters_uploaded_again = false;
   };
   void uploadTemplate();
   void onEngineState(EngineConnection::State state);
@@ -138,7 +139,9 @@ class EditController : public QObject {
   /// why not.
   void adaptersUploadedAgain();
   /// True while the image or the LoRA files are being uploaded: edits wait for them.
-  bool uploadsRunning() const { return template_dirty_ || template_tag_ != 0 || !adapter_uploads_.empty(); }
+  bool uploadsRunning() const {
+    return template_dirty_ || template_tag_ != 0 || !adapter_uploads_.empty();
+  }
   void onMaskEdited();
   void submitLive();
   bool submitBatch();

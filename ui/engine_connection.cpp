@@ -417,7 +417,8 @@ quint64 EngineConnection::submitEdit(const EditSubmission& edit) {
   const quint64 tag = next_tag_++;
   if (!client_ || state_ != State::Connected) {
     const QString why = state_message_.isEmpty() ? tr("Not connected to an engine") : state_message_;
-    QMetaObject::invokeMethod(this, [this, tag, why] { emit editRejected(tag, why, QString()); }, Qt::QueuedConnection);
+    QMetaObject::invokeMethod(
+        this, [this, tag, why] { emit editRejected(tag, why, QString()); }, Qt::QueuedConnection);
     return tag;
   }
   const int generation = generation_;
@@ -497,10 +498,13 @@ quint64 EngineConnection::submitEdit(const EditSubmission& edit) {
       const QString why = describe(e);
       const QString engine_code = q(e.engine_code());
       const bool lost = e.code() == INFILL_ERROR_CONNECTION;
-      QMetaObject::invokeMethod(this, [this, tag, why, engine_code, lost, generation] {
-        if (lost && generation == generation_) engineLost(why);
-        emit editRejected(tag, why, engine_code);
-      }, Qt::QueuedConnection);
+      QMetaObject::invokeMethod(
+          this,
+          [this, tag, why, engine_code, lost, generation] {
+            if (lost && generation == generation_) engineLost(why);
+            emit editRejected(tag, why, engine_code);
+          },
+          Qt::QueuedConnection);
     }
   });
   return tag;

@@ -14,7 +14,8 @@
 namespace infill {
 
 Result<ReferenceImage> make_reference_image(const LatentCodec& codec, int grid, const TemplateImage& tmpl) {
-  if (Status sized = check_reference_size(tmpl.id, tmpl.width, tmpl.height); !sized.ok()) return sized;
+  if (Status sized = check_reference_size(tmpl.id, tmpl.width, tmpl.height); !sized.ok())
+    return sized;
   ReferenceImage ref;
   ref.id = tmpl.id;
   const int64_t pixels = int64_t{tmpl.width} * tmpl.height;

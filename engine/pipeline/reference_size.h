@@ -20,11 +20,13 @@ constexpr double kMaxReferenceAspect = 8.0;
 inline Status check_reference_size(const std::string& name, int width, int height) {
   const std::string size = std::to_string(width) + "x" + std::to_string(height);
   if (width < kMinReferenceSide || height < kMinReferenceSide)
-    return invalid_argument("reference image " + name + " is " + size + " pixels; a reference is at least " +
+    return invalid_argument("reference image " + name + " is " + size +
+                            " pixels; a reference is at least " +
                             std::to_string(kMinReferenceSide) + " pixels a side");
   const double aspect = double(std::max(width, height)) / double(std::min(width, height));
   if (aspect > kMaxReferenceAspect)
-    return invalid_argument("reference image " + name + " is " + size + " pixels; a reference's aspect ratio is at most " +
+    return invalid_argument("reference image " + name + " is " + size +
+                            " pixels; a reference's aspect ratio is at most " +
                             std::to_string(static_cast<int>(kMaxReferenceAspect)));
   return {};
 }
@@ -32,7 +34,8 @@ inline Status check_reference_size(const std::string& name, int width, int heigh
 /// What check_reference_size accepts, for an error's "expected ..." part: "at least 64 pixels
 /// a side with an aspect ratio of at most 8".
 inline std::string reference_size_expected() {
-  return "at least " + std::to_string(kMinReferenceSide) + " pixels a side with an aspect ratio of at most " +
+  return "at least " + std::to_string(kMinReferenceSide) +
+         " pixels a side with an aspect ratio of at most " +
          std::to_string(static_cast<int>(kMaxReferenceAspect));
 }
 

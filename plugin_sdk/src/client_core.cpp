@@ -411,10 +411,17 @@ void ClientCore::finish(const std::shared_ptr<Job>& job_ref, infill_job_state st
   }
   const Callbacks& cb = job->callbacks;
   if (cb.on_done) {
-    infill_done d{sizeof(infill_done), job->id, state, err,
+    infill_done d{sizeof(infill_done),
+                  job->id,
+                  state,
+                  err,
                   state == INFILL_JOB_DONE ? job->result_png.data() : nullptr,
-                  state == INFILL_JOB_DONE ? job->result_png.size() : 0, info.steps_run, info.total_ms,
-                  job->cache_mode.c_str(), info.prompt_truncated ? 1 : 0, job->result_media_type.c_str(),
+                  state == INFILL_JOB_DONE ? job->result_png.size() : 0,
+                  info.steps_run,
+                  info.total_ms,
+                  job->cache_mode.c_str(),
+                  info.prompt_truncated ? 1 : 0,
+                  job->result_media_type.c_str(),
                   state == INFILL_JOB_DONE ? info.adapters_from_step : 0u};
     cb.on_done(cb.user_data, &d);
   }

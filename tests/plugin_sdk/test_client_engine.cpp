@@ -12,10 +12,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstddef>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <fstream>

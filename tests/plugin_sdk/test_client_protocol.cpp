@@ -334,7 +334,8 @@ TEST_CASE("sdk protocol: after the stream drops, polling settles edits finished,
     if (m == "POST" && t == "/v1/edits") return accepted(next++);
     auto status = [](const std::string& j) { return Reply{200, j, "application/json"}; };
     if (m == "GET" && t == "/v1/edits/60")
-      return status(R"({"id":60,"client":"painter","state":"done","steps_done":4,"steps_total":4,"metrics":{"steps_run":4,"total_ms":9,"adapters_from_step":3}})");
+      return status(
+          R"({"id":60,"client":"painter","state":"done","steps_done":4,"steps_total":4,"metrics":{"steps_run":4,"total_ms":9,"adapters_from_step":3}})");
     if (m == "GET" && t == "/v1/edits/60/result") return Reply{200, "R60", "image/png"};
     if (m == "GET" && t == "/v1/edits/62") return status(R"({"id":62,"client":"somebody-else","state":"running"})");
     if (m == "GET" && t == "/v1/edits/63")
@@ -360,7 +361,8 @@ TEST_CASE("sdk protocol: after the stream drops, polling settles edits finished,
   CHECK(s62.message.find("another edit") != std::string::npos);
   // 63 still runs: the poll brought its progress, the new stream its end.
   REQUIRE(engine.wait_for_stream());
-  engine.push("done", R"({"id":63,"type":"done","result":"/v1/edits/63/result","adapters_from_step":2})");
+  engine.push("done",
+              R"({"id":63,"type":"done","result":"/v1/edits/63/result","adapters_from_step":2})");
   REQUIRE(s63.wait_done());
   CHECK(s63.state == INFILL_JOB_DONE);
   CHECK(s63.png == "R63");

@@ -326,8 +326,10 @@ void get_references(Checker& c, const Lookup& l, const std::string& dir, FileCac
     ref.file.value = absolute_from(dir, ref.file.value);
     const Result<ImageFacts>& facts = files.image(ref.file.value);
     if (!facts.ok()) return c.fail(ref.file.pointer, facts.status().message(), file_expected);
-    if (Status sized = check_reference_size(ref.file.value, facts->width, facts->height); !sized.ok())
-      return c.fail(ref.file.pointer, sized.message(), "a reference image of " + reference_size_expected());
+    if (Status sized = check_reference_size(ref.file.value, facts->width, facts->height);
+        !sized.ok())
+      return c.fail(ref.file.pointer, sized.message(),
+                    "a reference image of " + reference_size_expected());
     ref.sha256 = facts->sha256;
     for (const JobReference& before : out.value) {
       if (before.sha256 == ref.sha256)

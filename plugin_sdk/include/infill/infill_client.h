@@ -43,7 +43,8 @@ extern "C" {
 /// .family; infill_done.cache_mode and .prompt_truncated.
 /// 1.2: infill_edit_params.output_format; infill_done.media_type; infill_job_result_media_type.
 /// 1.3: adapters (infill_client_upload_adapter, _list_adapters, _get_adapter, _delete_adapter);
-/// infill_edit_params.adapters, .references and .adapters_from_step; infill_done.adapters_from_step.
+/// infill_edit_params.adapters, .references and .adapters_from_step;
+/// infill_done.adapters_from_step.
 #define INFILL_CLIENT_API_VERSION_MAJOR 1
 #define INFILL_CLIENT_API_VERSION_MINOR 3
 #define INFILL_CLIENT_API_VERSION \

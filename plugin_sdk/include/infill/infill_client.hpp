@@ -428,7 +428,8 @@ class Client {
       if (d->media_type) e.media_type = d->media_type;
       e.steps_run = d->steps_run;
       e.total_ms = d->total_ms;
-      if (d->struct_size >= offsetof(infill_done, adapters_from_step) + sizeof d->adapters_from_step)
+      if (d->struct_size >=
+          offsetof(infill_done, adapters_from_step) + sizeof d->adapters_from_step)
         e.adapters_from_step = d->adapters_from_step;
       ctx->on_done(e);
     } catch (...) {

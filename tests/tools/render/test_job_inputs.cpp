@@ -205,24 +205,28 @@ TEST_CASE("job file: bad adapters and references name the file, the entry's poin
 
   // Sizes the engine refuses as a reference, read from the header while the job loads (the
   // engine's rule, check_reference_size), so that no item runs first, embedded or remote.
-  const std::string size_expected = "a reference image of at least 64 pixels a side with an aspect ratio of at most 8";
+  const std::string size_expected =
+      "a reference image of at least 64 pixels a side with an aspect ratio of at most 8";
   write_grey_png(d.dir.file("small.png"), 40, 40);
   write_grey_png(d.dir.file("short.png"), 200, 63);
   write_grey_png(d.dir.file("thin.png"), 600, 64);  // aspect 9.4
   write_grey_png(d.dir.file("edge.png"), 64, 512);  // 64 a side, aspect 8: taken
   auto small = d.edit(R"("references": ["ref1.png", "small.png"])");
   require_job_error(small, f, "/edits/0/references/1", size_expected);
-  CHECK(small.status().message().find("reference image " + d.dir.file("small.png") +
-                                      " is 40x40 pixels; a reference is at least 64 pixels a side") != std::string::npos);
+  CHECK(small.status().message().find(
+            "reference image " + d.dir.file("small.png") +
+            " is 40x40 pixels; a reference is at least 64 pixels a side") != std::string::npos);
   auto short_side = d.edit(R"("references": ["short.png"])");
   require_job_error(short_side, f, "/edits/0/references/0", size_expected);
-  CHECK(short_side.status().message().find(d.dir.file("short.png") + " is 200x63 pixels") != std::string::npos);
+  CHECK(short_side.status().message().find(d.dir.file("short.png") + " is 200x63 pixels") !=
+        std::string::npos);
   auto thin = d.edit(R"("references": ["thin.png"])");
   require_job_error(thin, f, "/edits/0/references/0", size_expected);
-  CHECK(thin.status().message().find(d.dir.file("thin.png") + " is 600x64 pixels; a reference's aspect ratio is at most 8") !=
-        std::string::npos);
-  require_job_error(d.edit("\"seed\": 1", R"("defaults": {"references": ["thin.png"]}, )"), f, "/defaults/references/0",
-                    size_expected);
+  CHECK(thin.status().message().find(
+            d.dir.file("thin.png") +
+            " is 600x64 pixels; a reference's aspect ratio is at most 8") != std::string::npos);
+  require_job_error(d.edit("\"seed\": 1", R"("defaults": {"references": ["thin.png"]}, )"), f,
+                    "/defaults/references/0", size_expected);
   CHECK(d.edit(R"("references": ["edge.png"])").ok());
 }
 

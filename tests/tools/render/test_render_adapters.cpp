@@ -75,6 +75,11 @@ const char* kReferenceEdits = R"([
   {"name": "both", "references": ["dusk_256.png", "hills_128_mask.png"],
    "adapters": [{"file": "loras/style.safetensors"}], "output": "ref/both.png"}])";
 
+// What a job error says a reference's size must be (check_reference_size's rule).
+const std::string kReferenceSizeExpected =
+    "; expected a reference image of at least 64 pixels a side"
+    " with an aspect ratio of at most 8";
+
 PixelImage pixels(const std::string& path) {
   auto img = load_image(path, int64_t{1} << 24);
   REQUIRE(img.ok());
@@ -208,9 +213,10 @@ TEST_CASE("infill-render: a job's reference images change the FLUX.2 render insi
 
   // Smaller than a reference may be: refused while the job loads, naming the file and the limit.
   const std::string small = d.job("small.json", R"([{"references": ["dusk_256.png", "small.png"], "output": "small/{seed}.png"}])");
-  require_refused(run_render(d.args(small), d.dir.file("small")), small, "/edits/0/references/1",
-                  {d.dir.file("small.png"), "is 40x40 pixels; a reference is at least 64 pixels a side",
-                   "; expected a reference image of at least 64 pixels a side with an aspect ratio of at most 8"});
+  require_refused(
+      run_render(d.args(small), d.dir.file("small")), small, "/edits/0/references/1",
+      {d.dir.file("small.png"), "is 40x40 pixels; a reference is at least 64 pixels a side",
+       kReferenceSizeExpected});
   CHECK_FALSE(fs::exists(d.dir.file("small")));
   const std::string missing = d.job("nofile.json", R"([{"references": ["absent.png"], "output": "nofile/{seed}.png"}])");
   require_refused(run_render(d.args(missing), d.dir.file("nofile")), missing, "/edits/0/references/0",
@@ -267,8 +273,10 @@ TEST_CASE("infill-render --engine: uploads a job's LoRAs and reference images, t
   // first edit (which needs no reference) runs.
   const std::string small = d.job("small.json", R"([{"name": "first", "output": "small/first.png"},
       {"name": "second", "references": ["small.png"], "output": "small/{seed}.png"}])");
-  require_refused(run_render({small, "--engine", where}, d.dir.file("small")), small, "/edits/1/references/0",
-                  {"reference image " + d.dir.file("small.png") + " is 40x40 pixels; a reference is at least 64 pixels a side",
-                   "; expected a reference image of at least 64 pixels a side with an aspect ratio of at most 8"});
+  require_refused(run_render({small, "--engine", where}, d.dir.file("small")), small,
+                  "/edits/1/references/0",
+                  {"reference image " + d.dir.file("small.png") +
+                       " is 40x40 pixels; a reference is at least 64 pixels a side",
+                   kReferenceSizeExpected});
   CHECK_FALSE(fs::exists(d.dir.file("small")));
 }
