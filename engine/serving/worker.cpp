@@ -1059,7 +1059,8 @@ bool Worker::hand_back(const std::shared_ptr<Record>& r) {
     r->ended = true;
   }
   work_ms_.fetch_sub(r->remaining_work_ms.exchange(0.0));
-  ServingRequest request = std::move(r->req);
+  // A copy: a preview callback on the pool may still read the record's request.
+  ServingRequest request = r->req;
   if (!request.tmpl) request.tmpl = r->tmpl;  // decoded here from template_bytes, now cleared
   r->session.reset();
   r->tmpl.reset();
