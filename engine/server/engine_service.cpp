@@ -201,6 +201,9 @@ Status EngineService::load() {
   auto models = ModelRegistry::load(mo);
   if (!models.ok()) return fail(models.status());
   s.models = std::move(*models);
+  for (const RegistryDevice& d : s.models->devices()) {
+    if (!d.loaded) log_line(LogLevel::kWarning, "device left out, serving on the others: " + d.fault);
+  }
   const bool journaled = !s.options.journal_path.empty();
   s.templates = std::make_unique<TemplateRegistry>(*s.models, s.options.limits.max_templates,
                                                    s.options.limits.max_image_pixels, journaled);
