@@ -9,6 +9,7 @@
 /// the task pool at once; a session or prepare run is used by one thread at a time.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -25,6 +26,9 @@
 #include "pipeline/template_image.h"
 
 namespace infill {
+
+class EditModel;
+class SequenceGroup;  // model/sequence_group.h
 
 /// One edit's denoising state as the worker steps it.
 class StepSession {
@@ -71,6 +75,17 @@ class StepPrepare {
   virtual std::shared_ptr<const ActivationEntry> entry() const = 0;
   /// As StepSession::waiting_for_adapters: the worker runs no slice of it until they are read.
   virtual bool waiting_for_adapters() const { return false; }
+
+  /// The attention heads of the model when the next step may run on several devices in
+  /// sequence parallel (parallel_step), else 0.
+  virtual int parallel_heads() const { return 0; }
+  /// One rank's share of a step: run by every rank of a sequence-parallel group at once, each
+  /// with its member of the group and this model as loaded on its own device.
+  using ParallelShare = std::function<void(SequenceGroup& member, const EditModel& model_here)>;
+  /// The next step as a share every rank runs, in place of run_step; call parallel_step_done
+  /// once every rank ran it. Precondition: parallel_heads() > 0.
+  virtual ParallelShare parallel_step() { return {}; }
+  virtual void parallel_step_done() {}
 };
 
 /// What clients are told of a model (GET /v1/models) and the defaults requests start from.

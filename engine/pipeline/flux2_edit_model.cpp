@@ -15,6 +15,7 @@
 #include "model/file_identity.h"
 #include "model/safetensors_shards.h"
 #include "model/flux2_model.h"
+#include "model/flux2_sequence_parallel.h"
 #include "pipeline/flux2_edit_session.h"
 #include "pipeline/flux2_prepare_run.h"
 #include "pipeline/host_to_device_speed.h"
@@ -63,6 +64,18 @@ class Flux2StepPrepare final : public StepPrepare {
   void run_step() override { run_->run_step(); }
   bool waiting_for_adapters() const override { return run_->waiting_for_adapters(); }
   std::shared_ptr<const ActivationEntry> entry() const override { return run_->entry(); }
+  int parallel_heads() const override {
+    return run_->splits_over_devices() && !run_->done() ? run_->model().config().num_heads : 0;
+  }
+  ParallelShare parallel_step() override {
+    // Built once here; every rank reads the same segments (their sinks write the one entry,
+    // each rank its own rows) through its own device's transformer.
+    return [segments = run_->step_segments()](SequenceGroup& member, const EditModel& model_here) {
+      const auto& here = static_cast<const Flux2EditModel&>(model_here);
+      for (const Flux2Segment& s : segments) (void)flux2_forward_sequence_parallel(*here.parts().transformer, s, member);
+    };
+  }
+  void parallel_step_done() override { run_->step_done(); }
 
  private:
   std::unique_ptr<Flux2PrepareRun> run_;

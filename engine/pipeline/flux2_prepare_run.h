@@ -66,6 +66,7 @@ class Flux2PrepareRun {
                                                               Flux2Stroke stroke);
 
   int steps() const { return sampler_->steps(); }
+  const Flux2Transformer& model() const { return *model_; }
   int step() const { return step_; }
   bool done() const { return step_ >= sampler_->steps(); }
   /// The next step applies adapters still being read (adapter_load.h).

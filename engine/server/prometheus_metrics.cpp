@@ -119,6 +119,12 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
                                    &WorkerMetrics::rerouted},
                            Counter{"infill_worker_prepare_steps_total", "Prepare-run slices (one full denoising step each).",
                                    &WorkerMetrics::prepare_steps},
+                           Counter{"infill_worker_prepare_steps_parallel_total",
+                                   "Prepare steps this worker led in sequence parallel over other devices too.",
+                                   &WorkerMetrics::prepare_steps_parallel},
+                           Counter{"infill_worker_team_shares_total",
+                                   "Shares of other workers' sequence-parallel steps this worker's device ran.",
+                                   &WorkerMetrics::team_shares},
                            Counter{"infill_worker_requests_advanced_total", "Request-steps run (sum of batch sizes).",
                                    &WorkerMetrics::requests_advanced}}) {
     w.family(c.name, "counter", c.help);

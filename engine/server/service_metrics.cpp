@@ -51,6 +51,8 @@ json service_metrics_json(const ServiceMetrics& m) {
                        {"failed_steps", w.failed_steps},
                        {"rerouted", w.rerouted},
                        {"prepare_steps", w.prepare_steps},
+                       {"prepare_steps_parallel", w.prepare_steps_parallel},
+                       {"team_shares", w.team_shares},
                        {"requests_advanced", w.requests_advanced},
                        {"max_batch", w.max_batch},
                        {"mean_batch", w.mean_batch()},

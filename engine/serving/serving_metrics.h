@@ -74,6 +74,10 @@ struct WorkerMetrics {
   /// Requests handed back to be run on another worker after this one left service.
   uint64_t rerouted = 0;
   uint64_t prepare_steps = 0;    ///< prepare-job slices run (one full denoising step each)
+  /// Of those, steps run in sequence parallel over devices the team leased (device_team.h),
+  /// and shares of other workers' such steps this worker's loop ran.
+  uint64_t prepare_steps_parallel = 0;
+  uint64_t team_shares = 0;
   uint64_t requests_advanced = 0;  ///< sum of batch sizes
   int max_batch = 0;
   double step_ms_total = 0.0;    ///< forward + sampler updates of batched steps

@@ -71,9 +71,28 @@ Result<std::unique_ptr<ServingRuntime>> ServingRuntime::create(std::vector<Runti
   rt->epoch_ = std::chrono::steady_clock::now();
   rt->pool_ = std::make_unique<TaskPool>(options.pool_threads, 1);
   rt->router_ = std::make_unique<Router>(options.routing);
+  if (devices.size() < 2 || !options.sequence_parallel) {
+    rt->team_status_ = Status(ErrorCode::kUnavailable, devices.size() < 2 ? "one device: no device team"
+                                                                           : "sequence parallelism is switched off");
+  } else {
+    std::vector<ComputeDevice> compute;
+    for (const RuntimeDevice& d : devices) compute.push_back(d.models.front().model->device());
+    DeviceGroupOptions group;
+    group.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.team_timeout_ms));
+    auto team = DeviceTeam::create(compute, group);
+    if (team.ok()) {
+      rt->team_ = *team;
+    } else {
+      rt->team_status_ = team.status();
+    }
+  }
   for (size_t d = 0; d < devices.size(); ++d) {
     for (int i = 0; i < options.workers; ++i) {
       WorkerOptions w = options.worker;
+      if (rt->team_ && i == 0) {
+        w.team = rt->team_;
+        w.team_rank = static_cast<int>(d);
+      }
       w.index = static_cast<int>(rt->workers_.size());
       w.device_label = devices[d].label;
       w.compute_threads = options.threads_per_worker;
@@ -83,6 +102,14 @@ Result<std::unique_ptr<ServingRuntime>> ServingRuntime::create(std::vector<Runti
       };
       rt->workers_.push_back(std::make_unique<Worker>(devices[d].models, store, *rt->pool_, std::move(w)));
       rt->worker_device_.push_back(d);
+      if (rt->team_ && i == 0) {
+        Worker* worker = rt->workers_.back().get();
+        std::vector<std::shared_ptr<const EditModel>> models;
+        for (const ServedModel& m : devices[d].models) models.push_back(m.model);
+        rt->team_->attach(
+            static_cast<int>(d), [worker](std::function<void()> task) { worker->run_on_loop(std::move(task)); },
+            [worker] { return worker->load().requests == 0; }, std::move(models));
+      }
     }
   }
   rt->routed_.resize(rt->workers_.size());
@@ -94,9 +121,14 @@ ServingRuntime::~ServingRuntime() {
     std::lock_guard lock(reroute_mu_);
     stopping_ = true;  // a worker leaving service from now on fails what it holds
   }
+  if (team_) {
+    for (int r = 0; r < team_->size(); ++r) team_->detach(r);
+  }
   workers_.clear();  // each cancels its live requests and waits for its pool tasks
   pool_.reset();
 }
+
+Status ServingRuntime::team_status() const { return team_ ? team_->health() : team_status_; }
 
 double ServingRuntime::now_ms() const {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - epoch_).count();

@@ -53,6 +53,13 @@ struct RuntimeOptions {
   RoutingPolicy routing = RoutingPolicy::kMaskAware;
   /// Applied to every worker (index and epoch are set by the runtime).
   WorkerOptions worker;
+  /// With two or more devices: the first worker of each is a rank of a device team
+  /// (device_team.h), so that a prepare step runs in sequence parallel over idle devices.
+  /// A team that cannot be made (no process group backend in this build) is left out and said
+  /// in team_status().
+  bool sequence_parallel = true;
+  /// The longest one collective of the team may take.
+  double team_timeout_ms = 60000;
 };
 
 class ServingRuntime {
@@ -104,6 +111,9 @@ class ServingRuntime {
   size_t device_of_worker(size_t worker) const { return worker_device_.at(worker); }
   /// ms since the runtime started: the clock of every timestamp it reports.
   double now_ms() const;
+  /// Ok with a device team in use; else why there is none (one device, switched off, no
+  /// backend) or why it was taken out of use.
+  Status team_status() const;
 
  private:
   ServingRuntime() = default;
@@ -137,6 +147,8 @@ class ServingRuntime {
   std::chrono::steady_clock::time_point epoch_;
   std::unique_ptr<TaskPool> pool_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::shared_ptr<DeviceTeam> team_;
+  Status team_status_;  // why there is no team_
 
   mutable std::mutex mu_;  // guards router_, live_ and routed_; never held while computing
   std::unique_ptr<Router> router_;

@@ -106,7 +106,8 @@ struct Worker::PrepareJob {
 };
 
 struct Worker::Message {
-  enum Kind { kReady, kNeedsPrepare, kCancel, kStored, kWantPromptPrepare, kBackgroundPrepare } kind = kReady;
+  enum Kind { kReady, kNeedsPrepare, kCancel, kStored, kWantPromptPrepare, kBackgroundPrepare, kTask } kind = kReady;
+  std::function<void()> task;             // kTask
   std::shared_ptr<Record> record;
   const ServedModel* served = nullptr;    // kWantPromptPrepare, kBackgroundPrepare
   std::shared_ptr<const TemplateImage> tmpl;
@@ -169,6 +170,13 @@ void Worker::post(Message message) {
     inbox_.push_back(std::move(message));
   }
   inbox_cv_.notify_one();
+}
+
+void Worker::run_on_loop(std::function<void()> task) {
+  Message m;
+  m.kind = Message::kTask;
+  m.task = std::move(task);
+  post(std::move(m));
 }
 
 const ServedModel* Worker::served_model(const EditModel* model) const {
@@ -680,6 +688,13 @@ void Worker::handle(Message& m) {
     }
     case Message::kCancel:
       break;  // the flag is set; retire_inactive() acts on it at this boundary
+    case Message::kTask: {
+      m.task();
+      m.task = nullptr;  // released now: whoever waits on it goes on (device_team.h)
+      std::lock_guard lock(metrics_mu_);
+      metrics_.team_shares += 1;
+      break;
+    }
     case Message::kStored:
       recent_.erase(m.canonical);
       break;
@@ -739,6 +754,24 @@ void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<con
   prepares_.emplace(canonical, std::move(job));
 }
 
+bool Worker::run_prepare_step_in_team(PrepareJob& job) {
+  DeviceTeam* team = options_.team.get();
+  const int heads = team != nullptr ? job.run->parallel_heads() : 0;
+  if (heads <= 0) return false;
+  const std::unique_ptr<DeviceTeam::Lease> lease = team->lease(options_.team_rank, heads);
+  if (!lease) return false;
+  const size_t slot = job.served != nullptr ? static_cast<size_t>(job.served - models_.data()) : 0;
+  const StepPrepare::ParallelShare share = job.run->parallel_step();
+  const Status ran = team->run(*lease, [&](SequenceGroup& member, int rank) {
+    const std::shared_ptr<const EditModel> here = team->model(rank, slot);
+    TORCH_CHECK(here != nullptr, "rank ", rank, " of the device team serves no model ", slot);
+    share(member, *here);
+  });
+  if (!ran.ok()) throw std::runtime_error(ran.message());
+  job.run->parallel_step_done();
+  return true;
+}
+
 void Worker::run_prepare_slice() {
   // Earliest deadline first among jobs that can run (retire_inactive dropped those nobody
   // waits for).
@@ -750,10 +783,11 @@ void Worker::run_prepare_slice() {
   if (best == prepares_.end()) return;
   PrepareJob& job = *best->second;
   const auto t0 = std::chrono::steady_clock::now();
-  bool failed = false;
+  bool failed = false, parallel = false;
   std::string error;
   try {
-    job.run->run_step();
+    parallel = run_prepare_step_in_team(job);
+    if (!parallel) job.run->run_step();
   } catch (...) {
     failed = true;
     error = exception_text(std::current_exception());
@@ -762,9 +796,11 @@ void Worker::run_prepare_slice() {
   {
     std::lock_guard lock(metrics_mu_);
     metrics_.prepare_steps += 1;
+    metrics_.prepare_steps_parallel += parallel ? 1 : 0;
     metrics_.prepare_ms_total += ms;
   }
-  if (!failed && job.served != nullptr) {
+  // The cost model is of this device's steps alone.
+  if (!failed && !parallel && job.served != nullptr) {
     // A prepare slice is a full forward of one request: the far end of the cost model's range.
     cost_of(job.served).add({double(job.run->tokens()), 1.0, job.run->attention_pairs(), ms});
   }

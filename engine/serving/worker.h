@@ -60,6 +60,7 @@
 #include "pipeline/edit_model.h"
 #include "serving/batch_policy.h"
 #include "serving/cost_model.h"
+#include "serving/device_team.h"
 #include "serving/live_cost_model.h"
 #include "serving/router.h"
 #include "serving/serving_metrics.h"
@@ -112,6 +113,11 @@ struct WorkerOptions {
   /// Test seam: the leading blocks a streamed edit recomputes (given the block count), in
   /// place of the load plan's choice.
   std::function<int(int blocks)> force_recompute_blocks;
+  /// The engine's device team (device_team.h) and this worker's rank in it (-1: none): a
+  /// prepare step of a whole sequence runs in sequence parallel over the idle devices it can
+  /// lease, and this worker's loop runs the shares other ranks' steps post to it.
+  std::shared_ptr<DeviceTeam> team;
+  int team_rank = -1;
   /// After a sticky device error took this worker out of service: takes each request it held
   /// (not those of the step that failed) with the time it was submitted (ms since the epoch),
   /// to run it elsewhere; the worker then forgets it without a result. Called on the loop.
@@ -149,6 +155,9 @@ class Worker {
   /// Blocks until no request is live here or `timeout_ms` passed; true when idle.
   bool wait_idle(double timeout_ms) const;
   int index() const { return options_.index; }
+  /// Runs `task` on the step loop at its next step boundary (a rank's share of another
+  /// worker's sequence-parallel step, device_team.h); dropped unrun when the worker stops.
+  void run_on_loop(std::function<void()> task);
   /// The device label (WorkerOptions::device_label, or the models' device name).
   const std::string& device() const { return device_; }
   /// The step cost of the model at `slot` (the order given) on this worker's device now, as
@@ -180,6 +189,9 @@ class Worker {
   void adopt_session(const std::shared_ptr<Record>& r, Result<std::unique_ptr<StepSession>> session);
   void start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<const TemplateImage> tmpl);
   void run_prepare_slice();
+  /// Runs the next step of `job` over the devices the team leases to it; false when it has
+  /// none (the caller runs the step here alone). Throws what a failed step throws.
+  bool run_prepare_step_in_team(PrepareJob& job);
   void run_step();
   /// Applies one model's forward output to its share of the batch (or fails them all).
   void apply_rows(std::vector<std::shared_ptr<Record>>& batch, bool failed, const std::string& error,

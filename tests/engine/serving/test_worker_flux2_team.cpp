@@ -1,0 +1,122 @@
+// A FLUX.2 prepare run through the serving runtime over two CPU devices (one worker each, a
+// Gloo device team, serving/device_team.h): the worker that got the edit leads every prepare
+// step in sequence parallel with the idle device, whose loop runs its share; the edit then
+// equals the same edit prepared on one device (pixels outside the mask byte for byte, inside
+// within the fp16 rounding of the entry: a few 8-bit levels at most), and a busy device is not
+// taken.
+#include "support/catch.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <ATen/ATen.h>
+
+#include "flux2_serving_fixture.h"
+#include "serving/serving_runtime.h"
+#include "serving_fixture.h"
+#include "support/outside_mask.h"
+
+using namespace infill;
+using namespace infill::test;
+
+namespace {
+
+std::unique_ptr<ServingRuntime> two_cpu_devices(const Flux2Serving& f, bool sequence_parallel = true) {
+  std::vector<RuntimeDevice> devices(2);
+  for (RuntimeDevice& d : devices) d.models = {ServedModel{f.model, fixed_cost_model()}};
+  devices[0].label = "cpu:0";
+  devices[1].label = "cpu:1";
+  RuntimeOptions o;
+  o.sequence_parallel = sequence_parallel;
+  auto rt = ServingRuntime::create(std::move(devices), f.store, std::move(o));
+  REQUIRE(rt.ok());
+  const Status team = (*rt)->team_status();
+  if (sequence_parallel && !team.ok() && team.message().find("no Gloo") != std::string::npos) {
+    WARN("SKIPPED: " + team.message());
+    std::fprintf(stderr, "SKIPPED: %s\n", team.message().c_str());
+    std::exit(4);
+  }
+  return std::move(*rt);
+}
+
+uint64_t total(const std::vector<WorkerMetrics>& workers, uint64_t WorkerMetrics::*field) {
+  uint64_t sum = 0;
+  for (const WorkerMetrics& w : workers) sum += w.*field;
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("A FLUX.2 prepare runs in sequence parallel over two CPU devices and its edit equals one prepared alone",
+          "[flux2-serving][parallel]") {
+  Flux2Serving f;
+  auto rt = two_cpu_devices(f);
+  REQUIRE(rt->team_status().ok());
+  const EditParams p = f.params("make the cup red", 7);
+  const RequestResult r = submit(*rt, 1, f.tmpl, p).get();
+  INFO(r.status.to_string());
+  REQUIRE(r.state == RequestState::kDone);
+  const auto workers = rt->worker_metrics();
+  REQUIRE(workers.size() == 2);
+  // Three prepare steps, each led by one worker with the other's share run on its own loop.
+  CHECK(total(workers, &WorkerMetrics::prepare_steps) == 3);
+  CHECK(total(workers, &WorkerMetrics::prepare_steps_parallel) == 3);
+  CHECK(total(workers, &WorkerMetrics::team_shares) == 3);
+  CHECK(workers[0].prepare_steps_parallel * workers[0].team_shares == 0);  // one leads, the other helps
+
+  const PixelImage alone = run_alone(f, p);
+  REQUIRE(alone.data.size() == r.output.image.data.size());
+  CHECK(outside_identical(alone, r.output.image, p.mask));
+  int worst = 0;
+  for (size_t i = 0; i < alone.data.size(); ++i)
+    worst = std::max(worst, std::abs(int(alone.data[i]) - int(r.output.image.data[i])));
+  CHECK(worst <= 3);
+}
+
+TEST_CASE("A prepare step takes no device that is serving a request of its own", "[flux2-serving][parallel]") {
+  Flux2Serving f;
+  // Worker 1 holds an edit whose steps are held by the seam; worker 0's prepare must run alone.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, release = false;
+  std::vector<RuntimeDevice> devices(2);
+  for (RuntimeDevice& d : devices) d.models = {ServedModel{f.model, fixed_cost_model()}};
+  RuntimeOptions o;
+  o.worker.before_step = [&](std::span<const uint64_t> ids) {
+    if (ids.empty() || ids[0] != 1) return;
+    std::unique_lock lock(mu);
+    holding = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  auto made = ServingRuntime::create(std::move(devices), f.store, std::move(o));
+  REQUIRE(made.ok());
+  auto& rt = **made;
+  if (!rt.team_status().ok()) {
+    REQUIRE_THAT(rt.team_status().message(), Catch::Contains("no Gloo"));
+    std::exit(4);
+  }
+  // Edit 1 prepares its template (in parallel: both devices are idle), then steps, held.
+  auto first = submit(rt, 1, f.tmpl, f.params("make the cup red", 7));
+  {
+    std::unique_lock lock(mu);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(300), [&] { return holding; }));
+  }
+  const auto before = rt.worker_metrics();
+  // Edit 2 on another template: its worker's prepare finds the other device busy.
+  const auto& codec = *f.model->parts().codec;
+  auto other = template_from_pixels(codec, codec.factor(), 0.0, 1.0, serving_picture(12), "other");
+  REQUIRE(other.ok());
+  auto second = submit(rt, 2, *other, f.params("a dark blue patch", 8));
+  const RequestResult r2 = second.get();
+  REQUIRE(r2.state == RequestState::kDone);
+  const auto after = rt.worker_metrics();
+  CHECK(total(after, &WorkerMetrics::prepare_steps) - total(before, &WorkerMetrics::prepare_steps) == 3);
+  CHECK(total(after, &WorkerMetrics::prepare_steps_parallel) == total(before, &WorkerMetrics::prepare_steps_parallel));
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  CHECK(first.get().state == RequestState::kDone);
+}
