@@ -4,7 +4,11 @@
 //   simulator  TetriServe's setting in the sequence-parallel simulator: 8 H100s, FLUX.1-dev-
 //              sized steps at 256^2 to 2048^2, uniform and skewed mixes, SLO scales 1.0, 1.2
 //              and 1.5, Poisson arrivals: SLO attainment of the round planner against fixed
-//              degrees 1, 2, 4 and 8 (no devices used: the cost model stands for them).
+//              degrees 1, 2, 4 and 8 (no devices used: the cost model stands for them). Its
+//              "guided" part: mixes of classifier-free guided requests (two forwards a step),
+//              the planner with guidance placement (halves split over two device groups or
+//              packed on one) against the planner packing always and fixed degrees, packed or
+//              with the halves split over each group (xDiT's CFG parallelism).
 //   gloo       a whole-sequence FLUX.2 step (random weights, mid-size, 24 heads) at 1024^2 and
 //              2048^2 token counts on one CPU device and in Ulysses sequence parallel over 2
 //              Gloo ranks (multi_device_gloo.h): step times, the share in collectives, and the
@@ -103,21 +107,36 @@ double reference_ms(const SequenceParallelCostModel& m, int64_t tokens, Referenc
 struct Arrival {
   double t;
   int size;  // index into kTokens
+  bool guided = false;
 };
 
+// A request's latency alone on one device: 28 steps at degree 1 (guided: both halves packed).
+double single_device_ms(const SequenceParallelCostModel& m, int64_t tokens, bool guided) {
+  return kSteps * (guided ? m.guided_step_ms(tokens, 1, false) : m.step_ms(tokens, 1));
+}
+
+// guided_share of the requests are guided, drawn from their own generator so that a share of
+// 0 gives the arrivals and sizes of the unguided traces.
 std::vector<Arrival> poisson_trace(const SequenceParallelCostModel& m, const Mix& mix, double load,
-                                   uint64_t seed, int n) {
-  // Offered load: arrival rate x a request's mean device time at degree 1, over the devices.
+                                   uint64_t seed, int n, double guided_share = 0) {
+  // Offered load: arrival rate x a request's mean device time at degree 1 (guided: packed on
+  // one device), over the devices.
   double mean_ms = 0;
-  for (int k = 0; k < 4; ++k) mean_ms += mix.share[k] * kSteps * m.step_ms(kTokens[k], 1);
-  std::mt19937_64 rng(seed);
+  for (int k = 0; k < 4; ++k) {
+    const double unguided = mix.share[k] * kSteps * m.step_ms(kTokens[k], 1);
+    const double guided = mix.share[k] * kSteps * m.guided_step_ms(kTokens[k], 1, false);
+    mean_ms += (1 - guided_share) * unguided + guided_share * guided;
+  }
+  std::mt19937_64 rng(seed), guided_rng(seed ^ 0x9e3779b97f4a7c15ull);
   std::exponential_distribution<double> gap(load * kDevices / mean_ms);
   std::discrete_distribution<int> size(std::begin(mix.share), std::end(mix.share));
+  std::bernoulli_distribution is_guided(guided_share);
   std::vector<Arrival> out;
   double t = 0;
   for (int i = 0; i < n; ++i) {
     t += gap(rng);
-    out.push_back({t, size(rng)});
+    const int k = size(rng);
+    out.push_back({t, k, guided_share > 0 && is_guided(guided_rng)});
   }
   return out;
 }
@@ -144,6 +163,207 @@ std::vector<Policy> policies() {
     o.fixed_degree = d;
     out.push_back({"fixed_" + std::to_string(d), o});
   }
+  return out;
+}
+
+// --- simulator: guidance placement ----------------------------------------------------------
+
+struct GuidedMix {
+  const char* name;
+  const Mix* sizes;
+  double guided_share;
+  const char* note;
+};
+const GuidedMix kGuidedMixes[] = {
+    {"guided_uniform", &kMixes[0], 1.0,
+     "every request guided (a base model under classifier-free guidance, e.g. FLUX.2 [dev]- or "
+     "klein-base-like serving), resolutions as 'uniform'"},
+    {"guided_skewed", &kMixes[1], 1.0, "every request guided, resolutions as 'skewed'"},
+    {"half_guided_uniform", &kMixes[0], 0.5,
+     "half the requests guided (a base and a distilled model side by side), resolutions as "
+     "'uniform'"},
+};
+
+std::vector<Policy> guided_policies() {
+  std::vector<Policy> out;
+  SpSimOptions planner;
+  planner.devices = kDevices;
+  planner.heads = kHeads;
+  planner.round_ms = kRoundMs;
+  out.push_back({"round_planner", planner});
+  planner.split_guidance = false;
+  out.push_back({"round_planner_packed", planner});
+  for (bool split : {false, true}) {
+    for (int d : {1, 2, 4, 8}) {
+      if (split && d == 1) continue;
+      SpSimOptions o;
+      o.devices = kDevices;
+      o.heads = kHeads;
+      o.policy = SpPolicy::kFixedDegree;
+      o.fixed_degree = d;
+      o.fixed_split_guidance = split;
+      out.push_back({"fixed_" + std::to_string(d) + (split ? "_split" : ""), o});
+    }
+  }
+  return out;
+}
+
+json guided_part(const Args& args, const SequenceParallelCostModel& m) {
+  const StepMsFunction step = m.function();
+  const GuidedStepMsFunction guided = m.guided_function();
+  json cfg;
+  cfg["model"] =
+      "the FLUX.1-dev-sized cost model above with classifier-free guidance (FLUX.1-dev itself is "
+      "guidance-distilled: this stands for a base model of its size); 28 steps, each two "
+      "forwards of the sequence";
+  cfg["guided_step"] = {
+      {"packed",
+       "both halves in one forward on d devices: fixed_ms + 2 x compute / d + all-to-alls of "
+       "twice the rows (attention does not cross the halves: 2 L^2, not (2L)^2)"},
+      {"split",
+       "each half at degree d on its own d devices at once (2 d devices): step(L, d) + one "
+       "exchange of the float32 predictions (64 channels)"}};
+  json steps = json::object();
+  for (int k = 0; k < 4; ++k) {
+    json packed = json::object(), split = json::object();
+    for (int d : allowed_degrees(kHeads, kDevices)) {
+      packed[std::to_string(d)] = round_to(m.guided_step_ms(kTokens[k], d, false), 1);
+      if (2 * d <= kDevices)
+        split[std::to_string(2 * d)] = round_to(m.guided_step_ms(kTokens[k], d, true), 1);
+    }
+    steps[kResolutions[k]] = {{"packed_step_ms_by_devices", packed},
+                              {"split_step_ms_by_devices", split}};
+  }
+  cfg["guided_steps_by_resolution"] = steps;
+  json mixes = json::object();
+  for (const GuidedMix& g : kGuidedMixes) {
+    mixes[g.name] = {
+        {"shares", g.sizes->share}, {"guided_share", g.guided_share}, {"note", g.note}};
+  }
+  cfg["mixes"] = mixes;
+  cfg["loads"] = kLoads;
+  cfg["slo_scales"] = kScales;
+  cfg["slo_reference"] =
+      "single_device: deadline = scale x the request's latency alone on one device (guided: both "
+      "halves packed, 28 steps at degree 1)";
+  cfg["load"] =
+      "arrival rate x a request's mean device time on one device (guided: packed) / 8 devices";
+  cfg["policies"] = {
+      {"round_planner",
+       "the round planner with guidance placement: a guided request's halves split over two "
+       "groups of d devices or packed on d, decided per round by deadline and free devices"},
+      {"round_planner_packed", "the same, packing the halves always"},
+      {"fixed_D", "groups of D devices as above, guided requests packed on their group"},
+      {"fixed_D_split",
+       "groups of D devices, a guided request's halves on the group's two halves at D / 2 each "
+       "(xDiT's CFG parallelism with Ulysses D / 2)"}};
+
+  const std::vector<Policy> pols = guided_policies();
+  json results = json::array();
+  // Per SLO scale: the least and most points guidance placement gains over packing always,
+  // and the planner over the best fixed policy.
+  std::vector<double> min_vs_packed(std::size(kScales), INFINITY),
+      max_vs_packed(std::size(kScales), -INFINITY), min_vs_fixed(std::size(kScales), INFINITY),
+      max_vs_fixed(std::size(kScales), -INFINITY);
+  for (const GuidedMix& mix : kGuidedMixes) {
+    for (double load : kLoads) {
+      std::vector<std::vector<Arrival>> traces;
+      for (int s = 0; s < args.seeds; ++s) {
+        traces.push_back(poisson_trace(m, *mix.sizes, load, 1000 + uint64_t(s), args.requests,
+                                       mix.guided_share));
+      }
+      for (size_t si = 0; si < std::size(kScales); ++si) {
+        const double scale = kScales[si];
+        std::cerr << "simulator (guided): " << mix.name << " load " << load << " scale " << scale
+                  << "\n";
+        json attainment = json::object();
+        json planner_stats;
+        double best_fixed = -1;
+        std::string best_fixed_name;
+        for (const Policy& p : pols) {
+          double sum = 0;
+          uint64_t guided_steps = 0, split_steps = 0;
+          std::vector<double> met(4, 0), count(4, 0), degree(4, 0), split(4, 0);
+          for (const std::vector<Arrival>& arrivals : traces) {
+            std::vector<SpSimRequest> trace;
+            for (size_t i = 0; i < arrivals.size(); ++i) {
+              const int64_t tokens = kTokens[arrivals[i].size];
+              SpSimRequest r{i, arrivals[i].t, tokens, kSteps,
+                             scale * single_device_ms(m, tokens, arrivals[i].guided)};
+              r.guided = arrivals[i].guided;
+              trace.push_back(r);
+            }
+            const Result<SpSimReport> rep =
+                simulate_sequence_parallel(trace, step, guided, p.options);
+            if (!rep.ok()) {
+              std::cerr << "bench_multi_device: " << rep.status().to_string() << "\n";
+              std::exit(1);
+            }
+            sum += rep->slo_attainment;
+            guided_steps += rep->guided_steps;
+            split_steps += rep->split_steps;
+            for (size_t i = 0; i < trace.size(); ++i) {
+              if (!trace[i].guided) continue;
+              const size_t k = static_cast<size_t>(arrivals[i].size);
+              const SpSimOutcome& out = rep->requests[i];
+              met[k] += out.deadline_met ? 1 : 0;
+              count[k] += 1;
+              degree[k] += out.mean_degree;
+              split[k] += double(out.split_steps) / kSteps;
+            }
+          }
+          const double mean = sum / double(traces.size());
+          attainment[p.name] = round_to(mean, 4);
+          if (p.options.policy == SpPolicy::kFixedDegree && mean > best_fixed) {
+            best_fixed = mean;
+            best_fixed_name = p.name;
+          }
+          if (p.name == "round_planner") {
+            json by_size = json::object();
+            for (size_t k = 0; k < 4; ++k) {
+              const double c = std::max(1.0, count[k]);
+              by_size[kResolutions[k]] = {{"guided_attainment", round_to(met[k] / c, 3)},
+                                          {"mean_devices", round_to(degree[k] / c, 2)},
+                                          {"split_step_share", round_to(split[k] / c, 3)}};
+            }
+            planner_stats = {
+                {"split_step_share",
+                 round_to(double(split_steps) / std::max<double>(1, double(guided_steps)), 3)},
+                {"guided_by_resolution", by_size}};
+          }
+        }
+        const double planner = attainment["round_planner"].get<double>();
+        const double vs_packed =
+            100.0 * (planner - attainment["round_planner_packed"].get<double>());
+        const double vs_fixed = 100.0 * (planner - best_fixed);
+        min_vs_packed[si] = std::min(min_vs_packed[si], vs_packed);
+        max_vs_packed[si] = std::max(max_vs_packed[si], vs_packed);
+        min_vs_fixed[si] = std::min(min_vs_fixed[si], vs_fixed);
+        max_vs_fixed[si] = std::max(max_vs_fixed[si], vs_fixed);
+        results.push_back({{"mix", mix.name},
+                           {"load", load},
+                           {"slo_scale", scale},
+                           {"attainment", attainment},
+                           {"best_fixed", best_fixed_name},
+                           {"placement_minus_packed_points", round_to(vs_packed, 1)},
+                           {"planner_minus_best_fixed_points", round_to(vs_fixed, 1)},
+                           {"round_planner", planner_stats}});
+      }
+    }
+  }
+  json summary = json::array();
+  for (size_t si = 0; si < std::size(kScales); ++si) {
+    summary.push_back({{"slo_scale", kScales[si]},
+                       {"placement_minus_packed_points",
+                        {round_to(min_vs_packed[si], 1), round_to(max_vs_packed[si], 1)}},
+                       {"planner_minus_best_fixed_points",
+                        {round_to(min_vs_fixed[si], 1), round_to(max_vs_fixed[si], 1)}}});
+  }
+  json out;
+  out["config"] = cfg;
+  out["results"] = results;
+  out["summary"] = {{"by_slo_scale", summary},
+                    {"note", "[least, most] over the mixes and loads above"}};
   return out;
 }
 
@@ -311,6 +531,7 @@ json simulator_section(const Args& args) {
   json out;
   out["config"] = cfg;
   out["results"] = results;
+  out["guided"] = guided_part(args, m);
   out["target"] = {
       {"goal",
        "at least +25 points of SLO attainment over the best fixed degree at SLO scale 1.0 (issue "
@@ -363,9 +584,10 @@ const Section kSections[] = {
 };
 
 int usage(const std::string& why) {
-  std::cerr << "bench_multi_device: " << why
-            << "\nusage: bench_multi_device [--only NAME] [--requests N] [--seeds N] [--repeats N]\n"
-            << "sections:";
+  std::cerr
+      << "bench_multi_device: " << why
+      << "\nusage: bench_multi_device [--only NAME] [--requests N] [--seeds N] [--repeats N]\n"
+      << "sections:";
   for (const Section& s : kSections) std::cerr << " " << s.name;
   std::cerr << "\n";
   return 2;

@@ -13,9 +13,19 @@ namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
-// One (request, degree) option of the group knapsack.
-struct Option {
+// One way a request can run this round: `devices` devices at Ulysses degree `degree` per
+// forward; a guided request's halves split over two groups of `degree`, or packed.
+struct Mode {
+  int devices = 0;
   int degree = 0;
+  bool split = false;
+  double step_ms = 0;
+};
+
+// One (request, mode) option of the group knapsack; mode -1 waits.
+struct Option {
+  int mode = -1;
+  int devices = 0;
   int value = 0;
   double gpu_ms = 0;
 };
@@ -29,7 +39,7 @@ struct Score {
 };
 
 Score operator+(const Score& s, const Option& o) {
-  return {s.value + o.value, s.gpu_ms + o.gpu_ms, s.devices + o.degree, s.feasible};
+  return {s.value + o.value, s.gpu_ms + o.gpu_ms, s.devices + o.devices, s.feasible};
 }
 
 // GPU times are sums taken in different orders: equal within a relative 1e-9.
@@ -78,6 +88,8 @@ Status check_inputs(std::span<const PlannerRequest> requests, const RoundPlanner
       return invalid_argument(who + " has " + std::to_string(r.steps_left) +
                               " steps left, expected >= 0");
     }
+    if (r.split && !r.guided)
+      return invalid_argument(who + " is split but not guided, expected split only when guided");
     for (int d : r.placement) {
       if (d < 0 || d >= o.devices) {
         return invalid_argument(who + "'s placement names device " + std::to_string(d) +
@@ -217,85 +229,143 @@ std::vector<int> allowed_degrees(int heads, int devices, int max_degree) {
 
 Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double now_ms,
                              const StepMsFunction& step_ms, const RoundPlannerOptions& o) {
+  return plan_round(requests, now_ms, step_ms, GuidedStepMsFunction{}, o);
+}
+
+Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double now_ms,
+                             const StepMsFunction& step_ms,
+                             const GuidedStepMsFunction& guided_step_ms,
+                             const RoundPlannerOptions& o) {
   INFILL_RETURN_IF_ERROR(check_inputs(requests, o));
   const std::vector<int> degrees = allowed_degrees(o.heads, o.devices, o.max_degree);
   const size_t n = requests.size();
-  const size_t nd = degrees.size();
   const int cap = o.devices;
-  for (const PlannerRequest& r : requests) {
+
+  // modes[i]: request i's modes by device count ascending (packed before split at one count):
+  // one per allowed degree, and for a guided request also split at each allowed degree d with
+  // 2 d devices free. Split modes are listed (and their step times checked) even where
+  // split_guidance is off, for a pinned split request; offered[i][m] says which are options.
+  std::vector<std::vector<Mode>> modes(n);
+  std::vector<std::vector<bool>> offered(n);
+  for (size_t i = 0; i < n; ++i) {
+    const PlannerRequest& r = requests[i];
+    if (r.guided && !guided_step_ms) {
+      return invalid_argument("round planner: request " + std::to_string(r.id) +
+                              " is guided, expected a guided step function");
+    }
+    const auto add = [&](int degree, bool split) -> Status {
+      const double ms =
+          r.guided ? guided_step_ms(r.tokens, degree, split) : step_ms(r.tokens, degree);
+      if (!std::isfinite(ms) || ms <= 0) {
+        return invalid_argument(
+            "round planner: the step time of request " + std::to_string(r.id) + " (" +
+            std::to_string(r.tokens) + " tokens" +
+            (r.guided ? (split ? ", guided, halves split" : ", guided, halves packed") : "") +
+            ") at degree " + std::to_string(degree) + " is " + std::to_string(ms) +
+            ", expected a positive finite value");
+      }
+      modes[i].push_back({split ? 2 * degree : degree, degree, split, ms});
+      offered[i].push_back(!split || o.split_guidance);
+      return Status::success();
+    };
+    for (int d : degrees) INFILL_RETURN_IF_ERROR(add(d, false));
+    if (r.guided) {
+      for (int d : degrees) {
+        if (2 * d <= cap) INFILL_RETURN_IF_ERROR(add(d, true));
+      }
+    }
+    // Stable by device count: packed before split at one count, degrees ascending.
+    std::vector<size_t> order(modes[i].size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return modes[i][a].devices < modes[i][b].devices; });
+    std::vector<Mode> sorted_modes;
+    std::vector<bool> sorted_offered;
+    for (size_t k : order) {
+      sorted_modes.push_back(modes[i][k]);
+      sorted_offered.push_back(offered[i][k]);
+    }
+    modes[i] = std::move(sorted_modes);
+    offered[i] = std::move(sorted_offered);
+  }
+
+  // A pinned request's one mode: its devices and split, from its step's end.
+  std::vector<int> pinned_mode(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    const PlannerRequest& r = requests[i];
+    if (!pinned(r, now_ms, o)) continue;
     const int d = static_cast<int>(r.placement.size());
-    if (pinned(r, now_ms, o) && !std::binary_search(degrees.begin(), degrees.end(), d)) {
+    for (size_t m = 0; m < modes[i].size(); ++m) {
+      if (modes[i][m].devices == d && modes[i][m].split == r.split) {
+        pinned_mode[i] = static_cast<int>(m);
+        break;
+      }
+    }
+    if (pinned_mode[i] >= 0) continue;
+    if (!r.guided) {
       return invalid_argument(
           "round planner: request " + std::to_string(r.id) + " holds " + std::to_string(d) +
           " devices through the round (its step in flight), expected an allowed degree (a "
           "divisor of the " +
           std::to_string(o.heads) + " heads up to " + std::to_string(degrees.back()) + ")");
     }
+    return invalid_argument(
+        "round planner: request " + std::to_string(r.id) + " holds " + std::to_string(d) +
+        " devices through the round (its guided step in flight, halves " +
+        (r.split ? "split" : "packed") + "), expected " + (r.split ? "twice " : "") +
+        "an allowed degree (a divisor of the " + std::to_string(o.heads) + " heads up to " +
+        std::to_string(degrees.back()) + ")");
   }
 
-  // step[i * nd + k]: request i's step time at degrees[k].
-  std::vector<double> step(n * nd);
-  for (size_t i = 0; i < n; ++i) {
-    for (size_t k = 0; k < nd; ++k) {
-      const double ms = step_ms(requests[i].tokens, degrees[k]);
-      if (!std::isfinite(ms) || ms <= 0) {
-        return invalid_argument("round planner: the step time of request " +
-                                std::to_string(requests[i].id) + " (" +
-                                std::to_string(requests[i].tokens) + " tokens) at degree " +
-                                std::to_string(degrees[k]) + " is " + std::to_string(ms) +
-                                ", expected a positive finite value");
-      }
-      step[i * nd + k] = ms;
-    }
-  }
-
-  // The options of each group: waiting first, then each allowed degree ascending.
+  // The options of each group: waiting first, then each offered mode by device count.
   std::vector<std::vector<Option>> options(n);
   for (size_t i = 0; i < n; ++i) {
     const PlannerRequest& r = requests[i];
     const double steps = double(r.steps_left);
+    const std::vector<Mode>& ms = modes[i];
     std::vector<Option>& opts = options[i];
     if (r.steps_left == 0) {
-      opts.push_back({0, r.ready_ms <= r.deadline_ms ? 1 : 0, 0.0});
+      opts.push_back({-1, 0, r.ready_ms <= r.deadline_ms ? 1 : 0, 0.0});
       continue;
     }
-    if (pinned(r, now_ms, o)) {
-      // Busy through the round on its devices: only its degree, from its step's end.
-      const int d = static_cast<int>(r.placement.size());
-      const double s =
-          step[i * nd + static_cast<size_t>(std::lower_bound(degrees.begin(), degrees.end(), d) -
-                                            degrees.begin())];
-      opts.push_back({d, r.ready_ms + steps * s <= r.deadline_ms ? 1 : 0, double(d) * steps * s});
+    if (pinned_mode[i] >= 0) {
+      // Busy through the round on its devices: only its mode, from its step's end.
+      const Mode& m = ms[static_cast<size_t>(pinned_mode[i])];
+      opts.push_back({pinned_mode[i], m.devices,
+                      r.ready_ms + steps * m.step_ms <= r.deadline_ms ? 1 : 0,
+                      double(m.devices) * steps * m.step_ms});
       continue;
     }
-    // Waiting: on time if the degree it would take now (the least GPU time on time) is still
+    // Waiting: on time if the mode it would take now (the least GPU time on time) is still
     // on time from the next round.
     const double start = std::max(now_ms, r.ready_ms);
     const double start_next = std::max(now_ms + o.round_ms, r.ready_ms);
     double cheapest = kInfinity, cheapest_on_time = kInfinity;
-    size_t k_on_time = nd;
-    for (size_t k = 0; k < nd; ++k) {
-      const double gpu = double(degrees[k]) * steps * step[i * nd + k];
+    size_t m_on_time = ms.size();
+    for (size_t m = 0; m < ms.size(); ++m) {
+      if (!offered[i][m]) continue;
+      const double gpu = double(ms[m].devices) * steps * ms[m].step_ms;
       cheapest = std::min(cheapest, gpu);
-      if (start + steps * step[i * nd + k] <= r.deadline_ms && gpu < cheapest_on_time) {
+      if (start + steps * ms[m].step_ms <= r.deadline_ms && gpu < cheapest_on_time) {
         cheapest_on_time = gpu;
-        k_on_time = k;
+        m_on_time = m;
       }
     }
-    if (k_on_time < nd && start_next + steps * step[i * nd + k_on_time] <= r.deadline_ms) {
-      opts.push_back({0, 1, cheapest_on_time});
+    if (m_on_time < ms.size() && start_next + steps * ms[m_on_time].step_ms <= r.deadline_ms) {
+      opts.push_back({-1, 0, 1, cheapest_on_time});
     } else {
-      opts.push_back({0, 0, cheapest});
+      opts.push_back({-1, 0, 0, cheapest});
     }
-    for (size_t k = 0; k < nd; ++k) {
-      const double s = step[i * nd + k];
-      const Option opt{degrees[k], start + steps * s <= r.deadline_ms ? 1 : 0,
-                       double(degrees[k]) * steps * s};
-      // An option is dropped when one with fewer devices scores more, or as much for less GPU
-      // time: swapping it in improves any plan. Typically a request keeps waiting, degree 1
-      // and the least degree that is on time.
-      const bool dominated = std::any_of(opts.begin(), opts.end(), [&](const Option& o) {
-        return o.value > opt.value || (o.value == opt.value && less_gpu(o.gpu_ms, opt.gpu_ms));
+    for (size_t m = 0; m < ms.size(); ++m) {
+      if (!offered[i][m]) continue;
+      const Option opt{static_cast<int>(m), ms[m].devices,
+                       start + steps * ms[m].step_ms <= r.deadline_ms ? 1 : 0,
+                       double(ms[m].devices) * steps * ms[m].step_ms};
+      // An option is dropped when one with no more devices scores more, or as much for less
+      // GPU time: swapping it in improves any plan. Typically a request keeps waiting, degree
+      // 1 and the least degree that is on time.
+      const bool dominated = std::any_of(opts.begin(), opts.end(), [&](const Option& p) {
+        return p.value > opt.value || (p.value == opt.value && less_gpu(p.gpu_ms, opt.gpu_ms));
       });
       if (!dominated) opts.push_back(opt);
     }
@@ -305,21 +375,21 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
   // infeasible (pinned requests need more than c).
   const size_t width = static_cast<size_t>(cap) + 1;
   std::vector<Score> best(width), next(width);
-  std::vector<uint8_t> choice(n * width, 0);
+  std::vector<uint16_t> choice(n * width, 0);
   for (size_t i = 0; i < n; ++i) {
     for (size_t c = 0; c < width; ++c) {
       Score top;
-      uint8_t top_k = 0;
+      uint16_t top_k = 0;
       bool have = false;
       for (size_t k = 0; k < options[i].size(); ++k) {
         const Option& opt = options[i][k];
-        if (static_cast<size_t>(opt.degree) > c) break;  // options ascend by degree
-        const Score& before = best[c - static_cast<size_t>(opt.degree)];
+        if (static_cast<size_t>(opt.devices) > c) break;  // options ascend by devices
+        const Score& before = best[c - static_cast<size_t>(opt.devices)];
         if (!before.feasible) continue;
         const Score s = before + opt;
         if (!have || better(s, top)) {
           top = s;
-          top_k = static_cast<uint8_t>(k);
+          top_k = static_cast<uint16_t>(k);
           have = true;
         }
       }
@@ -334,96 +404,119 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
   {
     size_t c = width - 1;
     for (size_t i = n; i-- > 0;) {
-      const uint8_t k = choice[i * width + c];
+      const uint16_t k = choice[i * width + c];
       chosen[i] = k;
-      c -= static_cast<size_t>(options[i][k].degree);
+      c -= static_cast<size_t>(options[i][k].devices);
     }
   }
 
   RoundPlan plan;
   plan.requests.resize(n);
-  std::vector<int> degree(n, 0);
+  std::vector<int> mode(n, -1);  // index into modes[i]; -1 waits
+  std::vector<int> count(n, 0);  // devices of that mode
   int used = 0;
   for (size_t i = 0; i < n; ++i) {
     const Option& opt = options[i][static_cast<size_t>(chosen[i])];
-    degree[i] = opt.degree;
-    used += opt.degree;
+    mode[i] = opt.mode;
+    count[i] = opt.devices;
+    used += opt.devices;
     plan.requests[i].id = requests[i].id;
     plan.requests[i].on_time = opt.value == 1;
     plan.predicted_on_time += opt.value;
     plan.packing_gpu_ms += opt.gpu_ms;
   }
 
-  const auto degree_index = [&](int d) {
-    return static_cast<size_t>(std::lower_bound(degrees.begin(), degrees.end(), d) -
-                               degrees.begin());
-  };
   if (o.grant_idle_devices) {
+    // ladder[i]: per device count the fastest offered mode (the first on ties), ascending.
+    std::vector<std::vector<int>> ladder(n);
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t m = 0; m < modes[i].size(); ++m) {
+        if (!offered[i][m]) continue;
+        std::vector<int>& l = ladder[i];
+        if (!l.empty() && modes[i][static_cast<size_t>(l.back())].devices == modes[i][m].devices) {
+          if (modes[i][m].step_ms < modes[i][static_cast<size_t>(l.back())].step_ms)
+            l.back() = static_cast<int>(m);
+        } else {
+          l.push_back(static_cast<int>(m));
+        }
+      }
+    }
+    const auto rung_above = [&](size_t i) -> int {
+      for (int m : ladder[i]) {
+        if (modes[i][static_cast<size_t>(m)].devices > count[i]) return m;
+      }
+      return -1;
+    };
     for (;;) {
       const int free = cap - used;
       size_t pick = n;
-      int pick_to = 0;
+      int pick_to = -1;
       for (size_t i = 0; i < n && free > 0; ++i) {
-        if (requests[i].steps_left == 0 || pinned(requests[i], now_ms, o)) continue;
-        const size_t k = degree[i] == 0 ? 0 : degree_index(degree[i]) + 1;
-        if (k >= nd || degrees[k] - degree[i] > free) continue;
-        if (degree[i] > 0 && !(step[i * nd + k] < step[i * nd + degree_index(degree[i])])) continue;
+        if (requests[i].steps_left == 0 || pinned_mode[i] >= 0) continue;
+        const int to = rung_above(i);
+        if (to < 0 || modes[i][static_cast<size_t>(to)].devices - count[i] > free) continue;
+        if (mode[i] >= 0 && !(modes[i][static_cast<size_t>(to)].step_ms <
+                              modes[i][static_cast<size_t>(mode[i])].step_ms))
+          continue;
         if (pick == n || requests[i].deadline_ms < requests[pick].deadline_ms) {
           pick = i;
-          pick_to = degrees[k];
+          pick_to = to;
         }
       }
       if (pick == n) break;
-      plan.devices_granted += pick_to - degree[pick];
-      used += pick_to - degree[pick];
-      degree[pick] = pick_to;
+      const int grown = modes[pick][static_cast<size_t>(pick_to)].devices - count[pick];
+      plan.devices_granted += grown;
+      used += grown;
+      mode[pick] = pick_to;
+      count[pick] += grown;
     }
   }
   plan.devices_used = used;
 
-  // Placement: kept, shrunk, grown, then new, larger degrees first within each kind. The
-  // devices of every request that runs are reserved for it first, so that no grown or new
-  // request takes another's.
+  // Placement by device count: kept, shrunk, grown, then new, larger counts first within each
+  // kind. The devices of every request that runs are reserved for it first, so that no grown
+  // or new request takes another's.
   Placer placer(cap);
   std::vector<std::vector<int>> held(n);
   for (size_t i = 0; i < n; ++i) {
     held[i] = requests[i].placement;
     std::sort(held[i].begin(), held[i].end());
-    if (degree[i] > 0) placer.take(static_cast<int>(i), held[i]);
+    if (count[i] > 0) placer.take(static_cast<int>(i), held[i]);
   }
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return degree[a] > degree[b]; });
+                   [&](size_t a, size_t b) { return count[a] > count[b]; });
   const auto pass = [&](auto&& applies, auto&& place) {
     for (size_t i : order) {
-      if (degree[i] == 0 || !applies(i)) continue;
+      if (count[i] == 0 || !applies(i)) continue;
       plan.requests[i].devices = place(i);
       placer.take(static_cast<int>(i), plan.requests[i].devices);
     }
   };
   const auto size_of = [&](size_t i) { return static_cast<int>(held[i].size()); };
-  pass([&](size_t i) { return size_of(i) == degree[i]; }, [&](size_t i) { return held[i]; });
-  pass([&](size_t i) { return size_of(i) > degree[i]; },
+  pass([&](size_t i) { return size_of(i) == count[i]; }, [&](size_t i) { return held[i]; });
+  pass([&](size_t i) { return size_of(i) > count[i]; },
        [&](size_t i) {
          placer.release(held[i]);
-         return Placer::shrink(held[i], degree[i]);
+         return Placer::shrink(held[i], count[i]);
        });
-  pass([&](size_t i) { return size_of(i) > 0 && size_of(i) < degree[i]; },
-       [&](size_t i) { return placer.grow(static_cast<int>(i), held[i], degree[i]); });
-  pass([&](size_t i) { return size_of(i) == 0; },
-       [&](size_t i) { return placer.fresh(degree[i]); });
+  pass([&](size_t i) { return size_of(i) > 0 && size_of(i) < count[i]; },
+       [&](size_t i) { return placer.grow(static_cast<int>(i), held[i], count[i]); });
+  pass([&](size_t i) { return size_of(i) == 0; }, [&](size_t i) { return placer.fresh(count[i]); });
 
   for (size_t i = 0; i < n; ++i) {
     PlannedRequest& p = plan.requests[i];
     const PlannerRequest& r = requests[i];
-    p.degree = degree[i];
     p.moved = !held[i].empty() && p.devices != held[i];
-    if (p.degree == 0) {
+    if (mode[i] < 0) {
       p.finish_ms = r.steps_left == 0 ? r.ready_ms : kInfinity;
       continue;
     }
-    const double s = step[i * nd + degree_index(p.degree)];
+    const Mode& m = modes[i][static_cast<size_t>(mode[i])];
+    p.degree = m.degree;
+    p.split = m.split;
+    const double s = m.step_ms;
     const double start = std::max(now_ms, r.ready_ms);
     const double end = now_ms + o.round_ms;
     p.finish_ms = start + double(r.steps_left) * s;

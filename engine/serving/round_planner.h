@@ -8,6 +8,19 @@
 /// `max_degree`); klein's 24 heads on 8 devices give {1, 2, 3, 4, 6, 8}. 0 means the request
 /// waits this round.
 ///
+/// Guidance placement (Katz's latent parallelism; issue 41 item 4). A guided request (a base
+/// model under classifier-free guidance: every step is two forwards of its sequence, the
+/// conditional and the unconditional half) runs in one of two modes at Ulysses degree d:
+///   - packed: both halves in one forward of twice the rows on d devices;
+///   - split: each half on its own d devices at once (2 d devices), predictions then combined.
+/// Its step times come from a GuidedStepMsFunction (sequence_parallel_cost_model.h states the
+/// cost model's formulas). Its options are every (d, packed) and, when split_guidance is on,
+/// every (d, split) with 2 d <= devices; a mode's weight in the knapsack is its devices (d or
+/// 2 d) and its GPU time devices x steps_left x step. So the planner splits where two devices
+/// are free and the deadline needs them, and packs on one otherwise (or when packing is
+/// cheaper and still on time). A non-guided request has one mode per degree, d devices, as
+/// before. Below, "degree" of an option means its mode: its devices and step time.
+///
 /// Packing: a group knapsack solved exactly by dynamic programming over (request, degree)
 /// options, each request a group (one option is taken from each), the capacity the devices,
 /// an option's weight its degree. With s(d) the predicted step time at degree d, `start` the
@@ -39,12 +52,15 @@
 /// Idle devices: devices the packing leaves free are granted one allowed degree at a time
 /// (a running request's degree to the next allowed one, a waiting request's to the least),
 /// earliest deadline first, to requests whose next degree fits in what is left and is
-/// predicted faster than their current one, until no grant fits.
+/// predicted faster than their current one, until no grant fits. For a guided request the
+/// ladder is its modes by device count, the fastest at each count (1 device packed, 2 devices
+/// split at 1 or packed at 2, whichever is faster, ...).
 ///
-/// Placement: a request whose degree is unchanged keeps its devices (never moved when nothing
-/// is gained); one whose degree shrinks keeps a contiguous part of its devices where it can;
-/// one that grows keeps its devices and adds free ones, preferring a contiguous window around
-/// them; new requests take the smallest run of contiguous free devices that fits (best fit),
+/// Placement (by device count: a split request's 2 d devices are one set, its first d run one
+/// half and the rest the other): a request whose degree is unchanged keeps its devices (never moved
+/// when nothing is gained); one whose degree shrinks keeps a contiguous part of its devices where
+/// it can; one that grows keeps its devices and adds free ones, preferring a contiguous window
+/// around them; new requests take the smallest run of contiguous free devices that fits (best fit),
 /// else the lowest free indices. Larger degrees are placed first.
 ///
 /// Not modelled: a device whose holder's step in flight ends within the round is free only
@@ -72,6 +88,12 @@ struct PlannerRequest {
   std::vector<int> placement;
   /// When its step in flight ends (absolute); at or before now_ms when none is in flight.
   double ready_ms = 0;
+  /// Classifier-free guided: every step is two forwards of the sequence (see "Guidance
+  /// placement"); its step times come from the GuidedStepMsFunction.
+  bool guided = false;
+  /// Guided only: its placement runs the halves split (two groups of placement.size() / 2);
+  /// false, packed. Read for a pinned request (its step in flight).
+  bool split = false;
 };
 
 struct RoundPlannerOptions {
@@ -80,18 +102,26 @@ struct RoundPlannerOptions {
   int heads = 24;       ///< attention heads of the model: degrees must divide them
   int max_degree = 0;   ///< 0 = no limit beyond the devices
   bool grant_idle_devices = true;
+  /// Guided requests may run their halves split over two device groups; false: always
+  /// packed (a pinned split request keeps its mode).
+  bool split_guidance = true;
 };
 
 struct PlannedRequest {
   uint64_t id = 0;
-  int degree = 0;            ///< 0 = waits this round
-  std::vector<int> devices;  ///< ascending, `degree` of them
-  int steps = 0;             ///< steps it starts this round at that degree
+  int degree = 0;  ///< Ulysses degree of each forward (a divisor of the heads); 0 = waits
+  /// Ascending: `degree` of them, or 2 x degree when split (the first `degree` run one half,
+  /// the rest the other).
+  std::vector<int> devices;
+  int steps = 0;  ///< steps it starts this round at that degree
   /// The packing's prediction: on time (counted in RoundPlan::predicted_on_time).
   bool on_time = false;
   /// Predicted finish if it keeps its degree (infinity while it waits).
   double finish_ms = 0;
   bool moved = false;  ///< its devices differ from a non-empty placement
+  bool split = false;  ///< guided only: the halves on two groups of `degree` devices
+  /// Devices it runs on this round: 2 x degree when split, else degree.
+  int device_count() const { return split ? 2 * degree : degree; }
 };
 
 struct RoundPlan {
@@ -106,12 +136,21 @@ struct RoundPlan {
 /// ascending. Empty when heads or devices is not positive.
 std::vector<int> allowed_degrees(int heads, int devices, int max_degree = 0);
 
-/// Plans one round. `step_ms(tokens, d)` is called for every allowed d of every request.
-/// Errors: options out of range (devices or heads < 1, round_ms not positive); a request with
-/// tokens < 1 or steps_left < 0, a duplicate id, a placement naming a device outside
+/// Plans one round. `step_ms(tokens, d)` is called for every allowed d of every request that
+/// is not guided; `guided_step_ms(tokens, d, false)` for every allowed d and
+/// `guided_step_ms(tokens, d, true)` for every allowed d with 2 d <= devices of every guided
+/// one. Errors: options out of range (devices or heads < 1, round_ms not positive); a request
+/// with tokens < 1 or steps_left < 0, a duplicate id, a placement naming a device outside
 /// 0 .. devices - 1, twice, or one another request also holds, a pinned request holding a
-/// number of devices that is not an allowed degree; a step time that is not positive and
-/// finite (the message names the request, tokens and degree).
+/// number of devices that is not an allowed degree (twice one when split); `split` on a
+/// request that is not guided; a guided request without a guided step function; a step time
+/// that is not positive and finite (the message names the request, tokens and degree).
+Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double now_ms,
+                             const StepMsFunction& step_ms,
+                             const GuidedStepMsFunction& guided_step_ms,
+                             const RoundPlannerOptions& options);
+
+/// plan_round without a guided step function: for requests none of which is guided.
 Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double now_ms,
                              const StepMsFunction& step_ms, const RoundPlannerOptions& options);
 

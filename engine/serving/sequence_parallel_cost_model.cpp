@@ -29,7 +29,8 @@ double h100_flop_per_ms() {
 }
 
 SequenceParallelCoefficients h100_coefficients(double flop_per_row, double flop_per_row_pair,
-                                               double fixed_ms, int blocks) {
+                                               double fixed_ms, int blocks,
+                                               int64_t prediction_channels) {
   SequenceParallelCoefficients c;
   c.text_tokens = kTextTokens;
   c.fixed_ms = fixed_ms;
@@ -41,6 +42,7 @@ SequenceParallelCoefficients h100_coefficients(double flop_per_row, double flop_
   c.all_to_all_latency_ms = 0.020;
   c.bytes_per_element = 2.0;
   c.link_bytes_per_ms = 200e9 / 1000.0;
+  c.prediction_channels = prediction_channels;
   return c;
 }
 
@@ -64,6 +66,8 @@ Result<SequenceParallelCostModel> SequenceParallelCostModel::create(
       require(finite_nonneg(c.bytes_per_element), "bytes_per_element", "negative or not finite"));
   INFILL_RETURN_IF_ERROR(require(std::isfinite(c.link_bytes_per_ms) && c.link_bytes_per_ms > 0,
                                  "link_bytes_per_ms", "not positive"));
+  INFILL_RETURN_IF_ERROR(
+      require(c.prediction_channels >= 0, "prediction_channels", "negative, expected >= 0"));
   INFILL_RETURN_IF_ERROR(require(c.fixed_ms + c.ms_per_token + c.ms_per_token_squared > 0,
                                  "fixed_ms + ms_per_token + ms_per_token_squared",
                                  "0 (a step would take no time)"));
@@ -72,7 +76,7 @@ Result<SequenceParallelCostModel> SequenceParallelCostModel::create(
 
 SequenceParallelCostModel SequenceParallelCostModel::flux1_dev_h100() {
   return SequenceParallelCostModel(
-      h100_coefficients(kFlux1FlopPerRow, kFlux1FlopPerRowPair, kH100FixedMs, 19 + 38));
+      h100_coefficients(kFlux1FlopPerRow, kFlux1FlopPerRowPair, kH100FixedMs, 19 + 38, 64));
 }
 
 SequenceParallelCostModel SequenceParallelCostModel::flux2_klein_4b_h100() {
@@ -81,7 +85,7 @@ SequenceParallelCostModel SequenceParallelCostModel::flux2_klein_4b_h100() {
   const double per_block = 4.0 * 3072.0 * 3072.0 + 3.0 * 3072.0 * 9216.0;
   // 7.8 GB of bf16 weights at 3.35 TB/s (2.3 ms) plus launches.
   return SequenceParallelCostModel(
-      h100_coefficients(2.0 * 25.0 * per_block, 4.0 * 3072.0 * 25.0, 3.0, 5 + 20));
+      h100_coefficients(2.0 * 25.0 * per_block, 4.0 * 3072.0 * 25.0, 3.0, 5 + 20, 128));
 }
 
 double SequenceParallelCostModel::all_to_all_ms(int64_t tokens, int degree) const {
@@ -101,8 +105,38 @@ double SequenceParallelCostModel::step_ms(int64_t tokens, int degree) const {
   return c_.fixed_ms + compute / double(std::max(1, degree)) + all_to_all_ms(tokens, degree);
 }
 
+double SequenceParallelCostModel::guidance_exchange_ms(int64_t tokens) const {
+  return c_.all_to_all_latency_ms +
+         4.0 * double(tokens) * double(c_.prediction_channels) / c_.link_bytes_per_ms;
+}
+
+double SequenceParallelCostModel::guided_step_ms(int64_t tokens, int degree, bool split) const {
+  assert(degree >= 1);
+  if (split) return step_ms(tokens, degree) + guidance_exchange_ms(tokens);
+  // Two sequences in one forward: twice the rows through the linear layers, twice one
+  // sequence's attention (the halves do not attend to each other), one weight read, and
+  // all-to-alls of twice the rows at one latency each.
+  const double rows = double(tokens + c_.text_tokens);
+  const double compute = c_.ms_per_token * rows + c_.ms_per_token_squared * rows * rows;
+  const double d = double(std::max(1, degree));
+  double a2a = 0;
+  if (degree > 1) {
+    const double bytes =
+        c_.bytes_per_element * (2.0 * rows / d) * double(c_.hidden) * (d - 1.0) / d;
+    a2a =
+        double(c_.all_to_alls_per_step) * (c_.all_to_all_latency_ms + bytes / c_.link_bytes_per_ms);
+  }
+  return c_.fixed_ms + 2.0 * compute / d + a2a;
+}
+
 StepMsFunction SequenceParallelCostModel::function() const {
   return [model = *this](int64_t tokens, int degree) { return model.step_ms(tokens, degree); };
+}
+
+GuidedStepMsFunction SequenceParallelCostModel::guided_function() const {
+  return [model = *this](int64_t tokens, int degree, bool split) {
+    return model.guided_step_ms(tokens, degree, split);
+  };
 }
 
 }  // namespace infill

@@ -20,6 +20,25 @@
 /// latency per collective. Ulysses runs four per attention layer (Q, K, V to head-split, the
 /// output back to row-split).
 ///
+/// Guided steps (classifier-free guidance: every step is two forwards of the same L rows, the
+/// conditional and the unconditional half, whose predictions are then combined). Attention
+/// does not cross the halves, so two sequences packed in one forward cost twice one
+/// sequence's linear work and twice its attention (2 L^2, not (2L)^2); weights are read and
+/// kernels launched once, and each all-to-all moves twice the rows at one latency:
+///
+///   packed(L, d) = fixed_ms + 2 (single(L) - fixed_ms) / d
+///                  + all_to_alls_per_step * (all_to_all_latency_ms + 2 x bytes(L, d) / link)
+///                = 2 step(L, d) - fixed_ms - all_to_alls_per_step * all_to_all_latency_ms
+///                  (d > 1; at d = 1, 2 step(L, 1) - fixed_ms)
+///   split(L, d)  = step(L, d) + exchange(L)     each half on its own d devices at once
+///   exchange(L)  = all_to_all_latency_ms + 4 * tokens * prediction_channels / link_bytes_per_ms
+///
+/// with bytes(L, d) the per-device bytes of one all-to-all above. A split step runs on 2 d
+/// devices; each device then needs the other half's prediction (float32, image rows x
+/// prediction_channels) to combine them: one exchange. Split at d is never slower than packed
+/// at 2 d (the same compute per device, fewer rows in each all-to-all), and needs 2 d free
+/// devices rather than d.
+///
 /// Immutable; safe to share between threads for reading.
 
 #include <cstdint>
@@ -34,6 +53,12 @@ namespace infill {
 /// gives one.
 using StepMsFunction = std::function<double(int64_t tokens, int degree)>;
 
+/// Predicted milliseconds of one step of a guided `tokens`-token request (two forwards of its
+/// sequence): `split` false, both halves packed in one forward over `degree` devices; true,
+/// each half at once on its own `degree` devices (2 x degree in all), then their predictions
+/// exchanged. SequenceParallelCostModel::guided_function gives one.
+using GuidedStepMsFunction = std::function<double(int64_t tokens, int degree, bool split)>;
+
 struct SequenceParallelCoefficients {
   int64_t text_tokens = 0;           ///< added to every request's tokens (the prompt's rows)
   double fixed_ms = 0;               ///< per step at any degree (weight reads, launches)
@@ -45,6 +70,9 @@ struct SequenceParallelCoefficients {
   double all_to_all_latency_ms = 0;  ///< fixed cost of one all-to-all
   double bytes_per_element = 2;      ///< bf16
   double link_bytes_per_ms = 0;      ///< what one device's all-to-all moves per ms
+  /// Channels of a step's prediction per image token (float32): what a split guided step's
+  /// halves exchange. 0 = the exchange costs its latency only.
+  int64_t prediction_channels = 0;
 };
 
 class SequenceParallelCostModel {
@@ -62,18 +90,26 @@ class SequenceParallelCostModel {
   /// 3.35 TB/s, 7.1 ms, plus launches); the compute rate that makes 4608 rows take 232 ms
   /// (about 320 TFLOP/s, a third of the H100's dense bf16 peak) gives the per-row
   /// coefficients. All-to-all: 20 us each, 200 GB/s per device (NVLink 4 moves 450 GB/s a
-  /// direction; all-to-all reaches less). Not measured here.
+  /// direction; all-to-all reaches less). Prediction: 64 channels. Not measured here.
   static SequenceParallelCostModel flux1_dev_h100();
   /// FLUX.2 [klein] 4B-sized (hidden 3072, 24 heads, 5 double + 20 single blocks, about 3.9B
-  /// weights, 512 text rows) on the same H100 and at the same compute rate as flux1_dev_h100.
+  /// weights, 512 text rows, a 128-channel prediction) on the same H100 and at the same
+  /// compute rate as flux1_dev_h100.
   static SequenceParallelCostModel flux2_klein_4b_h100();
 
   /// step(tokens + text_tokens, degree) as in the header comment. degree >= 1.
   double step_ms(int64_t tokens, int degree) const;
   /// The communication part of step_ms (0 at degree 1).
   double all_to_all_ms(int64_t tokens, int degree) const;
+  /// A guided step, packed(L, degree) or split(L, degree) as in the header comment.
+  /// degree >= 1; a split step runs on 2 x degree devices.
+  double guided_step_ms(int64_t tokens, int degree, bool split) const;
+  /// What a split guided step's halves exchange: exchange(L) in the header comment.
+  double guidance_exchange_ms(int64_t tokens) const;
   /// step_ms as a StepMsFunction (holds a copy of the model).
   StepMsFunction function() const;
+  /// guided_step_ms as a GuidedStepMsFunction (holds a copy of the model).
+  GuidedStepMsFunction guided_function() const;
 
   const SequenceParallelCoefficients& coefficients() const { return c_; }
 

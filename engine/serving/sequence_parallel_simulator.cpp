@@ -37,10 +37,12 @@ struct Live {
   bool in_step = false;
   bool done = false;
   double step_end = 0;
-  std::vector<int> held;    // devices it holds now
-  std::vector<int> target;  // devices of its plan (empty: it waits)
+  std::vector<int> held;      // devices it holds now
+  std::vector<int> target;    // devices of its plan (empty: it waits)
+  bool target_split = false;  // guided: its plan splits the halves over two groups
   std::vector<int> last_devices;
   int last_degree = 0;
+  bool last_split = false;
   double finish = 0;
   // statistics
   double degree_sum = 0;
@@ -48,9 +50,11 @@ struct Live {
   int max_degree = 0;
   int degree_changes = 0;
   int moves = 0;
+  int split_steps = 0;
 };
 
-Status check(std::span<const SpSimRequest> trace, const SpSimOptions& o) {
+Status check(std::span<const SpSimRequest> trace, const SpSimOptions& o,
+             const GuidedStepMsFunction& guided_step_ms) {
   if (o.devices < 1)
     return invalid_argument("sequence-parallel simulation: devices is " +
                             std::to_string(o.devices) + ", expected >= 1");
@@ -63,6 +67,11 @@ Status check(std::span<const SpSimRequest> trace, const SpSimOptions& o) {
                               std::to_string(o.fixed_degree) + ", expected a divisor of the " +
                               std::to_string(o.heads) + " heads from 1 to the " +
                               std::to_string(o.devices) + " devices");
+    }
+    if (o.fixed_split_guidance && o.fixed_degree % 2 != 0) {
+      return invalid_argument("sequence-parallel simulation: fixed_degree is " +
+                              std::to_string(o.fixed_degree) +
+                              " with fixed_split_guidance, expected an even degree (two halves)");
     }
   } else if (o.policy == SpPolicy::kRoundPlanner) {
     if (o.round_steps < 0) {
@@ -86,6 +95,8 @@ Status check(std::span<const SpSimRequest> trace, const SpSimOptions& o) {
     if (!std::isfinite(r.arrival_ms) || !std::isfinite(r.deadline_ms)) {
       return invalid_argument(who + " has a non-finite arrival or deadline");
     }
+    if (r.guided && !guided_step_ms)
+      return invalid_argument(who + " is guided, expected a guided step function");
   }
   return Status::success();
 }
@@ -96,11 +107,32 @@ bool met(double latency_ms, double deadline_ms) {
   return latency_ms <= deadline_ms + 1e-9 * std::abs(deadline_ms);
 }
 
+// The step functions of a run: a step of `r` on `devices` devices, a guided request's halves
+// split over two groups of devices / 2 or packed on all of them.
+struct StepTimes {
+  const StepMsFunction& step_ms;
+  const GuidedStepMsFunction& guided_step_ms;
+
+  double operator()(const SpSimRequest& r, int devices, bool split) const {
+    if (!r.guided) return step_ms(r.tokens, devices);
+    return guided_step_ms(r.tokens, split ? devices / 2 : devices, split);
+  }
+};
+
+Status bad_step(const SpSimRequest& r, int devices, bool split, double ms) {
+  const int degree = split ? devices / 2 : devices;
+  return invalid_argument(
+      "sequence-parallel simulation: the step time of request " + std::to_string(r.id) + " (" +
+      std::to_string(r.tokens) + " tokens" +
+      (r.guided ? (split ? ", guided, halves split" : ", guided, halves packed") : "") +
+      ") at degree " + std::to_string(degree) + " is " + std::to_string(ms) +
+      ", expected a positive finite value");
+}
+
 class FixedDegreeSim {
  public:
-  FixedDegreeSim(std::span<const SpSimRequest> trace, const StepMsFunction& step_ms,
-                 const SpSimOptions& o)
-      : trace_(trace), step_ms_(step_ms), o_(o) {}
+  FixedDegreeSim(std::span<const SpSimRequest> trace, const StepTimes& step, const SpSimOptions& o)
+      : trace_(trace), step_(step), o_(o) {}
 
   Result<SpSimReport> run() {
     const size_t n = trace_.size();
@@ -120,8 +152,14 @@ class FixedDegreeSim {
     }
     const auto start = [&](size_t i, size_t g, double now) -> Status {
       const SpSimRequest& r = trace_[i];
-      const double s = step_ms_(r.tokens, degree);
-      if (!std::isfinite(s) || s <= 0) return bad_step(r, degree, s);
+      const bool split = r.guided && o_.fixed_split_guidance;
+      const double s = step_(r, degree, split);
+      if (!std::isfinite(s) || s <= 0) return bad_step(r, degree, split, s);
+      if (r.guided) report.guided_steps += static_cast<uint64_t>(r.steps);
+      if (split) {
+        report.split_steps += static_cast<uint64_t>(r.steps);
+        report.requests[i].split_steps = r.steps;
+      }
       group_busy[g] = true;
       group_of[i] = static_cast<int>(g);
       const double run = double(r.steps) * s;
@@ -162,13 +200,6 @@ class FixedDegreeSim {
     return report;
   }
 
-  static Status bad_step(const SpSimRequest& r, int degree, double ms) {
-    return invalid_argument("sequence-parallel simulation: the step time of request " +
-                            std::to_string(r.id) + " (" + std::to_string(r.tokens) +
-                            " tokens) at degree " + std::to_string(degree) + " is " +
-                            std::to_string(ms) + ", expected a positive finite value");
-  }
-
   static void finish(SpSimReport& report, double first, double last) {
     size_t on_time = 0;
     for (const SpSimOutcome& o : report.requests) on_time += o.deadline_met ? 1 : 0;
@@ -179,15 +210,14 @@ class FixedDegreeSim {
 
  private:
   std::span<const SpSimRequest> trace_;
-  const StepMsFunction& step_ms_;
+  const StepTimes& step_;
   const SpSimOptions& o_;
 };
 
 class RoundPlannerSim {
  public:
-  RoundPlannerSim(std::span<const SpSimRequest> trace, const StepMsFunction& step_ms,
-                  const SpSimOptions& o)
-      : trace_(trace), step_ms_(step_ms), o_(o), holder_(static_cast<size_t>(o.devices), -1) {}
+  RoundPlannerSim(std::span<const SpSimRequest> trace, const StepTimes& step, const SpSimOptions& o)
+      : trace_(trace), step_(step), o_(o), holder_(static_cast<size_t>(o.devices), -1) {}
 
   Result<SpSimReport> run() {
     const size_t n = trace_.size();
@@ -226,6 +256,7 @@ class RoundPlannerSim {
       out.max_degree = l.max_degree;
       out.degree_changes = l.degree_changes;
       out.moves = l.moves;
+      out.split_steps = l.split_steps;
       last = std::max(last, l.finish);
     }
     FixedDegreeSim::finish(report_, first, last);
@@ -261,9 +292,11 @@ class RoundPlannerSim {
       p.deadline_ms = l.deadline;
       p.placement = l.target;
       p.ready_ms = l.in_step ? l.step_end : now;
+      p.guided = trace_[i].guided;
+      p.split = l.target_split;
       requests.push_back(std::move(p));
       index.push_back(i);
-      longest_single = std::max(longest_single, step_ms_(trace_[i].tokens, 1));
+      longest_single = std::max(longest_single, step_(trace_[i], 1, false));
     }
     // A request that waited still has its latents on the devices it last ran on: it claims
     // them as its placement while no other request's holds them, so that resuming at the same
@@ -279,6 +312,7 @@ class RoundPlannerSim {
                       [&](int d) { return claimed[static_cast<size_t>(d)]; }))
         continue;
       requests[k].placement = last;
+      requests[k].split = live_[index[k]].last_split;
       for (int d : last) claimed[static_cast<size_t>(d)] = true;
     }
     double planned_round_ms = o_.round_ms;
@@ -293,7 +327,8 @@ class RoundPlannerSim {
     po.round_ms = planned_round_ms;
     po.max_degree = o_.max_degree;
     po.grant_idle_devices = o_.grant_idle_devices;
-    Result<RoundPlan> plan = plan_round(requests, now, step_ms_, po);
+    po.split_guidance = o_.split_guidance;
+    Result<RoundPlan> plan = plan_round(requests, now, step_.step_ms, step_.guided_step_ms, po);
     if (!plan.ok()) return plan.status();
     if (!requests.empty()) ++report_.rounds;
 
@@ -301,8 +336,10 @@ class RoundPlannerSim {
     for (size_t k = 0; k < index.size(); ++k) {
       const PlannedRequest& p = plan->requests[k];
       live_[index[k]].target = p.devices;
-      if (p.degree > 0)
-        slowest_step = std::max(slowest_step, step_ms_(trace_[index[k]].tokens, p.degree));
+      live_[index[k]].target_split = p.split;
+      if (p.degree > 0) {
+        slowest_step = std::max(slowest_step, step_(trace_[index[k]], p.device_count(), p.split));
+      }
     }
     for (size_t k = 0; k < index.size(); ++k) {
       Live& l = live_[index[k]];
@@ -377,17 +414,24 @@ class RoundPlannerSim {
       for (int d : l.target) holder_[static_cast<size_t>(d)] = static_cast<int>(i);
       l.held = l.target;
       const int degree = static_cast<int>(l.target.size());
-      const double s = step_ms_(trace_[i].tokens, degree);
-      if (!std::isfinite(s) || s <= 0) return FixedDegreeSim::bad_step(trace_[i], degree, s);
+      const bool split = l.target_split;
+      const double s = step_(trace_[i], degree, split);
+      if (!std::isfinite(s) || s <= 0) return bad_step(trace_[i], degree, split, s);
       if (l.steps_run > 0) {
-        if (degree != l.last_degree) {
+        if (degree != l.last_degree || split != l.last_split) {
           ++l.degree_changes;
         } else if (l.target != l.last_devices) {
           ++l.moves;
         }
       }
       l.last_degree = degree;
+      l.last_split = split;
       l.last_devices = l.target;
+      if (trace_[i].guided) report_.guided_steps += 1;
+      if (split) {
+        report_.split_steps += 1;
+        l.split_steps += 1;
+      }
       l.in_step = true;
       l.steps_left -= 1;
       l.step_end = now + s;
@@ -402,7 +446,7 @@ class RoundPlannerSim {
   }
 
   std::span<const SpSimRequest> trace_;
-  const StepMsFunction& step_ms_;
+  const StepTimes& step_;
   const SpSimOptions& o_;
   std::vector<int> holder_;  // per device: the request holding it, or -1
   std::vector<Live> live_;
@@ -419,11 +463,18 @@ class RoundPlannerSim {
 
 Result<SpSimReport> simulate_sequence_parallel(std::span<const SpSimRequest> trace,
                                                const StepMsFunction& step_ms,
+                                               const GuidedStepMsFunction& guided_step_ms,
                                                const SpSimOptions& options) {
-  INFILL_RETURN_IF_ERROR(check(trace, options));
-  if (options.policy == SpPolicy::kFixedDegree)
-    return FixedDegreeSim(trace, step_ms, options).run();
-  return RoundPlannerSim(trace, step_ms, options).run();
+  INFILL_RETURN_IF_ERROR(check(trace, options, guided_step_ms));
+  const StepTimes step{step_ms, guided_step_ms};
+  if (options.policy == SpPolicy::kFixedDegree) return FixedDegreeSim(trace, step, options).run();
+  return RoundPlannerSim(trace, step, options).run();
+}
+
+Result<SpSimReport> simulate_sequence_parallel(std::span<const SpSimRequest> trace,
+                                               const StepMsFunction& step_ms,
+                                               const SpSimOptions& options) {
+  return simulate_sequence_parallel(trace, step_ms, GuidedStepMsFunction{}, options);
 }
 
 }  // namespace infill

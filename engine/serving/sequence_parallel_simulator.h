@@ -20,6 +20,14 @@
 ///   contiguous devices; a request takes the lowest free group when it arrives, or waits in
 ///   one first-come-first-served queue, and runs all its steps at D there. No rounds.
 ///
+/// Guided requests (the trace's guided share: a base model under classifier-free guidance,
+/// two forwards of the sequence per step) take their step times from a GuidedStepMsFunction.
+/// The round planner places their halves (round_planner.h, "Guidance placement"): split over
+/// two groups of d devices at once, or packed in one forward on d; split_guidance false packs
+/// always. Under a fixed degree D they run packed on their group of D, or, with
+/// fixed_split_guidance, split over its two halves at degree D / 2 each (xDiT's CFG
+/// parallelism with Ulysses D / 2).
+///
 /// Not modelled: moving a request's latents between devices (free here), text encoding, VAE
 /// decode, the planner's own run time.
 ///
@@ -41,6 +49,7 @@ struct SpSimRequest {
   int64_t tokens = 0;      ///< tokens of its sequence (what the step function takes)
   int steps = 0;           ///< denoising steps, each over the whole sequence
   double deadline_ms = 0;  ///< relative to arrival
+  bool guided = false;     ///< classifier-free guided: two forwards of the sequence per step
 };
 
 /// Values only grow; 0 is not a policy.
@@ -58,19 +67,30 @@ struct SpSimOptions {
   int round_steps = 0;
   int max_degree = 0;              ///< kRoundPlanner: 0 = up to the devices
   bool grant_idle_devices = true;  ///< kRoundPlanner
+  /// kRoundPlanner: guided requests' halves may be split over two device groups; false packs
+  /// them always.
+  bool split_guidance = true;
+  /// kFixedDegree: guided requests' halves split over the two halves of each group (at
+  /// fixed_degree / 2 each; fixed_degree must be even); false packs them on the group.
+  bool fixed_split_guidance = false;
 };
 
+/// Degrees in the outcome and report count the devices a step ran on: for a guided request
+/// split, both halves' groups (2 x the Ulysses degree).
 struct SpSimOutcome {
   uint64_t id = 0;
   double latency_ms = 0;  ///< arrival -> last step's end
   bool deadline_met = false;
   double mean_degree = 0;  ///< over its steps
   int max_degree = 0;
-  int degree_changes = 0;  ///< steps started at a degree other than its previous step's
+  /// Steps started at a degree other than its previous step's (or, guided, split where it
+  /// was packed or the reverse).
+  int degree_changes = 0;
   /// Steps started at the degree of its previous step on other devices (a move of its
   /// latents): after it waited while others took its devices, or when its degree changed and
   /// changed back within one step.
   int moves = 0;
+  int split_steps = 0;  ///< guided: steps run with the halves split
 };
 
 struct SpSimReport {
@@ -79,13 +99,22 @@ struct SpSimReport {
   double busy_device_ms = 0;              ///< sum over steps of degree x step time
   double makespan_ms = 0;                 ///< first arrival -> last finish
   int rounds = 0;                         ///< plans made (0 for a fixed degree)
-  std::vector<uint64_t> steps_by_degree;  ///< index: degree
+  std::vector<uint64_t> steps_by_degree;  ///< index: degree (devices)
+  uint64_t guided_steps = 0;              ///< steps of guided requests
+  uint64_t split_steps = 0;               ///< of those, run with the halves split
 };
 
 /// Runs the trace to completion (requests in any order). Errors: options out of range
 /// (devices < 1, heads < 1, a fixed degree that does not divide the heads or exceeds the
-/// devices, a round length not positive), a request with tokens < 1, steps < 1 or a
-/// non-finite arrival or deadline, or a step time that is not positive and finite.
+/// devices, an odd one with fixed_split_guidance, a round length not positive), a request
+/// with tokens < 1, steps < 1 or a non-finite arrival or deadline, a guided request without a
+/// guided step function, or a step time that is not positive and finite.
+Result<SpSimReport> simulate_sequence_parallel(std::span<const SpSimRequest> trace,
+                                               const StepMsFunction& step_ms,
+                                               const GuidedStepMsFunction& guided_step_ms,
+                                               const SpSimOptions& options);
+
+/// simulate_sequence_parallel without a guided step function: for traces of no guided request.
 Result<SpSimReport> simulate_sequence_parallel(std::span<const SpSimRequest> trace,
                                                const StepMsFunction& step_ms,
                                                const SpSimOptions& options);

@@ -480,3 +480,323 @@ TEST_CASE("the round planner refuses inconsistent input, naming it", "[serving][
   const StepMsFunction broken = [](int64_t, int degree) { return degree == 2 ? 0.0 : 1.0; };
   CHECK_THAT(message({a}, o, broken), Catch::Contains("request 1 (1024 tokens) at degree 2 is 0"));
 }
+
+namespace {
+
+// A guided step function of the same family: packed, two sequences in one forward (twice the
+// per-token work, one fixed part, communication growing with the degree and the rows); split,
+// each half at `degree` on its own devices plus an exchange.
+struct SyntheticGuidedCost {
+  SyntheticCost one;
+  double exchange_ms;
+  double operator()(int64_t tokens, int degree, bool split) const {
+    if (split) return one(tokens, degree) + exchange_ms;
+    return one.fixed_ms + 2 * one.per_token_ms * double(tokens) / double(degree) +
+           1.5 * one.comm_ms * double(degree - 1);
+  }
+};
+
+// One way to run: devices 0 waits; else degree per forward and split (guided only).
+struct Choice {
+  int degree = 0;
+  bool split = false;
+  int devices() const { return split ? 2 * degree : degree; }
+};
+
+double step_of(const PlannerRequest& r, const Choice& c, const StepMsFunction& step,
+               const GuidedStepMsFunction& guided) {
+  return r.guided ? guided(r.tokens, c.degree, c.split) : step(r.tokens, c.degree);
+}
+
+// The modes a request may take: every allowed degree packed, and split where guided, allowed
+// and 2 d fits.
+std::vector<Choice> modes_of(const PlannerRequest& r, int devices, const std::vector<int>& allowed,
+                             bool split_guidance) {
+  std::vector<Choice> out;
+  for (int d : allowed) out.push_back({d, false});
+  if (r.guided && split_guidance) {
+    for (int d : allowed) {
+      if (2 * d <= devices) out.push_back({d, true});
+    }
+  }
+  return out;
+}
+
+// The header's value function with guidance placement, written out again.
+Objective evaluate_guided(const std::vector<PlannerRequest>& rs, const std::vector<Choice>& choice,
+                          double now, double round_ms, int devices, const std::vector<int>& allowed,
+                          bool split_guidance, const StepMsFunction& step,
+                          const GuidedStepMsFunction& guided) {
+  Objective obj;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const PlannerRequest& r = rs[i];
+    const double steps = double(r.steps_left);
+    if (choice[i].degree > 0) {
+      const double s = step_of(r, choice[i], step, guided);
+      obj.value += std::max(now, r.ready_ms) + steps * s <= r.deadline_ms ? 1 : 0;
+      obj.gpu_ms += double(choice[i].devices()) * steps * s;
+      continue;
+    }
+    if (r.steps_left == 0) {
+      obj.value += r.ready_ms <= r.deadline_ms ? 1 : 0;
+      continue;
+    }
+    double cheapest = std::numeric_limits<double>::infinity();
+    double cheapest_on_time = cheapest, s_star = 0;
+    for (const Choice& c : modes_of(r, devices, allowed, split_guidance)) {
+      const double s = step_of(r, c, step, guided);
+      const double gpu = double(c.devices()) * steps * s;
+      cheapest = std::min(cheapest, gpu);
+      if (std::max(now, r.ready_ms) + steps * s <= r.deadline_ms && gpu < cheapest_on_time) {
+        cheapest_on_time = gpu;
+        s_star = s;
+      }
+    }
+    const bool on_time =
+        s_star > 0 && std::max(now + round_ms, r.ready_ms) + steps * s_star <= r.deadline_ms;
+    obj.value += on_time ? 1 : 0;
+    obj.gpu_ms += on_time ? cheapest_on_time : cheapest;
+  }
+  return obj;
+}
+
+// Every assignment of a mode or waiting to each request within the devices: the best value,
+// and the least GPU time among the assignments of that value.
+Objective brute_force_guided(const std::vector<PlannerRequest>& rs, int devices, double now,
+                             double round_ms, const std::vector<int>& allowed, bool split_guidance,
+                             const StepMsFunction& step, const GuidedStepMsFunction& guided) {
+  std::vector<Choice> choice(rs.size());
+  Objective best{-1, 0};
+  std::function<void(size_t, int)> walk = [&](size_t i, int used) {
+    if (i == rs.size()) {
+      const Objective o = evaluate_guided(rs, choice, now, round_ms, devices, allowed,
+                                          split_guidance, step, guided);
+      if (o.value > best.value || (o.value == best.value && o.gpu_ms < best.gpu_ms)) best = o;
+      return;
+    }
+    const PlannerRequest& r = rs[i];
+    std::vector<Choice> choices{{0, false}};
+    if (pinned(r, now, round_ms)) {
+      const int held = static_cast<int>(r.placement.size());
+      choices = {{r.split ? held / 2 : held, r.split}};
+    } else if (r.steps_left > 0) {
+      for (const Choice& c : modes_of(r, devices, allowed, split_guidance)) choices.push_back(c);
+    }
+    for (const Choice& c : choices) {
+      if (used + c.devices() > devices) continue;
+      choice[i] = c;
+      walk(i + 1, used + c.devices());
+    }
+    choice[i] = {};
+  };
+  walk(0, 0);
+  return best;
+}
+
+// random_requests with about half of them guided; a guided one holding an even number of
+// devices whose half is allowed runs split on them (most of the time).
+std::vector<PlannerRequest> random_guided_requests(std::mt19937_64& rng, int count, int devices,
+                                                   double now, const StepMsFunction& step,
+                                                   const std::vector<int>& allowed) {
+  std::vector<PlannerRequest> rs = random_requests(rng, count, devices, now, step, allowed);
+  std::bernoulli_distribution coin(0.5);
+  for (PlannerRequest& r : rs) {
+    r.guided = coin(rng);
+    const int held = static_cast<int>(r.placement.size());
+    if (r.guided && held % 2 == 0 && held > 0 &&
+        std::find(allowed.begin(), allowed.end(), held / 2) != allowed.end() &&
+        std::bernoulli_distribution(0.8)(rng)) {
+      r.split = true;
+    }
+  }
+  return rs;
+}
+
+}  // namespace
+
+TEST_CASE("with guided requests the packing equals a brute-force search over every mode",
+          "[serving][round_planner][guidance]") {
+  std::mt19937_64 rng(4141);
+  std::uniform_real_distribution<double> u(0, 1);
+  const int heads_choices[] = {24, 6, 12, 8, 7};
+  int split_chosen = 0, packed_chosen = 0, pinned_split = 0, late = 0;
+  for (int c = 0; c < 200; ++c) {
+    const int devices = std::uniform_int_distribution<int>(2, 8)(rng);
+    const int count = std::uniform_int_distribution<int>(1, 4)(rng);
+    const int heads = heads_choices[c % 5];
+    const SyntheticCost cost{0.5 + 5 * u(rng), 0.001 + 0.01 * u(rng),
+                             u(rng) < 0.5 ? 0.0 : 20 * u(rng)};
+    const StepMsFunction step = cost;
+    const GuidedStepMsFunction guided = SyntheticGuidedCost{cost, 0.3 * u(rng)};
+    const double now = 1000.0 * u(rng);
+    const std::vector<int> allowed = allowed_degrees(heads, devices);
+    const std::vector<PlannerRequest> rs =
+        random_guided_requests(rng, count, devices, now, step, allowed);
+    RoundPlannerOptions o;
+    o.devices = devices;
+    o.heads = heads;
+    o.round_ms = 5 + 200 * u(rng);
+    o.grant_idle_devices = false;
+    o.split_guidance = c % 4 != 3;  // a quarter packs always
+    INFO("case " << c << ": " << count << " requests, " << devices << " devices, heads " << heads
+                 << ", split_guidance " << o.split_guidance);
+    const Result<RoundPlan> plan = plan_round(rs, now, step, guided, o);
+    REQUIRE(plan.ok());
+    const Objective best =
+        brute_force_guided(rs, devices, now, o.round_ms, allowed, o.split_guidance, step, guided);
+    CHECK(plan->predicted_on_time == best.value);
+    CHECK(plan->packing_gpu_ms == Approx(best.gpu_ms).epsilon(1e-7));
+    // The plan is valid and its own modes score what it reports.
+    std::vector<Choice> choice;
+    std::set<int> taken;
+    int used = 0;
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const PlannedRequest& p = plan->requests[i];
+      CHECK(p.id == rs[i].id);
+      if (p.degree != 0)
+        CHECK(std::find(allowed.begin(), allowed.end(), p.degree) != allowed.end());
+      if (!rs[i].guided || !o.split_guidance) CHECK((!p.split || pinned(rs[i], now, o.round_ms)));
+      CHECK(static_cast<int>(p.devices.size()) == p.device_count());
+      CHECK(std::is_sorted(p.devices.begin(), p.devices.end()));
+      for (int d : p.devices) CHECK(taken.insert(d).second);
+      used += p.device_count();
+      choice.push_back({p.degree, p.split});
+      if (p.degree > 0 && rs[i].guided) ++(p.split ? split_chosen : packed_chosen);
+      if (pinned(rs[i], now, o.round_ms)) {
+        std::vector<int> held = rs[i].placement;
+        std::sort(held.begin(), held.end());
+        CHECK(p.devices == held);
+        CHECK(p.split == rs[i].split);
+        if (p.split) ++pinned_split;
+      }
+    }
+    CHECK(used <= devices);
+    CHECK(used == plan->devices_used);
+    const Objective own = evaluate_guided(rs, choice, now, o.round_ms, devices, allowed,
+                                          o.split_guidance, step, guided);
+    CHECK(own.value == plan->predicted_on_time);
+    CHECK(own.gpu_ms == Approx(plan->packing_gpu_ms).epsilon(1e-7));
+    if (best.value < count) ++late;
+  }
+  // Both modes are chosen, pinned split requests occur, and some cases cannot meet every
+  // deadline.
+  CHECK(split_chosen > 20);
+  CHECK(packed_chosen > 20);
+  CHECK(pinned_split > 5);
+  CHECK(late > 20);
+}
+
+TEST_CASE("a guided request is split over two free devices when its deadline needs them",
+          "[serving][round_planner][guidance]") {
+  const SequenceParallelCostModel m = SequenceParallelCostModel::flux1_dev_h100();
+  const StepMsFunction step = m.function();
+  const GuidedStepMsFunction guided = m.guided_function();
+  const int64_t tokens = 4096;
+  const int steps = 28;
+  RoundPlannerOptions o;
+  o.devices = 2;
+  o.round_ms = 100;
+  o.grant_idle_devices = false;
+  PlannerRequest r{7, tokens, steps, 0, {}, 0};
+  r.guided = true;
+  // Tight: only the halves at once on two devices make it; packed on two devices (one forward
+  // of both halves, each all-to-all twice the rows) and packed on one are late.
+  r.deadline_ms = 1.01 * steps * guided(tokens, 1, true);
+  REQUIRE(steps * guided(tokens, 2, false) > r.deadline_ms);
+  REQUIRE(steps * guided(tokens, 1, false) > r.deadline_ms);
+
+  SECTION("two free devices: split, one half on each") {
+    const Result<RoundPlan> p = plan_round(std::vector<PlannerRequest>{r}, 0.0, step, guided, o);
+    REQUIRE(p.ok());
+    CHECK(p->requests[0].split);
+    CHECK(p->requests[0].degree == 1);
+    CHECK(p->requests[0].devices == std::vector<int>{0, 1});
+    CHECK(p->requests[0].on_time);
+    CHECK(p->requests[0].finish_ms == Approx(steps * guided(tokens, 1, true)));
+    CHECK(p->devices_used == 2);
+  }
+
+  SECTION("one free device: packed on it") {
+    // Device 0 is busy through the round with another request's step.
+    PlannerRequest busy{8, 1024, 10, 1e9, {0}, 500};
+    const Result<RoundPlan> p =
+        plan_round(std::vector<PlannerRequest>{busy, r}, 0.0, step, guided, o);
+    REQUIRE(p.ok());
+    CHECK(p->requests[0].devices == std::vector<int>{0});
+    CHECK_FALSE(p->requests[1].split);
+    CHECK(p->requests[1].degree == 1);
+    CHECK(p->requests[1].devices == std::vector<int>{1});
+    CHECK_FALSE(p->requests[1].on_time);
+  }
+
+  SECTION("packing always: packed, and late") {
+    o.split_guidance = false;
+    const Result<RoundPlan> p = plan_round(std::vector<PlannerRequest>{r}, 0.0, step, guided, o);
+    REQUIRE(p.ok());
+    CHECK_FALSE(p->requests[0].split);
+    CHECK(p->predicted_on_time == 0);
+  }
+
+  SECTION("a loose deadline: packed on one device, the least GPU time; granted the second") {
+    r.deadline_ms = 1.2 * steps * guided(tokens, 1, false);
+    const Result<RoundPlan> p = plan_round(std::vector<PlannerRequest>{r}, 0.0, step, guided, o);
+    REQUIRE(p.ok());
+    CHECK_FALSE(p->requests[0].split);
+    CHECK(p->requests[0].degree == 1);
+    CHECK(p->requests[0].on_time);
+    // Idle devices: the next rung at two devices is the split (faster than packed on two).
+    o.grant_idle_devices = true;
+    const Result<RoundPlan> g = plan_round(std::vector<PlannerRequest>{r}, 0.0, step, guided, o);
+    REQUIRE(g.ok());
+    CHECK(g->requests[0].split);
+    CHECK(g->requests[0].devices == std::vector<int>{0, 1});
+    CHECK(g->devices_granted == 1);
+  }
+
+  SECTION("a split request busy through the round keeps its mode and devices") {
+    o.devices = 4;
+    r.placement = {2, 3};
+    r.split = true;
+    r.ready_ms = 150;
+    const Result<RoundPlan> p = plan_round(std::vector<PlannerRequest>{r}, 0.0, step, guided, o);
+    REQUIRE(p.ok());
+    CHECK(p->requests[0].split);
+    CHECK(p->requests[0].degree == 1);
+    CHECK(p->requests[0].devices == std::vector<int>{2, 3});
+  }
+}
+
+TEST_CASE("the round planner refuses inconsistent guided input, naming it",
+          "[serving][round_planner][guidance]") {
+  const SequenceParallelCostModel m = SequenceParallelCostModel::flux1_dev_h100();
+  RoundPlannerOptions o;
+  o.devices = 4;
+  o.round_ms = 100;
+  PlannerRequest r{3, 1024, 10, 1000, {}, 0};
+  r.guided = true;
+  Result<RoundPlan> p = plan_round(std::vector<PlannerRequest>{r}, 0.0, m.function(), o);
+  REQUIRE_FALSE(p.ok());
+  CHECK_THAT(p.status().message(),
+             Catch::Contains("request 3 is guided, expected a guided step function"));
+  r.guided = false;
+  r.split = true;
+  p = plan_round(std::vector<PlannerRequest>{r}, 0.0, m.function(), m.guided_function(), o);
+  REQUIRE_FALSE(p.ok());
+  CHECK_THAT(p.status().message(), Catch::Contains("request 3 is split but not guided"));
+  // Pinned, split over 3 devices: not twice an allowed degree.
+  r.guided = true;
+  r.placement = {0, 1, 2};
+  r.ready_ms = 500;
+  p = plan_round(std::vector<PlannerRequest>{r}, 0.0, m.function(), m.guided_function(), o);
+  REQUIRE_FALSE(p.ok());
+  CHECK_THAT(p.status().message(), Catch::Contains("request 3 holds 3 devices") &&
+                                       Catch::Contains("halves split") &&
+                                       Catch::Contains("expected twice an allowed degree"));
+  const GuidedStepMsFunction broken = [](int64_t, int, bool split) { return split ? -1.0 : 1.0; };
+  r.placement = {};
+  r.split = false;
+  p = plan_round(std::vector<PlannerRequest>{r}, 0.0, m.function(), broken, o);
+  REQUIRE_FALSE(p.ok());
+  CHECK_THAT(p.status().message(),
+             Catch::Contains("request 3 (1024 tokens, guided, halves split) at degree 1 is -1"));
+}

@@ -185,3 +185,123 @@ TEST_CASE("the sequence-parallel simulator refuses bad options and requests",
   REQUIRE_FALSE(r.ok());
   CHECK_THAT(r.status().message(), Catch::Contains("request 9 has 0 steps"));
 }
+
+namespace {
+
+SpSimRequest guided_request(uint64_t id, double arrival, int64_t tokens, int steps,
+                            double deadline) {
+  SpSimRequest r = request(id, arrival, tokens, steps, deadline);
+  r.guided = true;
+  return r;
+}
+
+SpSimReport run_guided(const std::vector<SpSimRequest>& trace, const SpSimOptions& o) {
+  const Result<SpSimReport> r =
+      simulate_sequence_parallel(trace, flux().function(), flux().guided_function(), o);
+  REQUIRE(r.ok());
+  return *r;
+}
+
+}  // namespace
+
+TEST_CASE("a guided request runs its halves on two devices at once or packed on one",
+          "[serving][sp_simulator][guidance]") {
+  const double split1 = flux().guided_step_ms(4096, 1, true);
+  const double packed1 = flux().guided_step_ms(4096, 1, false);
+  const double packed2 = flux().guided_step_ms(4096, 2, false);
+  const std::vector<SpSimRequest> trace{guided_request(1, 0.0, 4096, 28, 1.01 * 28 * split1)};
+
+  SECTION("the round planner splits it over two free devices") {
+    SpSimOptions o;
+    o.devices = 2;
+    o.round_ms = 100;
+    const SpSimReport rep = run_guided(trace, o);
+    CHECK(rep.requests[0].latency_ms == Approx(28 * split1));
+    CHECK(rep.requests[0].deadline_met);
+    CHECK(rep.requests[0].split_steps == 28);
+    CHECK(rep.requests[0].mean_degree == 2);  // devices: a half on each
+    CHECK(rep.guided_steps == 28);
+    CHECK(rep.split_steps == 28);
+    CHECK(rep.steps_by_degree[2] == 28);
+  }
+
+  SECTION("packing always: one forward of both halves over the two devices, late") {
+    SpSimOptions o;
+    o.devices = 2;
+    o.round_ms = 100;
+    o.split_guidance = false;
+    const SpSimReport rep = run_guided(trace, o);
+    CHECK(rep.requests[0].latency_ms == Approx(28 * packed2));
+    CHECK_FALSE(rep.requests[0].deadline_met);
+    CHECK(rep.split_steps == 0);
+    CHECK(rep.guided_steps == 28);
+  }
+
+  SECTION("one device: packed on it") {
+    SpSimOptions o;
+    o.devices = 1;
+    o.round_ms = 100;
+    const SpSimReport rep = run_guided(trace, o);
+    CHECK(rep.requests[0].latency_ms == Approx(28 * packed1));
+    CHECK(rep.split_steps == 0);
+  }
+
+  SECTION("fixed degree 2, packed or split over the group's halves") {
+    SpSimOptions o = fixed(2, 2);
+    CHECK(run_guided(trace, o).requests[0].latency_ms == Approx(28 * packed2));
+    o.fixed_split_guidance = true;
+    const SpSimReport rep = run_guided(trace, o);
+    CHECK(rep.requests[0].latency_ms == Approx(28 * split1));
+    CHECK(rep.split_steps == 28);
+  }
+}
+
+TEST_CASE("a trace's guided share: only guided requests split, every step counted",
+          "[serving][sp_simulator][guidance]") {
+  std::mt19937_64 rng(23);
+  std::exponential_distribution<double> gap(1.0 / 400.0);
+  std::bernoulli_distribution guided(0.5);
+  const int64_t sizes[] = {256, 1024, 4096, 16384};
+  std::vector<SpSimRequest> trace;
+  double t = 0;
+  uint64_t guided_count = 0;
+  for (uint64_t i = 0; i < 300; ++i) {
+    t += gap(rng);
+    const int64_t tokens = sizes[i % 4];
+    SpSimRequest r = request(i, t, tokens, 20, 1.2 * 20 * flux().step_ms(tokens, 1));
+    r.guided = guided(rng);
+    if (r.guided) {
+      r.deadline_ms = 1.2 * 20 * flux().guided_step_ms(tokens, 1, false);
+      ++guided_count;
+    }
+    trace.push_back(r);
+  }
+  SpSimOptions o;
+  o.round_ms = 100;
+  const SpSimReport rep = run_guided(trace, o);
+  CHECK(rep.guided_steps == guided_count * 20);
+  CHECK(rep.split_steps > 0);
+  CHECK(rep.split_steps < rep.guided_steps);
+  uint64_t steps = 0;
+  for (uint64_t s : rep.steps_by_degree) steps += s;
+  CHECK(steps == 300 * 20);
+  for (size_t i = 0; i < trace.size(); ++i) {
+    if (!trace[i].guided) CHECK(rep.requests[i].split_steps == 0);
+  }
+  o.split_guidance = false;
+  CHECK(run_guided(trace, o).split_steps == 0);
+}
+
+TEST_CASE("the sequence-parallel simulator refuses guided input it cannot run",
+          "[serving][sp_simulator][guidance]") {
+  const std::vector<SpSimRequest> trace{guided_request(4, 0, 1024, 10, 1000)};
+  Result<SpSimReport> r = simulate_sequence_parallel(trace, flux().function(), SpSimOptions{});
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(),
+             Catch::Contains("request 4 is guided, expected a guided step function"));
+  SpSimOptions o = fixed(3);
+  o.fixed_split_guidance = true;
+  r = simulate_sequence_parallel(trace, flux().function(), flux().guided_function(), o);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("fixed_degree is 3 with fixed_split_guidance"));
+}
