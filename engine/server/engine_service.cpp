@@ -339,11 +339,15 @@ ApiReply EngineService::health() const {
   }
   const std::string status =
       in_service == workers.size() && every_device ? "ok" : in_service > 0 ? "degraded" : "failed";
+  // Whether prepare steps run in sequence parallel over idle devices (serving/device_team.h).
+  const Status team = impl_->models->runtime().team_status();
+  const json device_team = team.ok() ? json{{"in_use", true}} : json{{"in_use", false}, {"why", team.message()}};
   return json_reply(in_service > 0 ? 200 : 503, {{"status", status},
                                                  {"model", impl_->models->id(0)},
                                                  {"models", ids},
                                                  {"devices", devices},
                                                  {"workers", workers},
+                                                 {"device_team", device_team},
                                                  {"live_edits", live_edits()}});
 }
 

@@ -122,6 +122,9 @@ TEST_CASE(
   CHECK(devices[1] ==
         nlohmann::json({{"device", "cpu:1"}, {"in_service", true}, {"workers", {1}}}));
   CHECK(health.json()["workers"][1]["device"] == "cpu:1");
+  // Two devices make a device team (Gloo among CPU devices) unless this build has no Gloo.
+  const nlohmann::json team = health.json()["device_team"];
+  if (team["in_use"] != true) CHECK_THAT(team["why"].get<std::string>(), Catch::Contains("no Gloo"));
 
   const std::string a = f.upload();
   Response uploaded = request(ep, "POST", "/v1/templates?name=b.png",
