@@ -52,6 +52,16 @@ class StepSession {
   /// The next step applies adapters still being read (EditParams::adapter_load): the worker
   /// leaves the session out of rounds until they are.
   virtual bool waiting_for_adapters() const { return false; }
+
+  /// The attention heads of the model when the next step computes whole sequences (a full
+  /// recompute) and so may run in sequence parallel over several devices, else 0.
+  virtual int parallel_heads() const { return 0; }
+  /// One rank's share of the next step, run by every rank of a group at once with its member
+  /// and the model as loaded on its own device; each gets this session's prediction rows (as
+  /// the model's forward of this session alone gives them), for apply.
+  using ParallelForward = std::function<at::Tensor(SequenceGroup& member, const EditModel& model_here)>;
+  /// The next step's share, in place of the model's forward. Precondition: parallel_heads() > 0.
+  virtual ParallelForward parallel_step() { return {}; }
 };
 
 /// A template's prepare run, sliced one step at a time by the worker.

@@ -26,8 +26,8 @@ namespace {
 
 class Flux2StepSession final : public StepSession {
  public:
-  Flux2StepSession(std::unique_ptr<Flux2EditSession> session, bool prompt_truncated)
-      : s_(std::move(session)), prompt_truncated_(prompt_truncated) {}
+  Flux2StepSession(std::unique_ptr<Flux2EditSession> session, bool prompt_truncated, int heads)
+      : s_(std::move(session)), prompt_truncated_(prompt_truncated), heads_(heads) {}
   Flux2EditSession& session() { return *s_; }
 
   bool done() const override { return s_->done(); }
@@ -40,6 +40,19 @@ class Flux2StepSession final : public StepSession {
   Status apply(const at::Tensor& prediction, int next_step) override { return s_->apply(prediction, next_step); }
   at::Tensor predicted_latent() const override { return s_->predicted_latent(); }
   bool waiting_for_adapters() const override { return s_->waiting_for_adapters(); }
+  int parallel_heads() const override { return s_->mode() == Flux2CacheMode::kOff && !s_->done() ? heads_ : 0; }
+  ParallelForward parallel_step() override {
+    std::span<Flux2Segment> built = s_->segments();
+    // Built once here; every rank runs each whole segment in sequence parallel through its own
+    // device's transformer and gets every segment's rows, in order, as the packed forward.
+    return [segments = std::vector<Flux2Segment>(built.begin(), built.end())](SequenceGroup& member,
+                                                                               const EditModel& model_here) {
+      const auto& here = static_cast<const Flux2EditModel&>(model_here);
+      std::vector<at::Tensor> rows;
+      for (const Flux2Segment& s : segments) rows.push_back(flux2_forward_sequence_parallel(*here.parts().transformer, s, member));
+      return rows.size() == 1 ? rows[0] : at::cat(rows, 0);
+    };
+  }
   Result<EditOutput> finish() const override {
     INFILL_ASSIGN_OR_RETURN(EditOutput out, s_->finish());
     out.prompt_truncated = prompt_truncated_;
@@ -49,6 +62,7 @@ class Flux2StepSession final : public StepSession {
  private:
   std::unique_ptr<Flux2EditSession> s_;
   bool prompt_truncated_;
+  int heads_;
 };
 
 class Flux2StepPrepare final : public StepPrepare {
@@ -237,7 +251,8 @@ Result<std::unique_ptr<StepSession>> Flux2EditModel::session_with(std::shared_pt
   INFILL_ASSIGN_OR_RETURN(Flux2EditParams p, session_params(parts_, *empty_prompt_, params, resolved_steps(params), truncated));
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Flux2EditSession> session,
                           Flux2EditSession::create(parts_.transformer, parts_.codec, std::move(tmpl), p, std::move(cache)));
-  return std::unique_ptr<StepSession>(std::make_unique<Flux2StepSession>(std::move(session), truncated));
+  return std::unique_ptr<StepSession>(std::make_unique<Flux2StepSession>(std::move(session), truncated,
+                                                                                parts_.transformer->config().num_heads));
 }
 
 Result<std::unique_ptr<StepSession>> Flux2EditModel::create_session(std::shared_ptr<const TemplateImage> tmpl,

@@ -78,6 +78,8 @@ struct WorkerMetrics {
   /// and shares of other workers' such steps this worker's loop ran.
   uint64_t prepare_steps_parallel = 0;
   uint64_t team_shares = 0;
+  /// Batched steps of one whole-sequence edit (a full recompute) run the same way.
+  uint64_t steps_parallel = 0;
   uint64_t requests_advanced = 0;  ///< sum of batch sizes
   int max_batch = 0;
   double step_ms_total = 0.0;    ///< forward + sampler updates of batched steps

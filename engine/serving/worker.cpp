@@ -754,6 +754,28 @@ void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<con
   prepares_.emplace(canonical, std::move(job));
 }
 
+at::Tensor Worker::forward_in_team(const ServedModel* served, std::span<StepSession* const> sessions) {
+  DeviceTeam* team = options_.team.get();
+  // A whole-sequence step runs alone: packed with masked rows it would wait on the slowest.
+  const int heads = team != nullptr && sessions.size() == 1 ? sessions[0]->parallel_heads() : 0;
+  if (heads <= 0) return {};
+  const std::unique_ptr<DeviceTeam::Lease> lease = team->lease(options_.team_rank, heads);
+  if (!lease) return {};
+  const size_t slot = static_cast<size_t>(served - models_.data());
+  const StepSession::ParallelForward share = sessions[0]->parallel_step();
+  at::Tensor mine;
+  const Status ran = team->run(*lease, [&](SequenceGroup& member, int rank) {
+    const std::shared_ptr<const EditModel> here = team->model(rank, slot);
+    TORCH_CHECK(here != nullptr, "rank ", rank, " of the device team serves no model ", slot);
+    at::Tensor rows = share(member, *here);
+    if (rank == options_.team_rank) mine = std::move(rows);
+  });
+  if (!ran.ok()) throw std::runtime_error(ran.message());
+  std::lock_guard lock(metrics_mu_);
+  metrics_.steps_parallel += 1;
+  return mine;
+}
+
 bool Worker::run_prepare_step_in_team(PrepareJob& job) {
   DeviceTeam* team = options_.team.get();
   const int heads = team != nullptr ? job.run->parallel_heads() : 0;
@@ -966,7 +988,8 @@ void Worker::run_step() {
     at::Tensor rows;
     try {
       if (options_.before_step) options_.before_step(g.ids);
-      rows = g.served->model->forward(g.sessions);
+      rows = forward_in_team(g.served, g.sessions);
+      if (!rows.defined()) rows = g.served->model->forward(g.sessions);
     } catch (...) {
       failed = true;
       error = exception_text(std::current_exception());

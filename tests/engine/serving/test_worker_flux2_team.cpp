@@ -120,3 +120,29 @@ TEST_CASE("A prepare step takes no device that is serving a request of its own",
   cv.notify_all();
   CHECK(first.get().state == RequestState::kDone);
 }
+
+TEST_CASE("A full-recompute FLUX.2 edit steps in sequence parallel over two CPU devices and equals it on one",
+          "[flux2-serving][parallel]") {
+  Flux2Serving f;
+  EditParams p = f.params("make the cup red", 9);
+  p.cache = CacheMode::kOff;  // every token at every step: whole sequences
+  auto one = f.runtime();
+  const RequestResult alone = submit(*one, 1, f.tmpl, p).get();
+  REQUIRE(alone.state == RequestState::kDone);
+  CHECK(one->worker_metrics()[0].steps_parallel == 0);
+
+  auto rt = two_cpu_devices(f);
+  const RequestResult r = submit(*rt, 2, f.tmpl, p).get();
+  INFO(r.status.to_string());
+  REQUIRE(r.state == RequestState::kDone);
+  const auto workers = rt->worker_metrics();
+  CHECK(total(workers, &WorkerMetrics::steps_parallel) == 3);
+  CHECK(total(workers, &WorkerMetrics::team_shares) == 3);
+  CHECK(total(workers, &WorkerMetrics::prepare_steps) == 0);  // no cache entry is made or read
+  REQUIRE(alone.output.image.data.size() == r.output.image.data.size());
+  CHECK(outside_identical(alone.output.image, r.output.image, p.mask));
+  int worst = 0;
+  for (size_t i = 0; i < alone.output.image.data.size(); ++i)
+    worst = std::max(worst, std::abs(int(alone.output.image.data[i]) - int(r.output.image.data[i])));
+  CHECK(worst <= 1);  // float32 on both: the forwards agree to 1e-5
+}
