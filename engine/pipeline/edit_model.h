@@ -62,6 +62,12 @@ class StepSession {
   using ParallelForward = std::function<at::Tensor(SequenceGroup& member, const EditModel& model_here)>;
   /// The next step's share, in place of the model's forward. Precondition: parallel_heads() > 0.
   virtual ParallelForward parallel_step() { return {}; }
+  /// Whether the next step's two guided halves may run at once on two devices, each half on
+  /// one (Katz's latent parallelism), through halves_step.
+  virtual bool splits_halves() const { return false; }
+  /// As parallel_step, for a group of two ranks: rank 0 computes the prompted half, rank 1
+  /// the null-prompt half; each gets both halves' rows. Precondition: splits_halves().
+  virtual ParallelForward halves_step() { return {}; }
 };
 
 /// A template's prepare run, sliced one step at a time by the worker.

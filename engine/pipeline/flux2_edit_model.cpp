@@ -53,6 +53,15 @@ class Flux2StepSession final : public StepSession {
       return rows.size() == 1 ? rows[0] : at::cat(rows, 0);
     };
   }
+  bool splits_halves() const override { return s_->halves_split() && !s_->done(); }
+  ParallelForward halves_step() override {
+    std::span<Flux2Segment> built = s_->split_segments();
+    return [segments = std::vector<Flux2Segment>(built.begin(), built.end())](SequenceGroup& member,
+                                                                               const EditModel& model_here) mutable {
+      const auto& here = static_cast<const Flux2EditModel&>(model_here);
+      return flux2_forward_segment_per_rank(*here.parts().transformer, segments, member);
+    };
+  }
   Result<EditOutput> finish() const override {
     INFILL_ASSIGN_OR_RETURN(EditOutput out, s_->finish());
     out.prompt_truncated = prompt_truncated_;

@@ -268,6 +268,23 @@ std::span<Flux2Segment> Flux2EditSession::segments() {
   return {segments_, 2};
 }
 
+bool Flux2EditSession::halves_split() const {
+  return guided_ && !cache_.template_keyed_streamed && cache_.recompute_blocks == 0;
+}
+
+std::span<Flux2Segment> Flux2EditSession::split_segments() {
+  TORCH_CHECK(halves_split(), "flux2 edit: the halves of this step share a source and cannot run apart");
+  std::span<Flux2Segment> both = segments();
+  if (both[1].kv != nullptr && both[1].kv == both[0].kv) {
+    if (!split_null_kv_) {
+      split_null_kv_ = std::make_unique<EntryKvSource>(cache_.template_keyed, step_, cache_.template_keyed_resident);
+    }
+    split_null_kv_->set_step(step_);
+    both[1].kv = split_null_kv_.get();
+  }
+  return both;
+}
+
 int64_t Flux2EditSession::rows_of(const Flux2Segment& s) const {
   return s.full_blocks > 0 ? tokens_.count() : s.img.size(0);  // a prefix keeps the masked image rows
 }

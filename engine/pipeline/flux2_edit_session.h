@@ -134,6 +134,13 @@ class Flux2EditSession {
   /// The segments of the next step (one, or two under classifier-free guidance: prompted,
   /// then empty prompt). Valid until apply(). Precondition: !done().
   std::span<Flux2Segment> segments();
+  /// Whether the two halves of a guided step can run at once on two threads (each on its own
+  /// device): no source is shared between them (a streamed entry is read once for both).
+  bool halves_split() const;
+  /// As segments(), the null half reading a source of its own where it would share the
+  /// prompted half's (a second reader of the same template-keyed entry), so that the halves
+  /// can run at once on two threads. Precondition: guided() and halves_split().
+  std::span<Flux2Segment> split_segments();
   /// Rows Flux2Transformer::forward returns for segments().
   int64_t prediction_rows() const;
   /// Takes the prediction rows of segments() and advances one step.
@@ -178,6 +185,8 @@ class Flux2EditSession {
   std::unique_ptr<EntryKvSource> kv_;
   // The null-prompt half's own source, when it reads another entry or half than kv_ does.
   std::unique_ptr<EntryKvSource> null_kv_;
+  // The null half's reader of kv_'s entry when the halves run on two threads (split_segments).
+  std::unique_ptr<EntryKvSource> split_null_kv_;
   EntryKvSink* record_ = nullptr;       // not owned
   EntryKvSink* record_null_ = nullptr;  // not owned
 };

@@ -54,6 +54,7 @@ json service_metrics_json(const ServiceMetrics& m) {
                        {"prepare_steps_parallel", w.prepare_steps_parallel},
                        {"team_shares", w.team_shares},
                        {"steps_parallel", w.steps_parallel},
+                       {"steps_halves_split", w.steps_halves_split},
                        {"requests_advanced", w.requests_advanced},
                        {"max_batch", w.max_batch},
                        {"mean_batch", w.mean_batch()},

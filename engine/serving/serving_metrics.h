@@ -78,8 +78,11 @@ struct WorkerMetrics {
   /// and shares of other workers' such steps this worker's loop ran.
   uint64_t prepare_steps_parallel = 0;
   uint64_t team_shares = 0;
-  /// Batched steps of one whole-sequence edit (a full recompute) run the same way.
+  /// Batched steps of one edit run over several devices the same way: a whole sequence (a
+  /// full recompute) in sequence parallel, or (steps_halves_split of them) a guided step's
+  /// two halves each on its own device.
   uint64_t steps_parallel = 0;
+  uint64_t steps_halves_split = 0;
   uint64_t requests_advanced = 0;  ///< sum of batch sizes
   int max_batch = 0;
   double step_ms_total = 0.0;    ///< forward + sampler updates of batched steps

@@ -756,13 +756,18 @@ void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<con
 
 at::Tensor Worker::forward_in_team(const ServedModel* served, std::span<StepSession* const> sessions) {
   DeviceTeam* team = options_.team.get();
-  // A whole-sequence step runs alone: packed with masked rows it would wait on the slowest.
-  const int heads = team != nullptr && sessions.size() == 1 ? sessions[0]->parallel_heads() : 0;
+  if (team == nullptr || sessions.size() != 1) return {};
+  // A guided step's halves on two devices, one each (a group of 2: "heads" 2 admits no
+  // other size); else a whole-sequence step over as many as its heads split over. Either
+  // runs alone: packed with other requests' rows it would wait on the slowest.
+  StepSession& session = *sessions[0];
+  const bool halves = session.splits_halves();
+  const int heads = halves ? 2 : session.parallel_heads();
   if (heads <= 0) return {};
   const std::unique_ptr<DeviceTeam::Lease> lease = team->lease(options_.team_rank, heads);
   if (!lease) return {};
   const size_t slot = static_cast<size_t>(served - models_.data());
-  const StepSession::ParallelForward share = sessions[0]->parallel_step();
+  const StepSession::ParallelForward share = halves ? session.halves_step() : session.parallel_step();
   at::Tensor mine;
   const Status ran = team->run(*lease, [&](SequenceGroup& member, int rank) {
     const std::shared_ptr<const EditModel> here = team->model(rank, slot);
@@ -773,6 +778,7 @@ at::Tensor Worker::forward_in_team(const ServedModel* served, std::span<StepSess
   if (!ran.ok()) throw std::runtime_error(ran.message());
   std::lock_guard lock(metrics_mu_);
   metrics_.steps_parallel += 1;
+  metrics_.steps_halves_split += halves ? 1 : 0;
   return mine;
 }
 

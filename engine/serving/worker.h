@@ -192,9 +192,10 @@ class Worker {
   /// Runs the next step of `job` over the devices the team leases to it; false when it has
   /// none (the caller runs the step here alone). Throws what a failed step throws.
   bool run_prepare_step_in_team(PrepareJob& job);
-  /// The one whole-sequence session of `sessions` (a full recompute) stepped in sequence
-  /// parallel over the devices the team leases to it: its prediction rows; undefined when
-  /// there is no such session or no lease (the caller runs the model's forward here).
+  /// The one session of `sessions` stepped over the devices the team leases to it: a guided
+  /// step's halves on two devices, or a whole sequence (a full recompute) in sequence
+  /// parallel; its prediction rows; undefined when there is no such session or no lease (the
+  /// caller runs the model's forward here).
   at::Tensor forward_in_team(const ServedModel* served, std::span<StepSession* const> sessions);
   void run_step();
   /// Applies one model's forward output to its share of the batch (or fails them all).

@@ -146,3 +146,32 @@ TEST_CASE("A full-recompute FLUX.2 edit steps in sequence parallel over two CPU 
     worst = std::max(worst, std::abs(int(alone.output.image.data[i]) - int(r.output.image.data[i])));
   CHECK(worst <= 1);  // float32 on both: the forwards agree to 1e-5
 }
+
+TEST_CASE("A guided FLUX.2 edit runs its two halves at once on two CPU devices and equals it on one",
+          "[flux2-serving][parallel]") {
+  Flux2Serving f;
+  EditParams p = f.params("make the cup red", 10);
+  p.guidance_scale = 3.0;  // classifier-free guidance: a prompted and a null-prompt half per step
+  auto one = f.runtime();
+  const RequestResult alone = submit(*one, 1, f.tmpl, p).get();
+  REQUIRE(alone.state == RequestState::kDone);
+
+  auto rt = two_cpu_devices(f);
+  const RequestResult r = submit(*rt, 2, f.tmpl, p).get();
+  INFO(r.status.to_string());
+  REQUIRE(r.state == RequestState::kDone);
+  CHECK(r.output.cache_mode == "template_keyed");
+  const auto workers = rt->worker_metrics();
+  // The store already holds the template's entry (the first runtime prepared it): the edit's
+  // 3 steps, each with its halves split over the two devices, read the same entry.
+  CHECK(total(workers, &WorkerMetrics::prepare_steps) == 0);
+  CHECK(total(workers, &WorkerMetrics::steps_halves_split) == 3);
+  CHECK(total(workers, &WorkerMetrics::steps_parallel) == 3);
+  CHECK(total(workers, &WorkerMetrics::team_shares) == 3);
+  REQUIRE(alone.output.image.data.size() == r.output.image.data.size());
+  CHECK(outside_identical(alone.output.image, r.output.image, p.mask));
+  int worst = 0;
+  for (size_t i = 0; i < alone.output.image.data.size(); ++i)
+    worst = std::max(worst, std::abs(int(alone.output.image.data[i]) - int(r.output.image.data[i])));
+  CHECK(worst <= 1);  // one entry; each half's forward computed alone equals it packed to 1e-5
+}
