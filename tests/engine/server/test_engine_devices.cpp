@@ -5,6 +5,7 @@
 // cannot hold the model (the load seam saying out of memory) is left out, and with none left
 // the start fails naming each.
 #include "support/catch.h"
+#include "support/prometheus_sample.h"
 
 #include <cmath>
 #include <condition_variable>
@@ -66,18 +67,6 @@ struct StepSeam {
   };
 };
 
-// The value of the sample whose line starts with `series` ("name{labels}"), or NaN.
-double sample_value(const std::string& text, const std::string& series) {
-  size_t at = 0;
-  while ((at = text.find(series + " ", at)) != std::string::npos) {
-    if (at == 0 || text[at - 1] == '\n') {
-      const size_t end = text.find('\n', at);
-      return std::stod(text.substr(at + series.size() + 1, end - at - series.size() - 1));
-    }
-    at += series.size();
-  }
-  return std::nan("");
-}
 
 uint64_t submit(const Endpoint& ep, const std::string& tmpl, const std::string& client = "painter",
                 const std::string& cls = "interactive") {

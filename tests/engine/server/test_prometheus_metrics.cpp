@@ -1,5 +1,6 @@
 // GET /metrics in the Prometheus text format, checked by Prometheus's own parser and linter
 // (`promtool check metrics`, Debian's prometheus package) and against what the engine did.
+#include "support/prometheus_sample.h"
 #include <fstream>
 #include <regex>
 
@@ -19,18 +20,6 @@ CommandOutput promtool_check(const TempDir& dir, const std::string& text) {
   return run_command("promtool check metrics < " + path + " 2>&1");
 }
 
-// The value of the one sample whose line starts with `series` ("name{labels}"), or NaN.
-double sample_value(const std::string& text, const std::string& series) {
-  size_t at = 0;
-  while ((at = text.find(series + " ", at)) != std::string::npos) {
-    if (at == 0 || text[at - 1] == '\n') {
-      const size_t end = text.find('\n', at);
-      return std::stod(text.substr(at + series.size() + 1, end - at - series.size() - 1));
-    }
-    at += series.size();
-  }
-  return std::nan("");
-}
 
 }  // namespace
 
