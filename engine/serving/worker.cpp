@@ -1170,6 +1170,9 @@ void Worker::publish_load() {
     if (!r->finishing && r->session) max_left = std::max(max_left, r->steps_left);
   }
   max_steps_left_.store(max_left);
+  holds_prepares_.store(!prepares_.empty());
 }
+
+bool Worker::idle() const { return requests_.load() == 0 && !holds_prepares_.load(); }
 
 }  // namespace infill

@@ -158,6 +158,9 @@ class Worker {
   /// Runs `task` on the step loop at its next step boundary (a rank's share of another
   /// worker's sequence-parallel step, device_team.h); dropped unrun when the worker stops.
   void run_on_loop(std::function<void()> task);
+  /// No request and no prepare job (a background one included) here: a device team may lease
+  /// this worker's device without waiting behind its own full forwards.
+  bool idle() const;
   /// The device label (WorkerOptions::device_label, or the models' device name).
   const std::string& device() const { return device_; }
   /// The step cost of the model at `slot` (the order given) on this worker's device now, as
@@ -259,6 +262,9 @@ class Worker {
 
   // Load reported to the router.
   std::atomic<int> requests_{0};
+  // The loop holds prepare jobs (background ones too, which no request waits for): set at
+  // every boundary, read by idle().
+  std::atomic<bool> holds_prepares_{false};
   std::atomic<double> work_ms_{0.0};
   // Recent mean of post-processing time (last step -> result), which the scheduler takes off
   // every deadline so that "on time" means the result, not the last step, is on time.
