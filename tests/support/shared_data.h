@@ -9,13 +9,9 @@
 #include <string>
 
 #include "support/catch.h"
+#include "support/data_dirs.h"
 
 namespace infill::test {
-
-/// `relative` under ../shared, e.g. "testdata/flux2/flux2_ae.safetensors".
-inline std::string shared_path(const std::string& relative) {
-  return std::string(INFILL_SHARED_DIR) + "/" + relative;
-}
 
 /// Returns when every path exists; otherwise reports the first missing one and exits with 4.
 inline void require_shared_or_skip(std::initializer_list<std::string> paths) {

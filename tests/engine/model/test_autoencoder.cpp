@@ -24,7 +24,7 @@ using infill::AutoencoderConfig;
 
 namespace {
 
-const std::string kShared = INFILL_SHARED_DIR;
+const std::string kShared = infill::test::shared_dir();
 const std::string kEncoderPath = kShared + "/models/taef2/taef2_encoder.safetensors";
 const std::string kDecoderPath = kShared + "/models/taef2/taef2_decoder.safetensors";
 const std::string kReferencePath = kShared + "/testdata/astronaut_taef2_reference.safetensors";

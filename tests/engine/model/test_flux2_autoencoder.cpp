@@ -27,8 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kReferencePath =
-    std::string(INFILL_SHARED_DIR) + "/testdata/flux2/flux2_ae.safetensors";
+const std::string kReferencePath = infill::test::shared_path("testdata/flux2/flux2_ae.safetensors");
 
 using TensorList = std::vector<std::pair<std::string, at::Tensor>>;
 

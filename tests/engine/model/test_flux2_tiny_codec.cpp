@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kShared = INFILL_SHARED_DIR;
+const std::string kShared = infill::test::shared_dir();
 
 double psnr_db(const at::Tensor& a, const at::Tensor& b) {
   const double mse = (a - b).pow(2).mean().item<double>();

@@ -29,7 +29,7 @@ using namespace infill::test;
 
 namespace {
 
-const std::string kFlux2Dir = std::string(INFILL_SHARED_DIR) + "/testdata/flux2";
+const std::string kFlux2Dir = infill::test::shared_path("testdata/flux2");
 
 void require_or_skip(const std::string& path) { infill::test::require_shared_or_skip({path}); }
 

@@ -31,7 +31,7 @@ using infill::LoraFormat;
 
 namespace {
 
-const std::string kLoraDir = std::string(INFILL_SHARED_DIR) + "/testdata/flux2_lora";
+const std::string kLoraDir = infill::test::shared_path("testdata/flux2_lora");
 
 // The configuration of the LoRA reference files (hidden 128, 4 heads, 1 double + 2 single
 // blocks, context 72), written out so that the bad-file cases run without ../shared.

@@ -4,6 +4,7 @@
 // second file read). CPU models read the host form itself and have no device tier.
 #include "support/catch.h"
 #include "support/cuda_device.h"
+#include "support/data_dirs.h"
 #include "support/file_bytes.h"
 #include "support/temp_dir.h"
 #include "support/tiny_flux2.h"
@@ -23,7 +24,7 @@ using namespace infill;
 
 namespace {
 
-const std::string kModel = INFILL_SOURCE_DIR "/resources/models/infill-tiny-2";
+const std::string kModel = infill::test::source_path("resources/models/infill-tiny-2");
 
 std::shared_ptr<const EditModel> bundled(const ComputeDevice& device = {}) {
   auto loaded = load_edit_model(kModel, device);

@@ -313,7 +313,7 @@ TEST_CASE("FLUX.2 edit: bad inputs are refused, naming what does not match", "[f
 }
 
 TEST_CASE("FLUX.2 edit with the upstream reference weights (klein transformer, VAE)", "[flux2-edit][shared]") {
-  const std::string dir = std::string(INFILL_SHARED_DIR) + "/testdata/flux2";
+  const std::string dir = infill::test::shared_path("testdata/flux2");
   test::require_shared_or_skip({dir + "/flux2_dit_klein.safetensors", dir + "/flux2_ae.safetensors"});
   c10::InferenceMode guard;
   auto dit_file = SafetensorsFile::open(dir + "/flux2_dit_klein.safetensors");

@@ -236,7 +236,7 @@ TEST_CASE("to_rgb_tensor normalises, replicates grey and drops alpha", "[image_i
 }
 
 TEST_CASE("the shared astronaut test image loads as 512x512", "[image_io]") {
-  const std::string path = std::string(INFILL_SHARED_DIR) + "/testdata/astronaut.png";
+  const std::string path = infill::test::shared_path("testdata/astronaut.png");
   infill::test::require_shared_or_skip({path});
   auto image = load_image(path, kNoLimit);
   REQUIRE(image.ok());

@@ -243,7 +243,7 @@ TEST_CASE("step_to skips levels: oracle models still land on x0, bounds are chec
 }
 
 TEST_CASE("FLUX.2 schedule matches upstream get_schedule", "[sampler][shared]") {
-  const std::string path = std::string(INFILL_SHARED_DIR) + "/testdata/flux2/flux2_schedules.json";
+  const std::string path = infill::test::shared_path("testdata/flux2/flux2_schedules.json");
   infill::test::require_shared_or_skip({path});
   std::ifstream in(path);
   const auto doc = nlohmann::json::parse(in);
