@@ -530,6 +530,11 @@ at::Tensor concat_rows(const std::vector<at::Tensor>& parts) { return parts.size
 
 at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trace* trace) const {
   c10::InferenceMode guard;
+  return forward_on_device(segments, trace).to(at::kCPU);
+}
+
+at::Tensor Flux2Transformer::forward_on_device(std::span<Flux2Segment> segments, Flux2Trace* trace) const {
+  c10::InferenceMode guard;
   const Weights& w = *w_;
   const Flux2Config& cfg = w.cfg;
   const int64_t H = cfg.hidden_size, M = cfg.mlp_hidden, heads = cfg.num_heads;
@@ -615,17 +620,38 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
       TORCH_CHECK(kept > s.keep_text, "segment ", i, ": keep_positions keeps no image row");
     }
 
-    auto ids = s.rt > 0 ? at::cat({seg.txt_ids.to(at::kCPU, at::kFloat), seg.img_ids.to(at::kCPU, at::kFloat)})
-                        : seg.img_ids.to(at::kCPU, at::kFloat);
-    auto [cos, sin] = flux2_rope_angles(ids, cfg.axes_dim, cfg.theta);
-    s.cos = cos.to(opts);
-    s.sin = sin.to(opts);
+    if (seg.rope_cos.defined() || seg.rope_sin.defined()) {
+      const std::vector<int64_t> table{rows, cfg.head_dim() / 2};
+      TORCH_CHECK(seg.rope_cos.defined() && seg.rope_sin.defined() && seg.rope_cos.sizes() == at::IntArrayRef(table) &&
+                      seg.rope_sin.sizes() == at::IntArrayRef(table),
+                  "segment ", i, ": rope_cos and rope_sin must both be [", rows, ", ", cfg.head_dim() / 2, "]");
+      s.cos = seg.rope_cos.to(opts);
+      s.sin = seg.rope_sin.to(opts);
+    } else {
+      auto ids = s.rt > 0 ? at::cat({seg.txt_ids.to(at::kCPU, at::kFloat), seg.img_ids.to(at::kCPU, at::kFloat)})
+                          : seg.img_ids.to(at::kCPU, at::kFloat);
+      auto [cos, sin] = flux2_rope_angles(ids, cfg.axes_dim, cfg.theta);
+      s.cos = cos.to(opts);
+      s.sin = sin.to(opts);
+    }
+    if (seg.positions_on_device.defined() && seg.positions_on_device.device() == device) {
+      TORCH_CHECK(seg.positions_on_device.sizes() == s.positions.sizes(), "segment ", i,
+                  ": positions_on_device must be [", rows, "]");
+      s.positions_device = seg.positions_on_device;
+    }
+    // A session's precomputed embedding, else made here from the value.
+    auto embedding = [&](const at::Tensor& given, double value, const char* name) {
+      if (!given.defined()) return flux2_timestep_embedding(value, cfg.time_embed_dim).to(opts);
+      TORCH_CHECK(given.dim() == 1 && given.size(0) == cfg.time_embed_dim, "segment ", i, ": ", name, " must be [",
+                  cfg.time_embed_dim, "]");
+      return given.to(opts);
+    };
 
     const at::Tensor cs = round.segment_coefficients(i);
-    const at::Tensor t_emb = flux2_timestep_embedding(seg.timestep, cfg.time_embed_dim).to(opts);
+    const at::Tensor t_emb = embedding(seg.time_embedding, seg.timestep, "time_embedding");
     at::Tensor vec = linear(w.time_in1, at::silu(linear(w.time_in0, t_emb, cs)), cs);
     if (cfg.guidance_embed) {
-      const at::Tensor g_emb = flux2_timestep_embedding(seg.guidance, cfg.time_embed_dim).to(opts);
+      const at::Tensor g_emb = embedding(seg.guidance_embedding, seg.guidance, "guidance_embedding");
       vec = vec + linear(w.guidance_in1, at::silu(linear(w.guidance_in0, g_emb, cs)), cs);
     }
     const at::Tensor act = at::silu(vec).unsqueeze(0);
@@ -784,7 +810,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
     modulate_(h, states[i].mod_final[0], states[i].mod_final[1]);
     outs.push_back(h);
   }
-  return linear(w.final_linear, concat_rows(outs), ci).to(at::kCPU, at::kFloat);
+  return linear(w.final_linear, concat_rows(outs), ci).to(at::kFloat);
 }
 
 }  // namespace infill

@@ -133,6 +133,19 @@ struct Flux2Segment {
   SequenceGroup* group = nullptr;
   /// With `group`: the rows of every rank's share, in rank order (sum: sequence_length).
   std::vector<int64_t> group_rows;
+
+  /// What the forward would otherwise make on the host at every call, made once by a session
+  /// that keeps its state on the compute device (issue 39: no per-step copies of a session's
+  /// constants). Each is optional; when given it must equal what the forward would compute.
+  /// [R_t + R_i, head_dim / 2] each, the rows' RoPE tables (flux2_rope_tables of the text ids,
+  /// then the image ids), in the compute dtype.
+  at::Tensor rope_cos, rope_sin;
+  /// [time_embed_dim] float: flux2_timestep_embedding(timestep); likewise for guidance
+  /// (guidance_embed models).
+  at::Tensor time_embedding, guidance_embedding;
+  /// `positions` on the compute device (used only when it is there: a segment run on another
+  /// device, as a guided half is, makes its own).
+  at::Tensor positions_on_device;
 };
 
 /// Per-block outputs of a forward of one segment, for checking against a reference.
@@ -182,6 +195,9 @@ class Flux2Transformer {
   /// CPU). K/V reach a segment's sink on the compute device. `trace`, when given, receives
   /// the per-block outputs of a single-segment forward (float32, CPU).
   at::Tensor forward(std::span<Flux2Segment> segments, Flux2Trace* trace = nullptr) const;
+  /// As forward, the prediction left on the compute device (float32): a session whose state
+  /// lives there applies it without a round trip through the host.
+  at::Tensor forward_on_device(std::span<Flux2Segment> segments, Flux2Trace* trace = nullptr) const;
 
   Flux2Transformer(Flux2Transformer&&) noexcept;
   Flux2Transformer& operator=(Flux2Transformer&&) noexcept;

@@ -195,7 +195,8 @@ class EditModel {
     return invalid_argument("model " + name() + " keeps no prompt-keyed cache entries");
   }
   /// One forward over the next step of every session (all created by this model), packed;
-  /// each session's prediction_rows() rows in session order.
+  /// each session's prediction_rows() rows in session order, on the device where the
+  /// sessions keep their state (FLUX.2: the model's; the DiT family: the CPU).
   virtual at::Tensor forward(std::span<StepSession* const> sessions) const = 0;
   /// The pixels [3, h, w] in [0, 1] of a latent's box (pixel units, multiples of the codec
   /// factor), for previews; undefined when the model has no codec.

@@ -416,7 +416,7 @@ at::Tensor Flux2EditModel::forward(std::span<StepSession* const> sessions) const
   for (StepSession* s : sessions) {
     for (const Flux2Segment& segment : static_cast<Flux2StepSession*>(s)->session().segments()) segments.push_back(segment);
   }
-  return parts_.transformer->forward(segments);
+  return parts_.transformer->forward_on_device(segments);  // the sessions apply it there
 }
 
 at::Tensor Flux2EditModel::decode_preview(const at::Tensor& latent, const PixelRect& box) const {

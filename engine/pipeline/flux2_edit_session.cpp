@@ -139,6 +139,25 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   s->masked_positions_ = idx + s->text_rows_;
   s->masked_positions_text_ = at::cat({at::arange(s->text_rows_, at::kLong), s->masked_positions_});
 
+  // The step's state moves to the transformer's device once; from here every step's inputs are
+  // gathered there and its update applied there.
+  const at::Device device = s->model_->device();
+  const at::ScalarType compute = s->model_->compute_dtype();
+  s->params_.prompt = s->params_.prompt.to(device, compute).contiguous();
+  if (s->guided_) s->params_.null_prompt = s->params_.null_prompt.to(device, compute).contiguous();
+  for (at::Tensor* t : {&s->clean_, &s->mask_rows_, &s->reference_rows_, &s->noise_, &s->x_}) *t = t->to(device);
+  s->masked_index_ = idx.to(device);
+  s->masked_mask_rows_ = s->mask_rows_.index_select(0, s->masked_index_);
+  s->masked_positions_device_ = s->masked_positions_.to(device);
+  s->masked_positions_text_device_ = s->masked_positions_text_.to(device);
+  std::vector<at::Tensor> levels;
+  for (int i = 0; i < s->sampler_->steps(); ++i) {
+    // The value build_segment gives the forward, embedded as the forward would embed it.
+    levels.push_back(flux2_timestep_embedding(s->sampler_->model_timestep(i) / 1000.0, cfg.time_embed_dim));
+  }
+  s->time_embeddings_ = at::stack(levels).to(device);
+  if (cfg.guidance_embed) s->guidance_embedding_ = flux2_timestep_embedding(params.guidance, cfg.time_embed_dim).to(device);
+
   if (cache.template_keyed_streamed && (cache.template_keyed || cache.prompt_keyed || record != nullptr)) {
     return invalid_argument("a streamed template-keyed entry is read alone (no resident entry, no recording)");
   }
@@ -193,43 +212,65 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   return s;
 }
 
-void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, KvSource* kv, bool compute_text) const {
+const Flux2EditSession::RopeTables& Flux2EditSession::rope_tables(RopeTables& slot, const at::Tensor& ids) {
+  if (!slot.cos.defined()) {
+    const Flux2Config& cfg = model_->config();
+    auto [cos, sin] = flux2_rope_angles(ids, cfg.axes_dim, cfg.theta);
+    const auto on_device = at::TensorOptions().device(model_->device()).dtype(model_->compute_dtype());
+    slot.cos = cos.to(on_device);
+    slot.sin = sin.to(on_device);
+  }
+  return slot;
+}
+
+void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, KvSource* kv, bool compute_text) {
   s = Flux2Segment{};
   if (adapters_apply_at(step_, params_.adapters_from_step)) s.adapters = params_.adapters;
   s.timestep = sampler_->model_timestep(step_) / 1000.0;
   s.guidance = params_.guidance;
-  const at::Tensor& idx = tokens_.indices;
-  if (kv == nullptr) {  // every token: text, image, reference
+  s.time_embedding = time_embeddings_[step_];
+  s.guidance_embedding = guidance_embedding_;
+  // The whole sequence's rows in order: text, image, reference.
+  auto every_row = [&](RopeTables& tables) {
     s.txt = text;
     s.txt_ids = text_ids_;
     s.img = at::cat({flux2_with_mask(x_, mask_rows_), reference_rows_});
     s.img_ids = image_ids_;
+    const RopeTables& rope = rope_tables(tables, at::cat({text_ids_, image_ids_}));
+    s.rope_cos = rope.cos;
+    s.rope_sin = rope.sin;
+  };
+  if (kv == nullptr) {  // every token: text, image, reference
+    every_row(rope_full_);
     return;
   }
   s.kv = kv;
   if (cache_.recompute_blocks > 0) {
     // The prefix runs on the whole sequence, as a full forward; the masked rows (and the text
     // when computed) go on after it.
-    s.txt = text;
-    s.txt_ids = text_ids_;
-    s.img = at::cat({flux2_with_mask(x_, mask_rows_), reference_rows_});
-    s.img_ids = image_ids_;
+    every_row(rope_full_);
     s.full_blocks = cache_.recompute_blocks;
     s.keep_positions = compute_text ? masked_positions_text_ : masked_positions_;
     return;
   }
   s.sequence_length = sequence_;
-  s.img = flux2_with_mask(x_.index_select(0, idx), mask_rows_.index_select(0, idx));
+  s.img = flux2_with_mask(x_.index_select(0, masked_index_), masked_mask_rows_);
   s.img_ids = masked_ids_;
   if (compute_text) {
     s.txt = text;
     s.txt_ids = text_ids_;
     s.positions = masked_positions_text_;
+    s.positions_on_device = masked_positions_text_device_;
   } else {
-    s.txt = at::empty({0, text.size(1)}, at::kFloat);
+    s.txt = text.new_empty({0, text.size(1)});
     s.txt_ids = at::empty({0, 4}, at::kFloat);
     s.positions = masked_positions_;
+    s.positions_on_device = masked_positions_device_;
   }
+  const RopeTables& rope = compute_text ? rope_tables(rope_masked_text_, at::cat({text_ids_, masked_ids_}))
+                                        : rope_tables(rope_masked_, masked_ids_);
+  s.rope_cos = rope.cos;
+  s.rope_sin = rope.sin;
 }
 
 bool Flux2EditSession::waiting_for_adapters() const {
@@ -310,12 +351,14 @@ Status Flux2EditSession::apply(const at::Tensor& prediction, int next_step) {
   }
   // A slab that could not be read gave zeros to the forward: the step is void.
   if (cache_.template_keyed_streamed) INFILL_RETURN_IF_ERROR(cache_.template_keyed_streamed->status());
-  const at::Tensor& idx = tokens_.indices;
+  const at::Tensor& idx = masked_index_;
   const int64_t m = idx.size(0);
+  // Where the state is (a no-op for a forward on this session's device).
+  const at::Tensor here = prediction.to(x_.device(), at::kFloat);
   // The masked rows of one segment's prediction: its first rows when cached, else the image
   // tokens' rows picked out of the full sequence's.
   const auto masked_rows = [&](const Flux2Segment& s, int64_t offset) {
-    const at::Tensor rows = prediction.narrow(0, offset, rows_of(s));
+    const at::Tensor rows = here.narrow(0, offset, rows_of(s));
     return s.kv != nullptr ? rows : rows.index_select(0, idx);
   };
   at::Tensor velocity = masked_rows(segments_[0], 0);
@@ -337,13 +380,13 @@ at::Tensor Flux2EditSession::predicted_latent() const {
   c10::InferenceMode guard;
   at::Tensor rows = clean_.clone();
   if (last_velocity_.defined() && step_ > first_step_) {
-    const at::Tensor& idx = tokens_.indices;
+    const at::Tensor& idx = masked_index_;
     // x0 = x_t - t v for the rectified flow; the step that made x_ ran at level step_ - 1.
     const at::Tensor before = x_.index_select(0, idx);
     const double t = sampler_->noise_scale(step_);
     rows.index_copy_(0, idx, before - t * last_velocity_);
   }
-  return tokens_to_latent(rows, grid_h_, grid_w_);
+  return tokens_to_latent(rows, grid_h_, grid_w_).to(at::kCPU);  // a preview: the host waits here
 }
 
 Result<EditOutput> Flux2EditSession::finish() const {
@@ -369,7 +412,7 @@ Result<EditOutput> Flux2EditSession::finish() const {
                             std::to_string(sampler_->steps()));
   }
   // At the last level the unmasked rows are the template's latent itself.
-  const at::Tensor latent = tokens_to_latent(x_, grid_h_, grid_w_);
+  const at::Tensor latent = tokens_to_latent(x_.to(at::kCPU), grid_h_, grid_w_);
   RegionComposite done =
       decode_region_and_composite(*codec_, *tmpl_, latent, params_.mask, params_.feather_px, params_.decode_margin);
   out.image = std::move(done.image);

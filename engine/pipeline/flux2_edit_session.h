@@ -28,6 +28,11 @@
 /// is then computed whole at every step and its K/V written to a sink, making a prompt-keyed
 /// entry whose text tokens attended to the stroke's generated content; guided, the entry holds
 /// both halves (flux2_prompt_keyed_blocks).
+/// The state lives on the transformer's device (issue 39): the latents, noise, mask cells,
+/// reference rows, text rows, positions, RoPE tables of the rows computed and the timestep
+/// embeddings of every level are put there once, at create; a step's segments are gathered
+/// there and its prediction applied there (the sampler update, the reset of unmasked tokens).
+/// The host waits only for previews (predicted_latent) and the end (finish).
 /// Threading: a session is used by one thread at a time.
 
 #include <cstdint>
@@ -158,7 +163,12 @@ class Flux2EditSession {
   Flux2EditSession() = default;
   // The segment of one text reading its cached K/V from `kv` (null: every token is computed);
   // the caller has set `kv` to this step.
-  void build_segment(Flux2Segment& s, const at::Tensor& text, KvSource* kv, bool compute_text) const;
+  void build_segment(Flux2Segment& s, const at::Tensor& text, KvSource* kv, bool compute_text);
+  // Cos and sin tables of rows with these ids, on the device: made on first use, kept.
+  struct RopeTables {
+    at::Tensor cos, sin;
+  };
+  const RopeTables& rope_tables(RopeTables& slot, const at::Tensor& ids);
   int64_t rows_of(const Flux2Segment& s) const;
 
   std::shared_ptr<const Flux2Transformer> model_;
@@ -178,6 +188,14 @@ class Flux2EditSession {
   at::Tensor x_;              // [N, C] current noisy latent tokens
   at::Tensor last_velocity_;  // [M, C] of the last applied step, for previews
   at::Tensor text_ids_, image_ids_, masked_ids_, masked_positions_text_, masked_positions_;
+  // On the device (the CPU copies above are what the forward checks against and what sinks and
+  // the CPU kernels read).
+  at::Tensor masked_index_;       // tokens_.indices
+  at::Tensor masked_mask_rows_;   // mask_rows_ of the masked tokens
+  at::Tensor masked_positions_text_device_, masked_positions_device_;
+  at::Tensor time_embeddings_;    // [steps, time_embed_dim] float: level i's timestep embedded
+  at::Tensor guidance_embedding_; // guidance_embed models: the guidance embedded
+  RopeTables rope_full_, rope_masked_text_, rope_masked_;
   int step_ = 0;
   int first_step_ = 0;
   bool guided_ = false;

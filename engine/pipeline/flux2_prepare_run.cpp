@@ -107,14 +107,14 @@ void Flux2PrepareRun::run_step() {
   if (stroke_ && !stroke_->done() && step_ >= stroke_->first_step()) {
     // The stroke's own step: its prompted segment records into the sink.
     std::span<Flux2Segment> segments = stroke_->segments();
-    const at::Tensor prediction = model_->forward(segments);
+    const at::Tensor prediction = model_->forward_on_device(segments);  // where the stroke's state is
     const Status applied = stroke_->apply(prediction);
     TORCH_CHECK(applied.ok(), "flux2 prepare from a stroke: ", applied.to_string());
     ++step_;
     return;
   }
   std::vector<Flux2Segment> segments = trajectory_segments();
-  model_->forward(segments);
+  model_->forward_on_device(segments);  // only the sinks' K/V are wanted: no copy to the host
   ++step_;
 }
 
