@@ -4,6 +4,8 @@
 #include <optional>
 
 #include "cache/activation_store.h"
+#include "model/compute_device.h"
+#include "model/device_memory.h"
 #include "model/model.h"
 #include "pipeline/edit_model.h"
 #include "pipeline/load_edit_model.h"
@@ -194,7 +196,10 @@ nlohmann::json ModelRegistry::models_json(int64_t max_image_pixels) const {
 std::vector<ServiceDevice> ModelRegistry::device_states(const std::vector<WorkerMetrics>& workers) const {
   std::vector<ServiceDevice> out;
   for (const RegistryDevice& d : devices_) {
-    ServiceDevice s{d.device, false, d.fault, d.workers};
+    ServiceDevice s;
+    s.device = d.device;
+    s.fault = d.fault;
+    s.workers = d.workers;
     for (int w : d.workers) {
       if (static_cast<size_t>(w) >= workers.size()) continue;
       const WorkerMetrics& m = workers[static_cast<size_t>(w)];
@@ -214,6 +219,14 @@ void ModelRegistry::collect(ServiceMetrics& m) const {
     const std::vector<WorkerLoad> loads = runtime_->loads();
     std::vector<WorkerMetrics> workers = runtime_->worker_metrics();
     m.devices = device_states(workers);
+    // A GPU's memory, read from libtorch's caching allocator and the driver (a CPU device's is
+    // the process's resident set, which the service adds). Labels of GPUs are "cuda:N".
+    for (ServiceDevice& d : m.devices) {
+      const auto device = parse_compute_device(d.device);
+      if (d.workers.empty() || !device.ok() || !device->cuda) continue;
+      auto memory = cuda_device_memory(device->index);
+      if (memory.ok()) d.memory = *memory;
+    }
     for (WorkerMetrics& w : workers) {
       m.loads.push_back({w.device, w.index, loads.at(static_cast<size_t>(w.index))});
       m.workers.push_back({ids, std::move(w)});

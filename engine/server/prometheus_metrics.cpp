@@ -216,10 +216,39 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
   w.family("infill_adapter_evictions_total", "counter", "Adapters leaving a tier for its byte budget.");
   for (const auto& [name, t] : tiers) w.sample("infill_adapter_evictions_total", {{"tier", name}}, double(t->evictions));
 
+  // CPU workers keep weights, the RAM tier and activations in the process's memory; a GPU's
+  // memory in use is what libtorch's caching allocator holds there (its tensors and the free
+  // blocks it keeps for them).
+  std::vector<const ServiceDevice*> gpus;
+  for (const ServiceDevice& d : m.devices)
+    if (d.memory) gpus.push_back(&d);
+  if (m.resident_bytes >= 0 || !gpus.empty()) {
+    w.family("infill_device_memory_bytes", "gauge",
+             "Memory in use on each compute device (the CPU: the process's resident set; a GPU: "
+             "what the caching allocator holds there).");
+    if (m.resident_bytes >= 0)
+      w.sample("infill_device_memory_bytes", {{"device", "cpu"}}, double(m.resident_bytes));
+    for (const ServiceDevice* d : gpus)
+      w.sample("infill_device_memory_bytes", {{"device", d->device}},
+               double(d->memory->reserved_bytes));
+  }
+  if (!gpus.empty()) {
+    w.family("infill_device_memory_allocated_bytes", "gauge",
+             "Bytes of this process's tensors on each GPU.");
+    for (const ServiceDevice* d : gpus)
+      w.sample("infill_device_memory_allocated_bytes", {{"device", d->device}},
+               double(d->memory->allocated_bytes));
+    w.family("infill_device_memory_free_bytes", "gauge",
+             "Free memory on each GPU, as its driver says (every process counted).");
+    for (const ServiceDevice* d : gpus)
+      w.sample("infill_device_memory_free_bytes", {{"device", d->device}},
+               double(d->memory->free_bytes));
+    w.family("infill_device_memory_total_bytes", "gauge", "Memory of each GPU.");
+    for (const ServiceDevice* d : gpus)
+      w.sample("infill_device_memory_total_bytes", {{"device", d->device}},
+               double(d->memory->total_bytes));
+  }
   if (m.resident_bytes >= 0) {
-    // CPU workers keep weights, the RAM tier and activations in the process's memory.
-    w.family("infill_device_memory_bytes", "gauge", "Memory in use on each compute device (the CPU: the process's resident set).");
-    w.sample("infill_device_memory_bytes", {{"device", "cpu"}}, double(m.resident_bytes));
     w.family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
     w.sample("process_resident_memory_bytes", {}, double(m.resident_bytes));
   }

@@ -67,8 +67,19 @@ json service_metrics_json(const ServiceMetrics& m) {
                        {"utilisation", w.utilisation()}});
   }
   json devices = json::array();
-  for (const ServiceDevice& d : m.devices)
-    devices.push_back({{"device", d.device}, {"in_service", d.in_service}, {"fault", d.fault}, {"workers", d.workers}});
+  for (const ServiceDevice& d : m.devices) {
+    json device = {{"device", d.device},
+                   {"in_service", d.in_service},
+                   {"fault", d.fault},
+                   {"workers", d.workers}};
+    if (d.memory) {
+      device["memory"] = {{"allocated_bytes", d.memory->allocated_bytes},
+                          {"reserved_bytes", d.memory->reserved_bytes},
+                          {"free_bytes", d.memory->free_bytes},
+                          {"total_bytes", d.memory->total_bytes}};
+    }
+    devices.push_back(std::move(device));
+  }
   json loads = json::array();
   for (const ServiceWorkerLoad& l : m.loads)
     loads.push_back({{"worker", l.worker}, {"device", l.device}, {"requests", l.load.requests}, {"backlog_ms", l.load.backlog_ms}});

@@ -6,12 +6,14 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "cache/activation_store.h"
+#include "model/device_memory.h"
 #include "pipeline/adapter_store_stats.h"
 #include "serving/router.h"
 #include "serving/serving_metrics.h"
@@ -31,6 +33,9 @@ struct ServiceDevice {
   bool in_service = false;
   std::string fault;         ///< why not: the load's error, or its workers' device fault
   std::vector<int> workers;  ///< its workers' indices (none when it was left out at load)
+  /// A GPU's memory (model/device_memory.h) when it could be read; none for a CPU device, whose
+  /// memory is the process's resident set (ServiceMetrics::resident_bytes).
+  std::optional<DeviceMemory> memory;
 };
 
 struct ServiceWorkerLoad {

@@ -67,6 +67,45 @@ TEST_CASE("the Prometheus text escapes label values and makes the step histogram
   CHECK(promtool_check(dir, broken).exit_code != 0);
 }
 
+TEST_CASE("a GPU's memory is reported per device next to the CPU's resident set",
+          "[server][metrics]") {
+  require_tool_or_skip("promtool", "prometheus");
+  ServiceMetrics m;
+  m.resident_bytes = 5000;
+  ServiceDevice gpu;
+  gpu.device = "cuda:1";
+  gpu.in_service = true;
+  gpu.workers = {1};
+  gpu.memory = DeviceMemory{3000, 4000, 6000, 10000};
+  ServiceDevice cpu;  // a CPU device has no memory of its own: the resident set is its
+  cpu.device = "cpu:0";
+  cpu.in_service = true;
+  cpu.workers = {0};
+  m.devices = {cpu, gpu};
+  const std::string text = prometheus_metrics_text(m);
+  INFO(text);
+  CHECK(sample_value(text, R"(infill_device_memory_bytes{device="cpu"})") == 5000);
+  CHECK(sample_value(text, R"(infill_device_memory_bytes{device="cuda:1"})") == 4000);
+  CHECK(sample_value(text, R"(infill_device_memory_allocated_bytes{device="cuda:1"})") == 3000);
+  CHECK(sample_value(text, R"(infill_device_memory_free_bytes{device="cuda:1"})") == 6000);
+  CHECK(sample_value(text, R"(infill_device_memory_total_bytes{device="cuda:1"})") == 10000);
+  CHECK(text.find(R"(infill_device_memory_allocated_bytes{device="cpu:0"})") == std::string::npos);
+  const nlohmann::json j = service_metrics_json(m);
+  CHECK_FALSE(j["devices"][0].contains("memory"));
+  CHECK(j["devices"][1]["memory"] == nlohmann::json({{"allocated_bytes", 3000},
+                                                     {"reserved_bytes", 4000},
+                                                     {"free_bytes", 6000},
+                                                     {"total_bytes", 10000}}));
+  // No resident set and no GPU: no device memory family at all.
+  ServiceMetrics none;
+  CHECK(prometheus_metrics_text(none).find("infill_device_memory") == std::string::npos);
+
+  TempDir dir("infill-prom");
+  const CommandOutput check = promtool_check(dir, text);
+  INFO(check.output);
+  CHECK(check.exit_code == 0);
+}
+
 TEST_CASE("GET /metrics after an edit: promtool accepts it and it counts the edit, its steps and the cache", "[server][metrics]") {
   require_tool_or_skip("promtool", "prometheus");
   ServerFixture f;
