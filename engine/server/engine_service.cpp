@@ -176,6 +176,27 @@ EngineService::~EngineService() {
   if (!impl_->private_adapter_dir.empty()) remove_tree(impl_->private_adapter_dir);
 }
 
+ModelRegistryOptions model_registry_options(const ServiceOptions& options) {
+  ModelRegistryOptions mo;
+  mo.paths = {options.model_path};
+  mo.paths.insert(mo.paths.end(), options.extra_model_paths.begin(),
+                  options.extra_model_paths.end());
+  mo.device = options.device;
+  mo.workers = options.workers;
+  mo.threads_per_worker = options.threads_per_worker;
+  mo.pool_threads = options.pool_threads;
+  mo.sequence_parallel = options.sequence_parallel;
+  mo.team_timeout_ms = options.team_timeout_ms;
+  mo.cache_dir = options.cache_dir;
+  mo.ram_cache_bytes = options.ram_cache_bytes;
+  mo.calibrate = options.calibrate;
+  mo.calibration_path = options.calibration_path;
+  mo.before_step = options.before_step;
+  mo.may_step = options.may_step;
+  mo.before_load = options.before_load;
+  return mo;
+}
+
 Status EngineService::load() {
   Impl& s = *impl_;
   if (s.loading.exchange(true)) return invalid_argument("EngineService::load called twice");
@@ -184,21 +205,7 @@ Status EngineService::load() {
     s.load_error = st.message();
     return st;
   };
-  ModelRegistryOptions mo;
-  mo.paths = {s.options.model_path};
-  mo.paths.insert(mo.paths.end(), s.options.extra_model_paths.begin(), s.options.extra_model_paths.end());
-  mo.device = s.options.device;
-  mo.workers = s.options.workers;
-  mo.threads_per_worker = s.options.threads_per_worker;
-  mo.pool_threads = s.options.pool_threads;
-  mo.cache_dir = s.options.cache_dir;
-  mo.ram_cache_bytes = s.options.ram_cache_bytes;
-  mo.calibrate = s.options.calibrate;
-  mo.calibration_path = s.options.calibration_path;
-  mo.before_step = s.options.before_step;
-  mo.may_step = s.options.may_step;
-  mo.before_load = s.options.before_load;
-  auto models = ModelRegistry::load(mo);
+  auto models = ModelRegistry::load(model_registry_options(s.options));
   if (!models.ok()) return fail(models.status());
   s.models = std::move(*models);
   for (const RegistryDevice& d : s.models->devices()) {

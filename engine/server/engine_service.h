@@ -47,6 +47,10 @@ struct ServiceOptions {
   int workers = 1;
   int threads_per_worker = 1;
   int pool_threads = 1;       ///< upload / mask decoding and post-processing
+  /// With two or more devices: whole-sequence steps may run over idle devices (the device
+  /// team, RuntimeOptions::sequence_parallel), each collective within `team_timeout_ms`.
+  bool sequence_parallel = true;
+  double team_timeout_ms = 60000;
   std::string cache_dir;      ///< disk tier; "" = RAM only
   uint64_t ram_cache_bytes = uint64_t{1} << 30;
   /// Time the step cost model at load (cached in calibration_path when set); false = a fixed
@@ -75,6 +79,11 @@ struct ServiceOptions {
   int64_t adapter_ram_bytes = int64_t{2} << 30;
   int64_t adapter_device_bytes = int64_t{1} << 30;
 };
+
+struct ModelRegistryOptions;
+/// What load() hands the model registry for `options` (`infill-engine --check` loads the
+/// models through it the same way).
+ModelRegistryOptions model_registry_options(const ServiceOptions& options);
 
 /// An edit as submitted: JSON parameters (see docs/api.md) and, optionally, the mask as an
 /// encoded image (a multipart part); the JSON may instead carry mask_png_base64 or mask_rect.

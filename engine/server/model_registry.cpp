@@ -141,6 +141,8 @@ Result<std::unique_ptr<ModelRegistry>> ModelRegistry::load(const ModelRegistryOp
   ro.workers = options.workers;
   ro.threads_per_worker = options.threads_per_worker;
   ro.pool_threads = std::max(1, options.pool_threads);
+  ro.sequence_parallel = options.sequence_parallel;
+  ro.team_timeout_ms = options.team_timeout_ms;
   ro.worker.before_step = options.before_step;
   ro.worker.may_step = options.may_step;
   auto runtime = ServingRuntime::create(std::move(runtime_devices), registry->store_, ro);

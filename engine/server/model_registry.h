@@ -44,6 +44,10 @@ struct ModelRegistryOptions {
   int workers = 1;
   int threads_per_worker = 1;
   int pool_threads = 1;
+  /// RuntimeOptions::sequence_parallel and team_timeout_ms: the device team of two or more
+  /// devices, and the longest one of its collectives may take.
+  bool sequence_parallel = true;
+  double team_timeout_ms = 60000;
   std::string cache_dir;  ///< the store's disk tier; "" = RAM only
   uint64_t ram_cache_bytes = uint64_t{1} << 30;
   /// Time each DiT-family model's step cost at load (cached per model, see

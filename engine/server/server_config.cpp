@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -50,6 +51,29 @@ Status read_ms(const json& v, const std::string& key, double& out) {
   const double x = v.get<double>();
   if (!(x > 0 && x <= 24 * 3600 * 1000.0)) return out_of_range(key + " must be in (0, 86400000] ms");
   out = x;
+  return {};
+}
+
+// Milliseconds within [lo, hi]; the error names the key, the value and the range.
+Status read_ms_in(const json& v, const std::string& key, double lo, double hi, double& out) {
+  if (!v.is_number()) return invalid_argument(key + " must be a number of milliseconds");
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi)) {
+    const auto text = [](double ms) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.12g", ms);
+      return std::string(buf);
+    };
+    return out_of_range(key + " is " + text(x) + ", expected " + text(lo) + ".." + text(hi) +
+                        " ms");
+  }
+  out = x;
+  return {};
+}
+
+Status read_bool(const json& v, const std::string& key, bool& out) {
+  if (!v.is_boolean()) return invalid_argument(key + " must be true or false");
+  out = v.get<bool>();
   return {};
 }
 
@@ -149,11 +173,14 @@ Result<EngineConfig> parse_engine_config(std::string_view json_text, const std::
       {"adapter_ram_bytes", int_field(c.adapter_ram_bytes, 0, int64_t{1} << 40)},
       {"adapter_device_bytes", int_field(c.adapter_device_bytes, 0, int64_t{1} << 40)},
       {"drain_timeout_ms", [&](const json& v, const std::string& k) { return read_ms(v, k, c.drain_timeout_ms); }},
-      {"calibrate",
-       [&](const json& v, const std::string& k) -> Status {
-         if (!v.is_boolean()) return invalid_argument(k + " must be true or false");
-         c.calibrate = v.get<bool>();
-         return {};
+      {"calibrate", [&](const json& v, const std::string& k) { return read_bool(v, k, c.calibrate); }},
+      {"sequence_parallel",
+       [&](const json& v, const std::string& k) { return read_bool(v, k, c.sequence_parallel); }},
+      // At least 1 s: a collective also waits for the slowest rank's share of a block, which
+      // a large CPU step takes seconds over; at most an hour.
+      {"device_team_timeout_ms",
+       [&](const json& v, const std::string& k) {
+         return read_ms_in(v, k, 1000, 3600000, c.device_team_timeout_ms);
        }},
       {"allowed_origins",
        [&](const json& v, const std::string& k) -> Status {

@@ -42,6 +42,14 @@ struct EngineConfig {
   /// separated by commas ("cuda:0,cuda:1", "cpu,cpu": serving/device_list.h). The config key
   /// `device` takes that string or an array of devices. Checked when the models load.
   std::string device = "cpu";
+  /// With two or more devices: whether a whole-sequence step (a prepare run's, a full
+  /// recompute's, a guided step's halves) may lease idle devices and run over them
+  /// (serving/device_team.h). Config key `sequence_parallel`.
+  bool sequence_parallel = true;
+  /// The longest one collective of the device team may take (Gloo on CPUs, NCCL on GPUs); one
+  /// that takes longer fails its step and takes the team out of use. Config key
+  /// `device_team_timeout_ms`, 1000..3600000.
+  double device_team_timeout_ms = 60000;
   /// Workers per device.
   int workers = 1;
   int threads = 0;          ///< compute threads per worker; 0 = cores / (workers x devices)

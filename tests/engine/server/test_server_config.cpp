@@ -55,6 +55,43 @@ TEST_CASE("engine config: device is cpu, cuda or cuda:N, or a list of them", "[s
   CHECK_FALSE(parse_engine_config(R"({"device": "cpu,"})", "e.json").ok());
 }
 
+TEST_CASE("engine config: sequence_parallel and device_team_timeout_ms set the device team",
+          "[server][config]") {
+  auto defaults = parse_engine_config(R"({})", "e.json");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->sequence_parallel);
+  CHECK(defaults->device_team_timeout_ms == 60000);
+  auto set = parse_engine_config(R"({"sequence_parallel": false, "device_team_timeout_ms": 2500})",
+                                 "e.json");
+  REQUIRE(set.ok());
+  CHECK_FALSE(set->sequence_parallel);
+  CHECK(set->device_team_timeout_ms == 2500);
+  CHECK(parse_engine_config(R"({"device_team_timeout_ms": 1000})", "e.json")
+            ->device_team_timeout_ms == 1000);
+  CHECK(parse_engine_config(R"({"device_team_timeout_ms": 3600000})", "e.json")
+            ->device_team_timeout_ms == 3600000);
+
+  // Refused, naming the key and what it takes.
+  const auto message = [](const char* json) {
+    auto c = parse_engine_config(json, "e.json");
+    return c.ok() ? std::string("accepted") : c.status().message();
+  };
+  CHECK(message(R"({"device_team_timeout_ms": 999})") ==
+        "e.json: device_team_timeout_ms is 999, expected 1000..3600000 ms");
+  CHECK(message(R"({"device_team_timeout_ms": 3600001})") ==
+        "e.json: device_team_timeout_ms is 3600001, expected 1000..3600000 ms");
+  CHECK(message(R"({"device_team_timeout_ms": -5})") ==
+        "e.json: device_team_timeout_ms is -5, expected 1000..3600000 ms");
+  CHECK(message(R"({"device_team_timeout_ms": "60s"})") ==
+        "e.json: device_team_timeout_ms must be a number of milliseconds");
+  CHECK(message(R"({"sequence_parallel": "yes"})") ==
+        "e.json: sequence_parallel must be true or false");
+  CHECK(message(R"({"sequence_parallel": 1})") ==
+        "e.json: sequence_parallel must be true or false");
+  CHECK(parse_engine_config(R"({"device_team_timeout_ms": 999})", "e.json").status().code() ==
+        ErrorCode::kOutOfRange);
+}
+
 TEST_CASE("engine config: model is one folder or a list of them, the first the default", "[server][config]") {
   auto one = parse_engine_config(R"({"model": "/models/a"})", "e.json");
   REQUIRE(one.ok());
