@@ -23,9 +23,9 @@
 #include "model/compute_threads.h"
 #include "model/model.h"
 #include "pipeline/bundled_models.h"
-#include "pipeline/load_edit_model.h"
 #include "serving/device_list.h"
 #include "server/daemon_log.h"
+#include "server/engine_check.h"
 #include "server/engine_service.h"
 #include "server/http_server.h"
 #include "server/socket_activation.h"
@@ -60,7 +60,9 @@ options:
   --journal PATH      SQLite journal of accepted batch edits, resumed after a crash
                       (default: $XDG_STATE_HOME/infill/journal.sqlite; "off" = none)
   --no-calibrate      skip the start-up timing of the cost model
-  --check             validate the config and the model, print a summary, exit 0 (ok) or 2
+  --check             validate the config and load the models on every device as the engine
+                      would, print a JSON summary (each device: ok, or its fault), exit 0 when
+                      every device holds every model, else 2 naming the device
   --help
 
 Socket activation: started with listening sockets passed by systemd (infill-engine.socket)
@@ -199,48 +201,6 @@ int main(int argc, char** argv) {
 
   infill::set_compute_threads(config.threads);
   c10::InferenceMode guard;
-  if (opts.count("--check")) {
-    nlohmann::json models = nlohmann::json::array();
-    std::string default_id;
-    // The models are loaded on the first device (the engine loads them on each).
-    auto devices = infill::resolve_device_list(config.device);
-    if (!devices.ok()) return fail(devices.status().message(), 2);
-    nlohmann::json described = nlohmann::json::array();
-    for (const infill::EngineDevice& d : *devices)
-      described.push_back({{"device", d.label}, {"description", infill::describe_compute_device(d.device)}});
-    for (const std::string& path : config.models) {
-      auto model = infill::load_edit_model(path, devices->front().device);
-      if (!model.ok()) return fail("model " + path + ": " + model.status().message(), 2);
-      const infill::EditModelInfo& info = model->model->info();
-      for (const auto& m : models)
-        if (m["id"] == info.id) return fail("models " + m["path"].get<std::string>() + " and " + path + " are the same model", 2);
-      if (default_id.empty()) default_id = info.id;
-      models.push_back({{"path", path}, {"id", info.id}, {"family", info.family}});
-    }
-    nlohmann::json summary = {{"config", config_path},
-                              {"model", config.models.front()},
-                              {"model_id", default_id},
-                              {"models", models},
-                              {"socket", config.socket_path},
-                              {"listen", config.listen},
-                              {"device", infill::describe_compute_device(devices->front().device)},
-                              {"devices", described},
-                              {"workers", config.workers},
-                              {"threads", config.threads},
-                              {"journal", config.journal},
-                              {"ok", true}};
-    std::cout << summary.dump(2) << std::endl;
-    return 0;
-  }
-
-  // Signals are taken by sigwait on this thread only: block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
   infill::ServiceOptions so;
   so.model_path = config.models.front();
   so.extra_model_paths.assign(config.models.begin() + 1, config.models.end());
@@ -258,6 +218,32 @@ int main(int argc, char** argv) {
   so.calibration_path = so.cache_dir + "/step_cost.json";
   so.journal_path = config.journal == "off" ? std::string() : config.journal;
   so.limits = config.limits;
+  if (opts.count("--check")) {
+    // The models load on every device as the engine's start loads them (engine_check.h).
+    const infill::EngineCheckReport report = infill::check_engine(so);
+    nlohmann::json summary = infill::engine_check_json(report);
+    summary["config"] = config_path;
+    summary["model"] = config.models.front();
+    summary["model_id"] = report.models.empty() ? std::string() : report.models.front().id;
+    summary["socket"] = config.socket_path;
+    summary["listen"] = config.listen;
+    summary["device"] = report.devices.empty() ? config.device : report.devices.front().description;
+    summary["workers"] = config.workers;
+    summary["threads"] = config.threads;
+    summary["journal"] = config.journal;
+    std::cout << summary.dump(2) << std::endl;
+    if (!report.status.ok()) return fail(report.status.message(), 2);
+    return 0;
+  }
+
+  // Signals are taken by sigwait on this thread only: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
   infill::EngineService service(so);
 
   infill::HttpServerOptions ho;

@@ -111,6 +111,8 @@ class ServingRuntime {
   size_t device_of_worker(size_t worker) const { return worker_device_.at(worker); }
   /// ms since the runtime started: the clock of every timestamp it reports.
   double now_ms() const;
+  /// The options it was created with.
+  const RuntimeOptions& options() const { return options_; }
   /// Ok with a device team in use; else why there is none (one device, switched off, no
   /// backend) or why it was taken out of use.
   Status team_status() const;
