@@ -12,6 +12,7 @@
 #include "kernels/masked_attention.h"
 #include "kernels/token_rows.h"
 #include "model/flux2_checkpoint.h"
+#include "model/flux2_layers.h"
 #include "model/lora_round.h"
 #include "model/row_attention.h"
 #include "model/sequence_group.h"
@@ -20,92 +21,7 @@
 
 namespace infill {
 
-namespace {
-
-constexpr double kNormEps = 1e-6;  // LayerNorm and QK RMSNorm, as upstream
-
-// A bias-free linear layer whose weight stays in its stored dtype (model/stored_linear.h).
-struct Linear {
-  at::Tensor w;      // [out, in]
-  std::string name;  // the weight's checkpoint name: what LoRAs adapt
-  at::Tensor operator()(const at::Tensor& x) const { return stored_linear(x, w); }
-};
-
-// The weights of one stream (image or text) of a double block.
-struct Stream {
-  Linear qkv, proj, mlp_in, mlp_out;
-  at::Tensor q_scale, k_scale;  // QK RMSNorm [head_dim]
-};
-
-struct DoubleBlock {
-  Stream img, txt;
-};
-
-struct SingleBlock {
-  Linear linear1, linear2;
-  at::Tensor q_scale, k_scale;
-};
-
-}  // namespace
-
-struct Flux2Transformer::Weights {
-  Flux2Config cfg;
-  Linear img_in, txt_in, time_in0, time_in1, guidance_in0, guidance_in1;
-  Linear mod_img, mod_txt, mod_single, final_ada, final_linear;
-  std::vector<DoubleBlock> doubles;
-  std::vector<SingleBlock> singles;
-
-  struct Slot {
-    std::string name;
-    std::vector<int64_t> shape;
-    at::Tensor* tensor;
-  };
-  // Every weight with its checkpoint name and shape: the one list that load, save and random
-  // initialisation share.
-  std::vector<Slot> slots() {
-    const int64_t h = cfg.hidden_size, d = cfg.head_dim(), m = cfg.mlp_hidden;
-    std::vector<Slot> s;
-    auto lin = [&](const std::string& name, Linear& l, int64_t out, int64_t in) {
-      l.name = name + ".weight";
-      s.push_back({l.name, {out, in}, &l.w});
-    };
-    lin("img_in", img_in, h, cfg.input_channels());
-    lin("txt_in", txt_in, h, cfg.context_dim);
-    lin("time_in.in_layer", time_in0, h, cfg.time_embed_dim);
-    lin("time_in.out_layer", time_in1, h, h);
-    if (cfg.guidance_embed) {
-      lin("guidance_in.in_layer", guidance_in0, h, cfg.time_embed_dim);
-      lin("guidance_in.out_layer", guidance_in1, h, h);
-    }
-    lin("double_stream_modulation_img.lin", mod_img, 6 * h, h);
-    lin("double_stream_modulation_txt.lin", mod_txt, 6 * h, h);
-    lin("single_stream_modulation.lin", mod_single, 3 * h, h);
-    doubles.resize(cfg.double_blocks);
-    for (int i = 0; i < cfg.double_blocks; ++i) {
-      const std::string b = "double_blocks." + std::to_string(i) + ".";
-      for (auto [name, stream] : {std::pair{"img", &doubles[i].img}, std::pair{"txt", &doubles[i].txt}}) {
-        const std::string p = b + name;
-        lin(p + "_attn.qkv", stream->qkv, 3 * h, h);
-        lin(p + "_attn.proj", stream->proj, h, h);
-        s.push_back({p + "_attn.norm.query_norm.scale", {d}, &stream->q_scale});
-        s.push_back({p + "_attn.norm.key_norm.scale", {d}, &stream->k_scale});
-        lin(p + "_mlp.0", stream->mlp_in, 2 * m, h);
-        lin(p + "_mlp.2", stream->mlp_out, h, m);
-      }
-    }
-    singles.resize(cfg.single_blocks);
-    for (int i = 0; i < cfg.single_blocks; ++i) {
-      const std::string b = "single_blocks." + std::to_string(i) + ".";
-      lin(b + "linear1", singles[i].linear1, 3 * h + 2 * m, h);
-      lin(b + "linear2", singles[i].linear2, h, h + m);
-      s.push_back({b + "norm.query_norm.scale", {d}, &singles[i].q_scale});
-      s.push_back({b + "norm.key_norm.scale", {d}, &singles[i].k_scale});
-    }
-    lin("final_layer.adaLN_modulation.1", final_ada, 2 * h, h);
-    lin("final_layer.linear", final_linear, cfg.in_channels, h);
-    return s;
-  }
-};
+using namespace flux2;  // the weights and forward pieces (model/flux2_layers.h)
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -385,21 +301,6 @@ std::pair<at::Tensor, at::Tensor> flux2_rope_angles(const at::Tensor& ids, const
 
 namespace {
 
-// Per-segment state of one forward.
-struct SegmentState {
-  Flux2Segment* seg = nullptr;
-  int64_t rt = 0, ri = 0;  // text and image rows computed
-  int64_t length = 0;      // L: every position of the request's sequence
-  bool full = false;       // every position is computed: no cached rows are read
-  at::Tensor positions;    // int64 [rt + ri] on the CPU
-  at::Tensor positions_device;  // the same on the compute device (made on first use)
-  at::Tensor cos, sin;     // [rt + ri, head_dim / 2]
-  std::vector<at::Tensor> mod_img, mod_txt, mod_single, mod_final;  // [1, H] each
-  at::Tensor k_buf, v_buf;  // [L, H] float, for sources without fp16 slabs
-  at::Tensor keep;          // int64 on the CPU: the positions kept after a recomputed prefix
-  int64_t keep_text = 0;    // how many of them are text rows
-};
-
 // The end of a segment's recomputed prefix: from here on it computes only its kept rows (the
 // rows were the whole sequence in order, so a kept position is also its row index).
 void keep_rows_only(SegmentState& s, const at::Device& device) {
@@ -412,6 +313,29 @@ void keep_rows_only(SegmentState& s, const at::Device& device) {
   s.ri = s.keep.size(0) - s.keep_text;
   s.full = false;
 }
+
+// Ulysses: this rank's rows q, k, v [R, H] (every head) become every rank's rows for this
+// rank's heads, attend there over the whole sequence, and return as this rank's rows for
+// every head. RoPE was applied to each row before, so the order of the gathered rows (rank
+// by rank) does not matter to the attention.
+at::Tensor ulysses_attention(SequenceGroup& group, const std::vector<int64_t>& rank_rows, const at::Tensor& q,
+                             const at::Tensor& k, const at::Tensor& v, int64_t heads, double scale) {
+  const int P = group.size();
+  const int64_t R = q.size(0), H = q.size(1), part = H / P;  // channels of one rank's heads
+  // [R, 3, P, part] -> [P, R, 3, part]: the rows for rank j are rank j's heads of q, k and v.
+  const at::Tensor send = at::stack({q, k, v}, 1).view({R, 3, P, part}).permute({2, 0, 1, 3}).contiguous().view({P * R, 3 * part});
+  const std::vector<int64_t> mine(P, R);
+  const at::Tensor got = group.all_to_all(send, mine, rank_rows).view({-1, 3, part});  // [L, 3, part]
+  const at::Tensor out = row_attention(got.select(1, 0).contiguous(), got.select(1, 1).contiguous(),
+                                       got.select(1, 2).contiguous(), heads / P, scale);  // [L, part]
+  // Back: each rank's rows of this rank's heads; from every rank, this rank's rows of its heads.
+  const at::Tensor back = group.all_to_all(out.contiguous(), rank_rows, mine);  // [P * R, part]
+  return back.view({P, R, part}).permute({1, 0, 2}).reshape({R, H});
+}
+
+}  // namespace
+
+namespace flux2 {
 
 at::Tensor layer_norm(const at::Tensor& x) { return at::layer_norm(x, {x.size(1)}, {}, {}, kNormEps); }
 
@@ -433,25 +357,6 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   at::Tensor x0 = xv.select(3, 0), x1 = xv.select(3, 1);
   at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   return at::stack({c * x0 - s * x1, s * x0 + c * x1}, 3).reshape({r, heads * half * 2});
-}
-
-// Ulysses: this rank's rows q, k, v [R, H] (every head) become every rank's rows for this
-// rank's heads, attend there over the whole sequence, and return as this rank's rows for
-// every head. RoPE was applied to each row before, so the order of the gathered rows (rank
-// by rank) does not matter to the attention.
-at::Tensor ulysses_attention(SequenceGroup& group, const std::vector<int64_t>& rank_rows, const at::Tensor& q,
-                             const at::Tensor& k, const at::Tensor& v, int64_t heads, double scale) {
-  const int P = group.size();
-  const int64_t R = q.size(0), H = q.size(1), part = H / P;  // channels of one rank's heads
-  // [R, 3, P, part] -> [P, R, 3, part]: the rows for rank j are rank j's heads of q, k and v.
-  const at::Tensor send = at::stack({q, k, v}, 1).view({R, 3, P, part}).permute({2, 0, 1, 3}).contiguous().view({P * R, 3 * part});
-  const std::vector<int64_t> mine(P, R);
-  const at::Tensor got = group.all_to_all(send, mine, rank_rows).view({-1, 3, part});  // [L, 3, part]
-  const at::Tensor out = row_attention(got.select(1, 0).contiguous(), got.select(1, 1).contiguous(),
-                                       got.select(1, 2).contiguous(), heads / P, scale);  // [L, part]
-  // Back: each rank's rows of this rank's heads; from every rank, this rank's rows of its heads.
-  const at::Tensor back = group.all_to_all(out.contiguous(), rank_rows, mine);  // [P * R, part]
-  return back.view({P, R, part}).permute({1, 0, 2}).reshape({R, H});
 }
 
 // Attention of one segment's computed rows over all of its positions in block `block`:
@@ -506,6 +411,10 @@ at::Tensor segment_attention(SegmentState& s, int block, const at::Tensor& q, co
   values = values.to(q.scalar_type(), false, true).index_copy_(0, s.positions_device, v);
   return row_attention(q, keys, values, heads, scale);
 }
+
+}  // namespace flux2
+
+namespace {
 
 // Row ranges of segments inside a packed matrix.
 struct Packing {

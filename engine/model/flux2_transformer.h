@@ -203,7 +203,8 @@ class Flux2Transformer {
   Flux2Transformer& operator=(Flux2Transformer&&) noexcept;
   ~Flux2Transformer();
 
-  struct Weights;
+  struct Weights;  // model/flux2_layers.h, internal to the model layer
+  const Weights& weights() const { return *w_; }
 
  private:
   explicit Flux2Transformer(std::unique_ptr<Weights> weights);

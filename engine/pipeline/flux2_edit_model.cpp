@@ -158,6 +158,10 @@ DeviceKvTierStats Flux2EditModel::device_tier_stats() const {
   return device_tier_ ? device_tier_->stats() : DeviceKvTierStats{};
 }
 
+Flux2GraphCacheStats Flux2EditModel::step_graph_stats() const {
+  return step_graphs_ ? step_graphs_->stats() : Flux2GraphCacheStats{};
+}
+
 ComputeDevice Flux2EditModel::device() const {
   const at::Device d = parts_.transformer->device();
   return d.is_cuda() ? ComputeDevice{true, d.index() < 0 ? 0 : static_cast<int>(d.index())} : ComputeDevice{};
@@ -210,6 +214,9 @@ Result<std::shared_ptr<const Flux2EditModel>> Flux2EditModel::create(Flux2EditMo
   model->empty_prompt_ = std::move(empty);
   if (const ComputeDevice device = model->device(); device.cuda) {
     model->device_tier_ = std::make_shared<DeviceKvTier>(device, model->parts_.device_cache_bytes);
+    if (model->parts_.step_graph_bytes > 0) {
+      model->step_graphs_ = std::make_shared<Flux2GraphCache>(*model->parts_.transformer, model->parts_.step_graph_bytes);
+    }
     if (model->parts_.host_to_device_bytes_per_ms <= 0) {
       try {
         model->parts_.host_to_device_bytes_per_ms = measure_host_to_device_bytes_per_ms(device.torch_device());
@@ -416,6 +423,10 @@ at::Tensor Flux2EditModel::forward(std::span<StepSession* const> sessions) const
   for (StepSession* s : sessions) {
     for (const Flux2Segment& segment : static_cast<Flux2StepSession*>(s)->session().segments()) segments.push_back(segment);
   }
+  if (step_graphs_) {
+    // A masked round of a shape it holds (or can record) replays; any other runs eagerly.
+    if (at::Tensor rows = step_graphs_->run(segments); rows.defined()) return rows;
+  }
   return parts_.transformer->forward_on_device(segments);  // the sessions apply it there
 }
 
@@ -474,6 +485,7 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
   parts.default_steps = folder.default_steps;
   parts.default_guidance = folder.default_guidance;
   parts.device_cache_bytes = options.device_cache_bytes;
+  parts.step_graph_bytes = options.step_graph_bytes;
   return Flux2EditModel::create(std::move(parts));
 }
 

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 
+#include "model/flux2_graph_cache.h"
 #include "model/flux2_transformer.h"
 #include "model/latent_codec.h"
 #include "model/qwen3_prompt_encoder.h"
@@ -37,6 +38,10 @@ struct Flux2EditModelParts {
   /// Bytes of cached K/V the device tier keeps on the transformer's GPU (templates in active
   /// use); unused on the CPU. A klein 4B entry at 512x512 with 4 steps is 3.1 GB.
   int64_t device_cache_bytes = int64_t{8} << 30;
+  /// Bytes of device memory the CUDA graphs of masked rounds may hold (model/flux2_graph_cache.h):
+  /// a step bound by kernel launches replays its round instead; 0 runs every round eagerly.
+  /// Unused on the CPU, where a step is not launch-bound (nothing changes there).
+  int64_t step_graph_bytes = int64_t{2} << 30;
   /// Bytes per ms from pinned host memory to the transformer's GPU; 0: measured when the
   /// model is created there (a test may state a bus of its own).
   double host_to_device_bytes_per_ms = 0.0;
@@ -104,6 +109,8 @@ class Flux2EditModel final : public EditModel {
   ComputeDevice device() const override;
   /// The device tier's counters (all zero on the CPU).
   DeviceKvTierStats device_tier_stats() const;
+  /// The step graphs' counters (all zero on the CPU, or with step_graph_bytes 0).
+  Flux2GraphCacheStats step_graph_stats() const;
 
  private:
   explicit Flux2EditModel(Flux2EditModelParts parts);
@@ -118,6 +125,8 @@ class Flux2EditModel final : public EditModel {
   std::shared_ptr<const PromptEmbedding> empty_prompt_;
   // Entries copied to the transformer's GPU; null on the CPU. Internally synchronised.
   std::shared_ptr<DeviceKvTier> device_tier_;
+  // Masked rounds replayed as CUDA graphs; null on the CPU. Used by the step loop's thread.
+  std::shared_ptr<Flux2GraphCache> step_graphs_;
   // The references made last, most recent first (two edits' worth).
   mutable std::mutex references_mu_;
   mutable std::list<ReferenceImage> recent_references_;
@@ -131,6 +140,8 @@ struct Flux2LoadOptions {
   int64_t memory_bytes = 0;
   /// Flux2EditModelParts::device_cache_bytes.
   int64_t device_cache_bytes = int64_t{8} << 30;
+  /// Flux2EditModelParts::step_graph_bytes.
+  int64_t step_graph_bytes = int64_t{2} << 30;
   /// Where the transformer computes: on a CUDA device its weights move there in bf16; the
   /// text encoder and the autoencoder stay on the CPU.
   ComputeDevice device;

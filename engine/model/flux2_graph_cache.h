@@ -1,0 +1,64 @@
+#pragma once
+/// The step graphs of one FLUX.2 transformer (model/flux2_step_graph.h), one per round shape,
+/// recorded on first use within a byte budget and evicted least recently used first (issue
+/// 39). A round it does not hold runs eagerly: a shape a graph cannot take (a full step, a
+/// prepare run, adapters, rows above the largest bucket), a shape whose recording failed (out of
+/// device memory, say: never retried, counted in the stats, the edit unaffected), or a graph
+/// larger than the whole budget.
+/// Threading: run() from any thread, one round at a time: a round that finds another running
+/// (two workers sharing a model on one device) runs eagerly rather than wait. stats() from any
+/// thread.
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "model/flux2_step_graph.h"
+#include "model/work_capture.h"
+
+namespace infill {
+
+struct Flux2GraphCacheStats {
+  int64_t graphs = 0;            ///< held now
+  int64_t bytes = 0;             ///< their device bytes (pools and input buffers)
+  int64_t budget_bytes = 0;
+  int64_t recorded = 0;          ///< graphs recorded so far
+  int64_t replayed = 0;          ///< rounds run through a graph already recorded
+  int64_t evicted = 0;
+  int64_t eager_rounds = 0;      ///< rounds run eagerly (every reason)
+  int64_t failed_recordings = 0; ///< recordings that failed (their shapes then run eagerly)
+  std::string last_failure;      ///< the last failed recording's error
+};
+
+class Flux2GraphCache {
+ public:
+  /// Makes a WorkCapture per graph (make_work_capture on the model's device by default; tests
+  /// pass one that fails, the fault seam of a recording out of device memory).
+  using CaptureFactory = std::function<std::unique_ptr<WorkCapture>()>;
+  Flux2GraphCache(const Flux2Transformer& model, int64_t budget_bytes, CaptureFactory make_capture = {});
+  ~Flux2GraphCache();
+
+  /// The round's prediction (as Flux2Transformer::forward_on_device) through its graph, or an
+  /// undefined tensor when the round is to run eagerly (the caller runs it).
+  at::Tensor run(std::span<Flux2Segment> segments);
+  Flux2GraphCacheStats stats() const;
+
+ private:
+  void evict_to_fit(int64_t keep_bytes);
+
+  const Flux2Transformer& model_;
+  CaptureFactory make_capture_;
+  std::list<std::unique_ptr<Flux2StepGraph>> graphs_;  // most recently used first
+  std::vector<Flux2GraphKey> eager_only_;              // shapes whose recording failed or was too big
+  std::mutex run_mu_;                                  // one round at a time
+  mutable std::mutex mu_;                              // guards stats_
+  Flux2GraphCacheStats stats_;
+};
+
+}  // namespace infill
