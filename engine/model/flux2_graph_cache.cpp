@@ -15,7 +15,7 @@ Flux2GraphCache::Flux2GraphCache(const Flux2Transformer& model, int64_t budget_b
 
 Flux2GraphCache::~Flux2GraphCache() = default;
 
-Flux2GraphCacheStats Flux2GraphCache::stats() const {
+StepGraphStats Flux2GraphCache::stats() const {
   std::lock_guard lock(mu_);
   return stats_;
 }

@@ -20,21 +20,10 @@
 #include <ATen/core/Tensor.h>
 
 #include "model/flux2_step_graph.h"
+#include "model/step_graph_stats.h"
 #include "model/work_capture.h"
 
 namespace infill {
-
-struct Flux2GraphCacheStats {
-  int64_t graphs = 0;            ///< held now
-  int64_t bytes = 0;             ///< their device bytes (pools and input buffers)
-  int64_t budget_bytes = 0;
-  int64_t recorded = 0;          ///< graphs recorded so far
-  int64_t replayed = 0;          ///< rounds run through a graph already recorded
-  int64_t evicted = 0;
-  int64_t eager_rounds = 0;      ///< rounds run eagerly (every reason)
-  int64_t failed_recordings = 0; ///< recordings that failed (their shapes then run eagerly)
-  std::string last_failure;      ///< the last failed recording's error
-};
 
 class Flux2GraphCache {
  public:
@@ -47,7 +36,7 @@ class Flux2GraphCache {
   /// The round's prediction (as Flux2Transformer::forward_on_device) through its graph, or an
   /// undefined tensor when the round is to run eagerly (the caller runs it).
   at::Tensor run(std::span<Flux2Segment> segments);
-  Flux2GraphCacheStats stats() const;
+  StepGraphStats stats() const;
 
  private:
   void evict_to_fit(int64_t keep_bytes);
@@ -58,7 +47,7 @@ class Flux2GraphCache {
   std::vector<Flux2GraphKey> eager_only_;              // shapes whose recording failed or was too big
   std::mutex run_mu_;                                  // one round at a time
   mutable std::mutex mu_;                              // guards stats_
-  Flux2GraphCacheStats stats_;
+  StepGraphStats stats_;
 };
 
 }  // namespace infill

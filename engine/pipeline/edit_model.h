@@ -21,6 +21,7 @@
 #include "cache/activation_entry.h"
 #include "common/status.h"
 #include "model/compute_device.h"
+#include "model/step_graph_stats.h"
 #include "pipeline/edit_session.h"
 #include "pipeline/mask.h"
 #include "pipeline/template_image.h"
@@ -205,6 +206,8 @@ class EditModel {
   virtual int codec_factor() const = 0;
   /// Where forward computes: errors of a step name it.
   virtual ComputeDevice device() const { return {}; }
+  /// What its step graphs did (FLUX.2 on a GPU, model/flux2_graph_cache.h); zeros otherwise.
+  virtual StepGraphStats step_graph_stats() const { return {}; }
   /// Whether read_adapter can succeed at all (FLUX.2 models).
   virtual bool takes_adapters() const { return false; }
   /// Reads the LoRA file at `path` for this model (model/lora_adapter.h) into host memory:

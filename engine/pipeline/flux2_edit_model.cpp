@@ -158,8 +158,8 @@ DeviceKvTierStats Flux2EditModel::device_tier_stats() const {
   return device_tier_ ? device_tier_->stats() : DeviceKvTierStats{};
 }
 
-Flux2GraphCacheStats Flux2EditModel::step_graph_stats() const {
-  return step_graphs_ ? step_graphs_->stats() : Flux2GraphCacheStats{};
+StepGraphStats Flux2EditModel::step_graph_stats() const {
+  return step_graphs_ ? step_graphs_->stats() : StepGraphStats{};
 }
 
 ComputeDevice Flux2EditModel::device() const {

@@ -110,7 +110,7 @@ class Flux2EditModel final : public EditModel {
   /// The device tier's counters (all zero on the CPU).
   DeviceKvTierStats device_tier_stats() const;
   /// The step graphs' counters (all zero on the CPU, or with step_graph_bytes 0).
-  Flux2GraphCacheStats step_graph_stats() const;
+  StepGraphStats step_graph_stats() const override;
 
  private:
   explicit Flux2EditModel(Flux2EditModelParts parts);

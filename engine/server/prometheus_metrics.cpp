@@ -141,6 +141,35 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
     for (const auto& [model, steps] : mw.worker.steps_by_model)
       w.sample("infill_worker_model_steps_total", with(worker_labels(mw), {{"model", model}}), double(steps));
   }
+  // The step graphs (CUDA graphs of masked rounds) of each model on a GPU worker.
+  struct GraphFigure {
+    const char* name;
+    const char* type;
+    const char* help;
+    int64_t StepGraphStats::*field;
+  };
+  for (const GraphFigure& g :
+       {GraphFigure{"infill_step_graphs", "gauge", "Step graphs held (one per round shape).", &StepGraphStats::graphs},
+        GraphFigure{"infill_step_graph_bytes", "gauge", "Device bytes the step graphs hold.", &StepGraphStats::bytes},
+        GraphFigure{"infill_step_graph_budget_bytes", "gauge", "Their budget (step_graph_bytes).", &StepGraphStats::budget_bytes},
+        GraphFigure{"infill_step_graph_recorded_total", "counter", "Step graphs recorded.", &StepGraphStats::recorded},
+        GraphFigure{"infill_step_graph_replays_total", "counter", "Rounds replayed through a recorded graph.",
+                    &StepGraphStats::replayed},
+        GraphFigure{"infill_step_graph_evictions_total", "counter", "Step graphs dropped for the budget.",
+                    &StepGraphStats::evicted},
+        GraphFigure{"infill_step_graph_eager_rounds_total", "counter",
+                    "Rounds run eagerly: a shape no graph takes (full steps, adapters, rows above 1024) or whose "
+                    "recording failed.",
+                    &StepGraphStats::eager_rounds},
+        GraphFigure{"infill_step_graph_failed_recordings_total", "counter",
+                    "Recordings that failed (out of device memory): their shapes run eagerly, no edit fails.",
+                    &StepGraphStats::failed_recordings}}) {
+    w.family(g.name, g.type, g.help);
+    for (const ServiceWorkerMetrics& mw : m.workers) {
+      for (const auto& [model, stats] : mw.worker.step_graphs_by_model)
+        w.sample(g.name, with(worker_labels(mw), {{"model", model}}), double(stats.*g.field));
+    }
+  }
   w.family("infill_worker_in_service", "gauge", "1 while the worker takes edits, 0 after its device failed for good.");
   for (const ServiceWorkerMetrics& mw : m.workers)
     w.sample("infill_worker_in_service", worker_labels(mw), mw.worker.in_service ? 1.0 : 0.0);

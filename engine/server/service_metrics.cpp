@@ -38,6 +38,13 @@ json service_metrics_json(const ServiceMetrics& m) {
     for (const auto& [model, c] : w.cost_by_model)
       costs[model] = {{"coefficients", c.coefficients}, {"samples", c.samples}, {"refits_adopted", c.refits_adopted},
                       {"mape", c.mape}};
+    json graphs = json::object();
+    for (const auto& [model, g] : w.step_graphs_by_model)
+      graphs[model] = {{"graphs", g.graphs},       {"bytes", g.bytes},
+                       {"budget_bytes", g.budget_bytes}, {"recorded", g.recorded},
+                       {"replayed", g.replayed},   {"evicted", g.evicted},
+                       {"eager_rounds", g.eager_rounds}, {"failed_recordings", g.failed_recordings},
+                       {"last_failure", g.last_failure}};
     workers.push_back({{"index", w.index},
                        {"device", w.device},
                        {"in_service", w.in_service},
@@ -48,6 +55,7 @@ json service_metrics_json(const ServiceMetrics& m) {
                        {"routed", w.routed},
                        {"locality_missed", w.locality_missed},
                        {"cost_by_model", costs},
+                       {"step_graphs", graphs},
                        {"failed_steps", w.failed_steps},
                        {"rerouted", w.rerouted},
                        {"prepare_steps", w.prepare_steps},

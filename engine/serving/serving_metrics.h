@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "model/step_graph_stats.h"
 #include "serving/cost_model.h"
 
 namespace infill {
@@ -69,6 +70,8 @@ struct WorkerMetrics {
     double mape = 0.0;
   };
   std::map<std::string, ModelCost> cost_by_model;
+  /// Each model's step graphs on this worker's device (models with graphs only: a GPU's).
+  std::map<std::string, StepGraphStats> step_graphs_by_model;
   uint64_t steps = 0;            ///< batched denoising steps run
   uint64_t failed_steps = 0;     ///< steps whose forward threw (their requests failed)
   /// Requests handed back to be run on another worker after this one left service.

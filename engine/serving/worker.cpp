@@ -266,6 +266,9 @@ WorkerMetrics Worker::metrics() const {
   for (size_t i = 0; i < models_.size(); ++i) {
     const LiveCostModel::Report c = costs_[i]->report();
     m.cost_by_model[models_[i].model->info().id] = {c.coefficients, c.samples, c.refits_adopted, c.mape};
+    if (StepGraphStats g = models_[i].model->step_graph_stats(); g.budget_bytes > 0) {
+      m.step_graphs_by_model[models_[i].model->info().id] = std::move(g);
+    }
   }
   m.in_service = in_service_.load();
   {

@@ -225,7 +225,7 @@ TEST_CASE("The graph cache records a shape once, replays it after, and evicts th
   REQUIRE(first.defined());
   CHECK(relative_difference(first, model.forward_on_device(round_a)) <= 1e-5);
   CHECK(cache.run(round_a).defined());
-  Flux2GraphCacheStats stats = cache.stats();
+  StepGraphStats stats = cache.stats();
   CHECK(stats.recorded == 1);
   CHECK(stats.replayed == 1);
   CHECK(stats.graphs == 1);
@@ -259,7 +259,7 @@ TEST_CASE("A recording that runs out of device memory leaves the round to the ea
   auto a = edits.session(1, 1, 3, 2, Flux2CacheMode::kPromptKeyed, 3);
   std::vector<Flux2Segment> round = round_of({a.get()});
   CHECK_FALSE(cache.run(round).defined());
-  Flux2GraphCacheStats stats = cache.stats();
+  StepGraphStats stats = cache.stats();
   CHECK(stats.failed_recordings == 1);
   CHECK(stats.eager_rounds == 1);
   CHECK(stats.graphs == 0);

@@ -154,3 +154,49 @@ TEST_CASE("GET /metrics after an edit: promtool accepts it and it counts the edi
   CHECK(j.json()["service"]["edits_finished"]["done"] == 1);
   CHECK(request(f.unix_ep, "POST", "/metrics").status == 405);
 }
+
+TEST_CASE("a GPU worker's step graphs are reported per model, a CPU worker's not at all", "[server][metrics]") {
+  require_tool_or_skip("promtool", "prometheus");
+  ServiceMetrics m;
+  ServiceWorkerMetrics gpu;
+  gpu.models = {"klein"};
+  gpu.worker.device = "cuda:0";
+  gpu.worker.index = 0;
+  StepGraphStats graphs;
+  graphs.graphs = 3;
+  graphs.bytes = 700;
+  graphs.budget_bytes = 2000;
+  graphs.recorded = 4;
+  graphs.replayed = 96;
+  graphs.evicted = 1;
+  graphs.eager_rounds = 7;
+  graphs.failed_recordings = 1;
+  graphs.last_failure = "t0+64/2577: CUDA out of memory";
+  gpu.worker.step_graphs_by_model["klein"] = graphs;
+  ServiceWorkerMetrics cpu;
+  cpu.models = {"klein"};
+  cpu.worker.device = "cpu";
+  cpu.worker.index = 1;
+  m.workers = {gpu, cpu};
+  const std::string text = prometheus_metrics_text(m);
+  INFO(text);
+  const std::string labels = R"({device="cuda:0",worker="0",model="klein"})";
+  CHECK(sample_value(text, "infill_step_graphs" + labels) == 3);
+  CHECK(sample_value(text, "infill_step_graph_bytes" + labels) == 700);
+  CHECK(sample_value(text, "infill_step_graph_budget_bytes" + labels) == 2000);
+  CHECK(sample_value(text, "infill_step_graph_recorded_total" + labels) == 4);
+  CHECK(sample_value(text, "infill_step_graph_replays_total" + labels) == 96);
+  CHECK(sample_value(text, "infill_step_graph_evictions_total" + labels) == 1);
+  CHECK(sample_value(text, "infill_step_graph_eager_rounds_total" + labels) == 7);
+  CHECK(sample_value(text, "infill_step_graph_failed_recordings_total" + labels) == 1);
+  CHECK(text.find(R"(infill_step_graphs{device="cpu")") == std::string::npos);
+  const nlohmann::json j = service_metrics_json(m);
+  CHECK(j["workers"][0]["step_graphs"]["klein"]["replayed"] == 96);
+  CHECK(j["workers"][0]["step_graphs"]["klein"]["last_failure"] == "t0+64/2577: CUDA out of memory");
+  CHECK(j["workers"][1]["step_graphs"].empty());
+
+  TempDir dir("infill-prom");
+  const CommandOutput check = promtool_check(dir, text);
+  INFO(check.output);
+  CHECK(check.exit_code == 0);
+}
