@@ -214,9 +214,6 @@ Result<std::shared_ptr<const Flux2EditModel>> Flux2EditModel::create(Flux2EditMo
   model->empty_prompt_ = std::move(empty);
   if (const ComputeDevice device = model->device(); device.cuda) {
     model->device_tier_ = std::make_shared<DeviceKvTier>(device, model->parts_.device_cache_bytes);
-    if (model->parts_.step_graph_bytes > 0) {
-      model->step_graphs_ = std::make_shared<Flux2GraphCache>(*model->parts_.transformer, model->parts_.step_graph_bytes);
-    }
     if (model->parts_.host_to_device_bytes_per_ms <= 0) {
       try {
         model->parts_.host_to_device_bytes_per_ms = measure_host_to_device_bytes_per_ms(device.torch_device());
@@ -224,6 +221,9 @@ Result<std::shared_ptr<const Flux2EditModel>> Flux2EditModel::create(Flux2EditMo
         // No room for the probe's 64 MiB: left at 0, the worker copies entries without a plan.
       }
     }
+  }
+  if ((model->device().cuda || model->parts_.step_graphs_on_cpu) && model->parts_.step_graph_bytes > 0) {
+    model->step_graphs_ = std::make_shared<Flux2GraphCache>(*model->parts_.transformer, model->parts_.step_graph_bytes);
   }
   return std::shared_ptr<const Flux2EditModel>(std::move(model));
 }

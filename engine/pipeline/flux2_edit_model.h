@@ -42,6 +42,9 @@ struct Flux2EditModelParts {
   /// a step bound by kernel launches replays its round instead; 0 runs every round eagerly.
   /// Unused on the CPU, where a step is not launch-bound (nothing changes there).
   int64_t step_graph_bytes = int64_t{2} << 30;
+  /// Tests: the step graphs on the CPU too, where their pieces re-run (model/work_capture.h):
+  /// nothing is gained there, but the worker's path through them runs and is checked.
+  bool step_graphs_on_cpu = false;
   /// Bytes per ms from pinned host memory to the transformer's GPU; 0: measured when the
   /// model is created there (a test may state a bus of its own).
   double host_to_device_bytes_per_ms = 0.0;

@@ -1,0 +1,61 @@
+// Edits through the worker with the step graphs on (model/flux2_graph_cache.h). On a GPU they
+// replay CUDA graphs; here the CPU re-runs their pieces (Flux2EditModelParts::
+// step_graphs_on_cpu), which checks the worker's path through them: packed rounds of
+// several edits and modes, the graph per round shape, the counters, results equal to the
+// eager engine's.
+#include "support/catch.h"
+
+#include <future>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "pipeline/flux2_edit_model.h"
+#include "serving/serving_runtime.h"
+#include "flux2_serving_fixture.h"
+#include "serving_fixture.h"
+
+using namespace infill;
+using namespace infill::test;
+
+TEST_CASE("Worker FLUX.2 edits through the step graphs equal the eager engine's, packed, and the graphs are counted",
+          "[flux2-serving][step-graph]") {
+  Flux2Serving graphs({}, at::kBFloat16, [](Flux2EditModelParts& parts) { parts.step_graphs_on_cpu = true; });
+  Flux2Serving eager;
+  // Every request steps only once all three are ready, so the three share each round.
+  RuntimeOptions o;
+  o.worker.may_step = step_when_ready(3);
+  auto created = ServingRuntime::create(graphs.model, graphs.store, test::fixed_cost_model(), std::move(o));
+  REQUIRE(created.ok());
+  auto& rt = *created;
+  std::vector<EditParams> edits = {graphs.params("a dark blue patch", 11), graphs.params("make the cup red", 12),
+                                   graphs.params("a dark blue patch", 13)};
+  edits[1].mask = ServingFixture::rect_mask(0, 16, 48, 32);  // more rows than the others
+  std::vector<std::future<RequestResult>> futures;
+  for (size_t i = 0; i < edits.size(); ++i) futures.push_back(submit(*rt, i + 1, graphs.tmpl, edits[i]));
+  for (size_t i = 0; i < edits.size(); ++i) {
+    const RequestResult r = futures[i].get();
+    INFO("edit " << i << ": " << r.status.to_string());
+    REQUIRE(r.state == RequestState::kDone);
+    // The same weights and template, without graphs, alone: the same pixels up to GEMM
+    // blocking (float32 on the CPU, the graph's rows padded to their buckets).
+    const at::Tensor ours = to_rgb_tensor(r.output.image), own = to_rgb_tensor(run_alone(eager, edits[i]));
+    CHECK((ours - own).abs().max().item<double>() <= 2.0 / 255.0);
+  }
+  const auto workers = rt->worker_metrics();
+  REQUIRE(workers.size() == 1);
+  CHECK(workers[0].max_batch >= 3);
+  const auto it = workers[0].step_graphs_by_model.find(graphs.model->info().id);
+  REQUIRE(it != workers[0].step_graphs_by_model.end());
+  const StepGraphStats& stats = it->second;
+  INFO("recorded " << stats.recorded << ", replayed " << stats.replayed << ", eager " << stats.eager_rounds);
+  CHECK(stats.recorded >= 1);
+  CHECK(stats.replayed >= 1);  // the later steps of a round shape replay its graph
+  CHECK(stats.graphs >= 1);
+  CHECK(stats.failed_recordings == 0);
+  CHECK(stats.bytes <= stats.budget_bytes);
+  // The engine without graphs reports none.
+  auto plain = eager.runtime();
+  CHECK(plain->worker_metrics()[0].step_graphs_by_model.empty());
+}
