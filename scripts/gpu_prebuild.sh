@@ -35,7 +35,7 @@
 #   --build: the build tree (default build/gpu-kit)
 #   --targets: comma-separated (default every target gpu_check.sh runs)
 #   --no-build: stage what the build tree holds now
-set -euo pipefail
+set -Eeuo pipefail
 trap 'echo "gpu_prebuild: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 cd "$(dirname "$0")/.."
 out=.gpu-prebuilt
@@ -116,7 +116,8 @@ staged_libs=()
 stage_lib() {  # stage_lib SONAME: from .gpu-deps/lib, else where this machine's loader finds it
   local name=$1 from=""
   if [ -e ".gpu-deps/lib/$name" ]; then from=".gpu-deps/lib/$name"
-  else from=$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ {print $NF; exit}'); fi
+  # awk reads to the end: leaving early would break ldconfig's pipe (SIGPIPE under pipefail).
+  else from=$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ && !found {found = $NF} END {print found}'); fi
   [ -n "$from" ] || { echo "gpu_prebuild: $name is needed and not found here" >&2; exit 1; }
   cp -L "$from" "$stage/lib/$name"
   strip --strip-unneeded "$stage/lib/$name"
