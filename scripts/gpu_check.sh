@@ -16,7 +16,10 @@
 #      through the worker, its entry resident, streamed from disk under the load plan, read
 #      whole first), bench_adapters --device cuda (LoRAs of rank 16 and 64 at klein 4B sizes,
 #      bf16; reference tokens) and bench_multi_device --only nccl (the Ulysses forward at klein
-#      4B sizes over NCCL on every GPU present, degree 1 through NCCL on a one-GPU machine) (JSON);
+#      4B sizes over NCCL on every GPU present, degree 1 through NCCL on a one-GPU machine) and
+#      bench_gpu_serving --device cuda (the serving runtime at klein 4B sizes: live painting at
+#      1024x1024, 1 to 16 live editors, continuous vs static and deadline vs FCFS batching, an
+#      entry resident / pinned / on disk; issue 39's serving targets) (JSON);
 #   4. the peer: the upstream FLUX.2 transformer (SHARED/peers/flux2_upstream/time_full_step.py,
 #      staged by scripts/gpu_deps.sh --shared; it stays outside the project) at the same sizes on
 #      the same GPU, eager and with torch.compile, then one JSON line with our full and masked
@@ -34,8 +37,8 @@
 #   --shared: the shared test data (default .gpu-shared, else ../shared)
 #   --results: where the benchmarks' JSON goes (default build/gpu-check-results)
 #   --benches: which benchmarks, comma-separated (default
-#              row_attention,flux2,peer,loading,adapters,multi_device; flux2 and peer together
-#              also print the ratios)
+#              row_attention,flux2,peer,loading,adapters,multi_device,serving_gpu; flux2 and
+#              peer together also print the ratios)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 deps=.gpu-deps
@@ -44,7 +47,7 @@ build=build/gpu-core
 prebuilt=""
 results=build/gpu-check-results
 bench=1
-benches=row_attention,flux2,peer,loading,adapters,multi_device
+benches=row_attention,flux2,peer,loading,adapters,multi_device,serving_gpu
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) prebuilt="$2"; shift 2 ;;
@@ -109,7 +112,7 @@ else
   fi
   grep -E "Infill|CUDA|Torch" "$configure_log" | head -20
   targets=(infill_tests_model infill_tests_pipeline infill_tests_serving infill-model-check bench_flux2 bench_row_attention bench_loading
-           bench_adapters bench_multi_device)
+           bench_adapters bench_multi_device bench_gpu_serving)
   start=$(date +%s)
   # -k 0: every compile error of this libtorch at once; a target that fails to build fails its
   # checks below, the others still run.
@@ -173,6 +176,9 @@ wanted loading && check bench_loading_cuda "$build/bench/bench_loading" --device
   --model "$PWD/resources/models/infill-tiny-2" --dir "$build/bench-loading-cache"
 wanted adapters && check bench_adapters_cuda "$build/bench/bench_adapters" --device cuda --repeats 10
 wanted multi_device && check bench_multi_device_nccl "$build/bench/bench_multi_device" --only nccl --repeats 5
+# After bench_flux2, whose klein 4B weights file it reuses; its disk tier on the build's disk.
+wanted serving_gpu && check --out "$results/bench_gpu_serving.json" bench_gpu_serving_cuda \
+  "$build/bench/bench_gpu_serving" --device cuda --dir "$build/bench-gpu-serving-cache"
 if [ ${#failed[@]} -eq 0 ]; then
   echo '{"gpu_check":"summary","ok":true}'
 else

@@ -41,7 +41,7 @@ cd "$(dirname "$0")/.."
 out=.gpu-prebuilt
 build=build/gpu-kit
 kit=build/cuda-kit
-targets=infill_tests_model,infill_tests_pipeline,infill_tests_serving,infill-model-check,bench_flux2,bench_row_attention,bench_loading,bench_adapters,bench_multi_device
+targets=infill_tests_model,infill_tests_pipeline,infill_tests_serving,infill-model-check,bench_flux2,bench_row_attention,bench_loading,bench_adapters,bench_multi_device,bench_gpu_serving
 jobs=$(nproc)
 do_build=1
 while [ $# -gt 0 ]; do
