@@ -207,8 +207,7 @@ void check_input(const at::Tensor& x, int64_t channels, const char* what, const 
   TORCH_CHECK(x.defined() && x.dim() == 4 && x.size(1) == channels, "flux2 autoencoder: ", what,
               " is ", x.defined() ? x.sizes() : at::IntArrayRef{}, ", expected ", expected,
               " with ", channels, " channels");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "flux2 autoencoder: ", what,
-              " is ", x.scalar_type(), " on ", x.device(), ", expected float32 on CPU");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "flux2 autoencoder: ", what, " is ", x.scalar_type(), ", expected float32");
 }
 
 // ---- naming: upstream or diffusers ----
@@ -608,7 +607,33 @@ Flux2Autoencoder Flux2Autoencoder::random(const Flux2AutoencoderConfig& config, 
 }
 
 Status Flux2Autoencoder::save(const std::string& path) const {
-  return write_safetensors(path, w_->named, {{"format", "pt"}});
+  std::vector<std::pair<std::string, at::Tensor>> on_cpu;
+  for (const auto& [name, t] : w_->named) on_cpu.emplace_back(name, t.to(at::kCPU));
+  return write_safetensors(path, on_cpu, {{"format", "pt"}});
+}
+
+at::Device Flux2Autoencoder::device() const { return w_->bn_mean.device(); }
+
+Result<Flux2Autoencoder> Flux2Autoencoder::on_device(const ComputeDevice& target) const {
+  INFILL_RETURN_IF_ERROR(check_compute_device(target));
+  const at::Device device = target.torch_device();
+  auto w = std::make_shared<Weights>();
+  w->config = w_->config;
+  try {
+    c10::InferenceMode guard;
+    // Fresh slots (slots() sizes the level vectors), filled from this one's weights by name.
+    std::map<std::string, at::Tensor> by_name(w_->named.begin(), w_->named.end());
+    for (Slot& slot : w->slots()) {
+      *slot.tensor = by_name.at(slot.name).to(device);
+      w->named.emplace_back(slot.name, *slot.tensor);
+    }
+    w->bn_mean = w_->bn_mean.to(device);
+    w->bn_std = w_->bn_std.to(device);
+  } catch (const c10::Error& e) {
+    return Status(ErrorCode::kResourceExhausted,
+                  "FLUX.2 autoencoder to " + target.name() + ": " + e.what_without_backtrace());
+  }
+  return Flux2Autoencoder(std::move(w));
 }
 
 const Flux2AutoencoderConfig& Flux2Autoencoder::config() const { return w_->config; }
@@ -625,8 +650,8 @@ at::Tensor Flux2Autoencoder::encode_normalized(const at::Tensor& image) const {
   at::Tensor out;
   {
     c10::InferenceMode guard;
-    const at::Tensor moments = run_encoder(w_->encoder, image);  // [B, 2z, H', W']
-    out = patchify_normalize(moments.slice(1, 0, c.z_channels));  // the mean [B, z, H', W']
+    const at::Tensor moments = run_encoder(w_->encoder, image.to(device()));  // [B, 2z, H', W']
+    out = patchify_normalize(moments.slice(1, 0, c.z_channels)).to(image.device());  // the mean [B, z, H', W']
   }
   // A clone made outside InferenceMode is an ordinary tensor, which callers may modify in place.
   return out.clone(at::MemoryFormat::Contiguous);
@@ -638,8 +663,8 @@ at::Tensor Flux2Autoencoder::decode_normalized(const at::Tensor& latent) const {
   at::Tensor out;
   {
     c10::InferenceMode guard;
-    const at::Tensor unpatched = unpatchify_denormalize(latent);
-    out = run_decoder(w_->decoder, unpatched);
+    const at::Tensor unpatched = unpatchify_denormalize(latent.to(device()));
+    out = run_decoder(w_->decoder, unpatched).to(latent.device());
   }
   return out.clone(at::MemoryFormat::Contiguous);
 }
@@ -652,22 +677,24 @@ at::Tensor Flux2Autoencoder::patchify_normalize(const at::Tensor& mean) const {
   c10::InferenceMode guard;
   const int64_t batch = mean.size(0), h = mean.size(2) / kPatch, w = mean.size(3) / kPatch;
   // "c (i pi) (j pj) -> (c pi pj) i j"
-  const at::Tensor z = mean.reshape({batch, c.z_channels, h, kPatch, w, kPatch})
+  const at::Tensor z = mean.to(device())
+                           .reshape({batch, c.z_channels, h, kPatch, w, kPatch})
                            .permute({0, 1, 3, 5, 2, 4})
                            .reshape({batch, c.latent_channels(), h, w});
-  return (z - w_->bn_mean) / w_->bn_std;
+  return ((z - w_->bn_mean) / w_->bn_std).to(mean.device());
 }
 
 at::Tensor Flux2Autoencoder::unpatchify_denormalize(const at::Tensor& latent) const {
   const Flux2AutoencoderConfig& c = w_->config;
   check_input(latent, c.latent_channels(), "latent", "[B, C, h, w]");
   c10::InferenceMode guard;
-  const at::Tensor z = latent * w_->bn_std + w_->bn_mean;  // [B, 4z, h, w]
+  const at::Tensor z = latent.to(device()) * w_->bn_std + w_->bn_mean;  // [B, 4z, h, w]
   const int64_t batch = z.size(0), h = z.size(2), w = z.size(3);
   // "(c pi pj) i j -> c (i pi) (j pj)"
   return z.reshape({batch, c.z_channels, kPatch, kPatch, h, w})
       .permute({0, 1, 4, 2, 5, 3})
-      .reshape({batch, c.z_channels, h * kPatch, w * kPatch});
+      .reshape({batch, c.z_channels, h * kPatch, w * kPatch})
+      .to(latent.device());
 }
 
 at::Tensor Flux2Autoencoder::encode(const at::Tensor& rgb) const {

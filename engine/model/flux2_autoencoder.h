@@ -30,6 +30,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/status.h"
+#include "model/compute_device.h"
 #include "model/latent_codec.h"
 #include "model/safetensors.h"
 
@@ -79,6 +80,14 @@ class Flux2Autoencoder final : public LatentCodec {
   static Flux2Autoencoder random(const Flux2AutoencoderConfig& config, uint64_t seed);
   /// Writes the weights under upstream names (an `ae.safetensors`), float32.
   Status save(const std::string& path) const;
+  /// A copy whose weights live on `device` (float32) and whose encode and decode compute there
+  /// (issue 39: a stroke's crop decode is a large share of a live-painting budget, seconds on
+  /// the CPU at 1024x1024); this one is unchanged. Inputs may stay on the CPU: every method
+  /// returns its result on its input's device. resource_exhausted naming the device when its
+  /// memory cannot hold the weights.
+  Result<Flux2Autoencoder> on_device(const ComputeDevice& device) const;
+  /// Where the weights live and encode and decode compute.
+  at::Device device() const;
 
   const Flux2AutoencoderConfig& config() const;
 

@@ -481,6 +481,13 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
   if (options.device.cuda) INFILL_RETURN_IF_ERROR(loaded->transformer.to_device(options.device));
   parts.transformer = std::make_shared<const Flux2Transformer>(std::move(loaded->transformer));
   parts.codec = loaded->codec;
+  if (options.device.cuda && loaded->autoencoder && loaded->codec == loaded->autoencoder) {
+    // The VAE's template encodes and crop decodes on the GPU too: on the CPU a 1024x1024
+    // stroke's crop takes seconds. Where the device cannot hold it, it stays on the CPU.
+    if (auto moved = loaded->autoencoder->on_device(options.device); moved.ok()) {
+      parts.codec = std::make_shared<const Flux2Autoencoder>(std::move(*moved));
+    }
+  }
   parts.text = std::shared_ptr<Qwen3PromptEncoder>(std::move(text));
   parts.default_steps = folder.default_steps;
   parts.default_guidance = folder.default_guidance;

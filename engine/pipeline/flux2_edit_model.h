@@ -108,7 +108,8 @@ class Flux2EditModel final : public EditModel {
   at::Tensor forward(std::span<StepSession* const> sessions) const override;
   at::Tensor decode_preview(const at::Tensor& latent, const PixelRect& box) const override;
   int codec_factor() const override { return parts_.codec->factor(); }
-  /// The transformer's device (the text encoder and the codec run on the CPU).
+  /// The transformer's device (the text encoder runs on the CPU; the FLUX.2 VAE of a folder
+  /// loaded for a GPU runs there too, Flux2Autoencoder::on_device).
   ComputeDevice device() const override;
   /// The device tier's counters (all zero on the CPU).
   DeviceKvTierStats device_tier_stats() const;

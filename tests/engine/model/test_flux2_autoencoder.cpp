@@ -640,3 +640,59 @@ TEST_CASE("FLUX.2 autoencoder under diffusers names matches the upstream referen
   CHECK(latent_ratio <= 1e-4);
   CHECK(decoded_ratio <= 1e-4);
 }
+
+namespace {
+
+// A small random VAE of the FLUX.2 layout and an image for it.
+Flux2Autoencoder small_random_autoencoder() {
+  infill::Flux2AutoencoderConfig config;
+  config.ch = 32;
+  config.ch_mult = {1, 2};
+  config.num_res_blocks = 1;
+  config.z_channels = 4;
+  return Flux2Autoencoder::random(config, 9);
+}
+
+}  // namespace
+
+TEST_CASE("FLUX.2 autoencoder: a copy made for a device holds every weight by name and computes the same",
+          "[flux2_ae]") {
+  const Flux2Autoencoder ae = small_random_autoencoder();
+  auto copy = ae.on_device(infill::ComputeDevice{});  // the CPU: the same weights, moved by name
+  REQUIRE(copy.ok());
+  CHECK(copy->device().is_cpu());
+  const at::Tensor rgb = at::rand({1, 3, 16, 24});
+  const at::Tensor latent = ae.encode(rgb);
+  CHECK(at::equal(copy->encode(rgb), latent));
+  CHECK(at::equal(copy->decode(latent), ae.decode(latent)));
+  CHECK(at::equal(copy->decode_crop(latent, 1, 0, 1, 1, 1), ae.decode_crop(latent, 1, 0, 1, 1, 1)));
+  TempDir dir;
+  REQUIRE(copy->save(dir.file("copy.safetensors")).ok());
+  auto reloaded = Flux2Autoencoder::load(dir.file("copy.safetensors"));
+  REQUIRE(reloaded.ok());
+  CHECK(at::equal(reloaded->decode(latent), ae.decode(latent)));
+}
+
+TEST_CASE("FLUX.2 autoencoder on CUDA encodes and decodes as on the CPU, inputs and results on the CPU",
+          "[flux2_ae][cuda]") {
+  const infill::ComputeDevice cuda{true, 0};
+  if (const infill::Status usable = infill::check_compute_device(cuda); !usable.ok()) {
+    WARN("SKIPPED: no CUDA device: " + usable.message());
+    std::exit(4);
+  }
+  const Flux2Autoencoder ae = small_random_autoencoder();
+  auto gpu = ae.on_device(cuda);
+  REQUIRE(gpu.ok());
+  CHECK(gpu->device().is_cuda());
+  const at::Tensor rgb = at::rand({1, 3, 16, 24});
+  const at::Tensor latent = ae.encode(rgb), on_gpu = gpu->encode(rgb);
+  CHECK(on_gpu.device().is_cpu());
+  // float32 on both, but cuDNN's convolutions may run in TF32 (libtorch allows it for them by
+  // default): the tolerance is TF32's 10-bit mantissa over a few layers.
+  CHECK((on_gpu - latent).abs().max().item<double>() <= 2e-2 * (1 + latent.abs().max().item<double>()));
+  const at::Tensor pixels = gpu->decode_crop(latent, 1, 0, 1, 1, 1);
+  CHECK(pixels.device().is_cpu());
+  CHECK((pixels - ae.decode_crop(latent, 1, 0, 1, 1, 1)).abs().max().item<double>() <= 2e-2);
+  // Inputs already on the device stay there.
+  CHECK(gpu->decode(latent.to(gpu->device())).device().is_cuda());
+}
