@@ -15,10 +15,11 @@
 //             (streamed under the load plan).
 // The model: the klein 4B transformer with random bf16 weights (the file bench_flux2 generates,
 // reused), the FLUX.2 VAE architecture with random weights, and fixed random text rows placed in
-// the prompt cache instead of a Qwen3 encoder, which never runs. The engine decodes on the CPU,
-// one thread per pool task, where the published VAE takes seconds per stroke (a 448 px crop:
-// 23 s on one core of a 2-core EPYC VM): the served strokes decode with a smaller layout of the
-// same architecture unless --vae published, and the codec section times both. --size small
+// the prompt cache instead of a Qwen3 encoder, which never runs. A GPU engine decodes on the
+// GPU (Flux2Autoencoder::on_device): the served strokes decode with the published layout there.
+// On the CPU, one thread per pool task, the published VAE takes seconds per stroke (a 448 px
+// crop: 23 s on one core of a 2-core EPYC VM), so CPU runs decode with a smaller layout of the
+// same architecture unless --vae published; the codec section times both. --size small
 // runs the same protocol on a few-MB transformer (CPU checks).
 // Prints one JSON document on stdout; progress goes to stderr.
 //
@@ -121,9 +122,9 @@ const char* kUsage =
     "         [--pool-threads N] [--threads N] [--device-cache-gib G] [--weights FILE]\n"
     "         [--dir DIR] [--vae small|published]\n"
     "  --only: sections, comma-separated: codec, live, editors, batching, loading\n"
-    "  --vae: the layout of the VAE the served strokes decode with, small (default) or\n"
-    "         published; the codec section times both (the published one's crop decode\n"
-    "         takes seconds on one CPU thread)\n"
+    "  --vae: the layout of the VAE the served strokes decode with, small or published\n"
+    "         (default: published on a GPU, small on the CPU); the codec section times both\n"
+    "         (the published one's crop decode takes seconds on one CPU thread)\n"
     "  --pool-threads: the task pool's threads (decodes, composites); default 1 on the CPU\n"
     "         (the engine's), every hardware thread beside a GPU\n";
 
@@ -266,7 +267,9 @@ Options parse(int argc, char** argv) {
   if (editor_strokes) o.editor_strokes = *editor_strokes;
   if (requests) o.requests = *requests;
   if (loading_repeats) o.loading_repeats = *loading_repeats;
-  if (o.vae.empty()) o.vae = "small";
+  // On a GPU the engine's VAE decodes there (Flux2Autoencoder::on_device): the published
+  // layout's real cost fits; on the CPU it would take seconds per stroke.
+  if (o.vae.empty()) o.vae = o.device.cuda ? "published" : "small";
   if (o.pool_threads == 0) {
     o.pool_threads =
         o.device.cuda ? std::max(1, static_cast<int>(std::thread::hardware_concurrency())) : 1;
@@ -315,6 +318,15 @@ at::Tensor rect_mask(std::mt19937_64& rng, int image, double ratio) {
 at::Tensor stroke_mask(std::mt19937_64& rng, int image) {
   std::uniform_real_distribution<double> m(0.05, 0.2);
   return rect_mask(rng, image, m(rng));
+}
+
+// The VAE where the engine keeps a FLUX.2 folder's VAE: on the GPU for a GPU engine.
+std::shared_ptr<const infill::LatentCodec> on_engine_device(infill::Flux2Autoencoder vae,
+                                                            const infill::ComputeDevice& device) {
+  if (!device.cuda) return std::make_shared<const infill::Flux2Autoencoder>(std::move(vae));
+  auto moved = vae.on_device(device);
+  if (!moved.ok()) die(moved.status().to_string());
+  return std::make_shared<const infill::Flux2Autoencoder>(std::move(*moved));
 }
 
 infill::Flux2AutoencoderConfig vae_config(const std::string& vae) {
@@ -594,9 +606,7 @@ json section_codec(Bench& b) {
   for (const std::string& layout : layouts) {
     const infill::Flux2AutoencoderConfig config = vae_config(layout);
     std::shared_ptr<const infill::LatentCodec> codec =
-        layout == b.opt.vae ? b.codec
-                            : std::make_shared<const infill::Flux2Autoencoder>(
-                                  infill::Flux2Autoencoder::random(config, 3));
+        layout == b.opt.vae ? b.codec : on_engine_device(infill::Flux2Autoencoder::random(config, 3), b.opt.device);
     auto decode = [&] { (void)codec->decode_crop(latent, x0, x0, side, side, margin); };
     const int all = at::get_num_threads();
     const double every = infill::bench::median_ms(1, decode);  // after a warm-up call
@@ -1046,8 +1056,7 @@ int main(int argc, char** argv) {
     out["weights"] = weights;
   }
   const auto vae = vae_config(o.vae);
-  b.codec =
-      std::make_shared<const infill::Flux2Autoencoder>(infill::Flux2Autoencoder::random(vae, 3));
+  b.codec = on_engine_device(infill::Flux2Autoencoder::random(vae, 3), o.device);
   b.text = fixed_text(b.tmp_dir, find_tokenizer(), b.cfg.context_dim, b.text_rows);
   const int64_t device_cache_bytes =
       static_cast<int64_t>(o.device_cache_gib * double(int64_t{1} << 30));
@@ -1066,7 +1075,8 @@ int main(int argc, char** argv) {
        {{"layout", o.vae},
         {"config", vae.to_string()},
         {"weights", "random"},
-        {"runs_on", "the CPU, float32 (the engine's Flux2Autoencoder), one thread per pool task"},
+        {"runs_on", o.device.cuda ? "the GPU, float32 (Flux2Autoencoder::on_device, as the engine loads a folder's VAE)"
+                                  : "the CPU, float32 (the engine's Flux2Autoencoder), one thread per pool task"},
         {"note",
          o.vae == "published"
              ? "the published FLUX.2 VAE layout: the stroke decode cost is the real one"
