@@ -102,6 +102,7 @@ void EditController::onEngineState(EngineConnection::State state) {
 }
 
 void EditController::onTemplateRegistered(quint64 tag, const TemplateStatus& status) {
+  if (onReferenceRegistered(tag, status)) return;
   if (tag != template_tag_) return;  // an older image's upload
   template_tag_ = 0;
   template_dirty_ = false;
@@ -116,6 +117,7 @@ void EditController::onTemplateRegistered(quint64 tag, const TemplateStatus& sta
 }
 
 void EditController::onTemplateFailed(quint64 tag, const QString& text) {
+  if (onReferenceFailed(tag, text)) return;
   if (tag != template_tag_) return;
   template_tag_ = 0;
   generate_waiting_ = false;
@@ -169,9 +171,12 @@ bool EditController::generate() {
     emit message(tr("Registering the image with the engine..."), false);
     return true;
   }
-  if (!adapter_uploads_.empty()) {
-    generate_waiting_ = true;  // submitted once the LoRA files are back on the engine
-    emit message(tr("Uploading the LoRA files to the engine again..."), false);
+  if (!adapter_uploads_.empty() || !reference_uploads_.empty()) {
+    generate_waiting_ = true;  // submitted once the files are back on the engine
+    emit message(!adapter_uploads_.empty()
+                     ? tr("Uploading the LoRA files to the engine again...")
+                     : tr("Uploading the reference images to the engine again..."),
+                 false);
     return true;
   }
   return submitBatch();
@@ -191,6 +196,7 @@ bool EditController::submitBatch() {
     p.result.seed = seed;
     p.template_epoch = template_epoch_;
     p.adapters_uploaded_again = adapters_uploaded_again_;
+    p.references_uploaded_again = references_uploaded_again_;
     p.clock.start();
     batch_.insert(tag);
   }
@@ -234,8 +240,8 @@ void EditController::submitLive() {
     debounce_.start();
     return;
   }
-  if (!adapter_uploads_.empty()) {
-    live_waiting_ = true;  // submitted once the LoRA files are back on the engine
+  if (!adapter_uploads_.empty() || !reference_uploads_.empty()) {
+    live_waiting_ = true;  // submitted once the files are back on the engine
     return;
   }
   EditSubmission s = baseSubmission(params_.seed);
@@ -255,6 +261,7 @@ void EditController::submitLive() {
   p.live = true;
   p.template_epoch = template_epoch_;
   p.adapters_uploaded_again = adapters_uploaded_again_;
+  p.references_uploaded_again = references_uploaded_again_;
   p.clock.start();
   ++live_stats_.submitted;
 }
@@ -359,6 +366,7 @@ void EditController::onRejected(quint64 tag, const QString& text, const QString&
   if (it == pending_.end()) return;
   const bool live = it->second.live;
   const bool retried = it->second.adapters_uploaded_again;
+  const bool references_retried = it->second.references_uploaded_again;
   const bool in_batch = batch_.count(tag) > 0;
   finishTag(tag);
   if (engine_code == QLatin1String("unknown_adapter")) {
@@ -379,6 +387,31 @@ void EditController::onRejected(quint64 tag, const QString& text, const QString&
       return;
     }
     emit message((live ? tr("Live edit refused: %1") : tr("Edit refused: %1")).arg(text), true);
+    return;
+  }
+  if (engine_code == QLatin1String("template_not_found") &&
+      text.contains(QLatin1String("references["))) {
+    // The engine no longer knows a reference image of the edit (evicted, or a restarted
+    // engine): upload the images again and submit once more, once per edit. Not the image
+    // the edits start from, so not the template path below.
+    const bool newest = in_batch || tag == live_tag_;
+    if (newest && !references_retried && (!reference_uploads_.empty() || uploadReferencesAgain())) {
+      if (in_batch) {
+        for (quint64 t : std::set<quint64>(batch_)) finishTag(t);  // refused for the same reason
+        generate_waiting_ = true;
+      } else {
+        live_waiting_ = true;
+      }
+      emit message(tr("The engine no longer knows a reference image (evicted, or it restarted?); "
+                      "uploading the images again..."),
+                   false);
+      return;
+    }
+    const QString name = referenceNamedIn(text);
+    const QString why =
+        name.isEmpty() ? text
+                       : tr("reference image %1 is not known to the engine (%2)").arg(name, text);
+    emit message((live ? tr("Live edit refused: %1") : tr("Edit refused: %1")).arg(why), true);
     return;
   }
   if (text.contains(QLatin1String("not_found"))) {
@@ -446,6 +479,70 @@ void EditController::adaptersUploadedAgain() {
     submitLive();
   }
   adapters_uploaded_again_ = false;
+}
+
+bool EditController::uploadReferencesAgain() {
+  for (const ReferenceFile& r : params_.reference_files) {
+    if (r.file.isEmpty() || !params_.references.contains(r.id)) continue;
+    bool running = false;
+    for (const auto& [tag, id] : reference_uploads_) running |= id == r.id;
+    if (!running) reference_uploads_[engine_->registerTemplate(QString(), r.file, r.name)] = r.id;
+  }
+  return !reference_uploads_.empty();
+}
+
+bool EditController::onReferenceRegistered(quint64 tag, const TemplateStatus& status) {
+  auto it = reference_uploads_.find(tag);
+  if (it == reference_uploads_.end()) return false;  // the image's, or the strip's own upload
+  // The same bytes are the same id; should the engine name them otherwise, send its id.
+  for (QString& id : params_.references)
+    if (id == it->second) id = status.id;
+  for (ReferenceFile& r : params_.reference_files)
+    if (r.id == it->second) r.id = status.id;
+  reference_uploads_.erase(it);
+  if (reference_uploads_.empty()) referencesUploadedAgain();
+  return true;
+}
+
+bool EditController::onReferenceFailed(quint64 tag, const QString& text) {
+  auto it = reference_uploads_.find(tag);
+  if (it == reference_uploads_.end()) return false;
+  if (reference_upload_failure_.isEmpty()) {
+    QString name = it->second;
+    for (const ReferenceFile& r : params_.reference_files)
+      if (r.id == it->second) name = r.name;
+    reference_upload_failure_ =
+        tr("Could not upload reference image %1 to the engine again: %2").arg(name, text);
+  }
+  reference_uploads_.erase(it);
+  if (reference_uploads_.empty()) referencesUploadedAgain();
+  return true;
+}
+
+void EditController::referencesUploadedAgain() {
+  if (!reference_upload_failure_.isEmpty()) {
+    generate_waiting_ = false;
+    live_waiting_ = false;
+    emit message(std::exchange(reference_upload_failure_, QString()), true);
+    return;
+  }
+  // What is submitted now is the one more try: refused again, it is not retried.
+  references_uploaded_again_ = true;
+  if (generate_waiting_ && !uploadsRunning()) {
+    generate_waiting_ = false;
+    submitBatch();
+  }
+  if (live_waiting_) {
+    live_waiting_ = false;
+    submitLive();
+  }
+  references_uploaded_again_ = false;
+}
+
+QString EditController::referenceNamedIn(const QString& text) const {
+  for (const ReferenceFile& r : params_.reference_files)
+    if (!r.id.isEmpty() && text.contains(r.id)) return r.name;
+  return {};
 }
 
 }  // namespace infill::ui

@@ -29,6 +29,8 @@ struct GenerationParams {
   QString model_id;          ///< the engine's model to use; "" = its default
   QList<AdapterChoice> adapters;  ///< uploaded LoRAs, applied in order
   QStringList references;         ///< uploaded reference images' template ids, in order
+  /// The files of `references` (by id): uploaded again when the engine no longer knows one.
+  QList<ReferenceFile> reference_files;
 };
 
 /// One finished variation.
@@ -50,8 +52,11 @@ struct GenerationResult {
 /// An edit the engine refuses with `unknown_adapter` (its adapter store no longer holds a LoRA
 /// uploaded earlier: it restarted with another store, or the adapter was deleted) makes it
 /// upload the files of GenerationParams::adapters again and submit the edit (the Generate
-/// batch, or the newest live edit) once more; refused again, the refusal is shown. A lost
-/// image (a template the engine no longer knows) is uploaded again the same way.
+/// batch, or the newest live edit) once more; refused again, the refusal is shown. A reference
+/// image the engine no longer knows (`template_not_found` naming `references[i]`: evicted, or
+/// the engine restarted) makes it upload GenerationParams::reference_files again the same way,
+/// and a second refusal names the image. A lost image (the template the edits start from) is
+/// uploaded again too.
 class EditController : public QObject {
   Q_OBJECT
 
@@ -120,6 +125,8 @@ class EditController : public QObject {
     quint64 template_epoch = 0;  // template_epoch_ when it was submitted
     // Submitted after uploading its LoRAs again: refused again, it is not retried.
     bool adapters_uploaded_again = false;
+    // Submitted after uploading its reference images again: refused again, it is not retried.
+    bool references_uploaded_again = false;
   };
   void uploadTemplate();
   void onEngineState(EngineConnection::State state);
@@ -138,9 +145,23 @@ class EditController : public QObject {
   /// Every upload of uploadAdaptersAgain() answered: submits what waited for them, or says
   /// why not.
   void adaptersUploadedAgain();
-  /// True while the image or the LoRA files are being uploaded: edits wait for them.
+  /// Uploads params_.reference_files again (the engine no longer knows one); false when there
+  /// is none to upload.
+  bool uploadReferencesAgain();
+  /// A template upload answered: true when it was one of uploadReferencesAgain()'s.
+  bool onReferenceRegistered(quint64 tag, const TemplateStatus& status);
+  /// A template upload failed: true when it was one of uploadReferencesAgain()'s.
+  bool onReferenceFailed(quint64 tag, const QString& message);
+  /// Every upload of uploadReferencesAgain() answered: submits what waited for them, or says
+  /// why not.
+  void referencesUploadedAgain();
+  /// The file name of the reference image whose id `text` (an engine refusal) names; "" if none.
+  QString referenceNamedIn(const QString& text) const;
+  /// True while the image, the LoRA files or the reference images are being uploaded: edits
+  /// wait for them.
   bool uploadsRunning() const {
-    return template_dirty_ || template_tag_ != 0 || !adapter_uploads_.empty();
+    return template_dirty_ || template_tag_ != 0 || !adapter_uploads_.empty() ||
+           !reference_uploads_.empty();
   }
   void onMaskEdited();
   void submitLive();
@@ -164,7 +185,12 @@ class EditController : public QObject {
   std::map<quint64, QString> adapter_uploads_;
   QString adapter_upload_failure_;        // the first of those uploads that failed
   bool adapters_uploaded_again_ = false;  // set while submitting right after those uploads
-  bool live_waiting_ = false;             // a live edit waits for those uploads
+  bool live_waiting_ = false;  // a live edit waits for those (or the references') uploads
+  // Reference images uploaded again after an edit was refused naming one, by upload tag: the
+  // id the edits named.
+  std::map<quint64, QString> reference_uploads_;
+  QString reference_upload_failure_;        // the first of those uploads that failed
+  bool references_uploaded_again_ = false;  // set while submitting right after those uploads
   GenerationParams params_;
 
   std::map<quint64, Pending> pending_;  // every edit in flight, by tag

@@ -82,6 +82,15 @@ struct AdapterChoice {
   bool operator==(const AdapterChoice&) const = default;
 };
 
+/// A reference image of an edit, with what it was uploaded from: uploaded again when the engine
+/// no longer knows `id` (engine code template_not_found naming `references[i]`).
+struct ReferenceFile {
+  QString id;       ///< TemplateStatus::id, what EditSubmission::references names
+  QString name;     ///< the file's name, for uploads and messages
+  QByteArray file;  ///< the encoded image, as uploaded
+  bool operator==(const ReferenceFile&) const = default;
+};
+
 /// One edit to submit. The mask is copied (implicitly shared) and read on a worker thread.
 struct EditSubmission {
   QString template_id;

@@ -244,6 +244,7 @@ GenerationParams ParametersPanel::params() const {
   p.feather_px = feather_->value();
   p.adapters = adapters_->adapters();
   p.references = references_->references();
+  p.reference_files = references_->referenceFiles();
   return p;
 }
 

@@ -138,6 +138,13 @@ QStringList ReferenceStrip::references() const {
   return ids;
 }
 
+QList<ReferenceFile> ReferenceStrip::referenceFiles() const {
+  QList<ReferenceFile> files;
+  for (const Image& i : images_)
+    if (!i.id.isEmpty()) files.push_back({i.id, QFileInfo(i.path).fileName(), i.file});
+  return files;
+}
+
 void ReferenceStrip::upload(Image& image) {
   image.tag = engine_ && engine_->state() == EngineConnection::State::Connected
                   ? engine_->registerTemplate(QString(), image.file, QFileInfo(image.path).fileName())

@@ -43,6 +43,9 @@ class ReferenceStrip : public QWidget {
   int pending() const;
   /// The uploaded images' template ids, in order (images still uploading left out).
   QStringList references() const;
+  /// The uploaded images' ids with their files, in order: what an edit uploads again when the
+  /// engine no longer knows one.
+  QList<ReferenceFile> referenceFiles() const;
   /// The most images: the parameter table's max_length of `references`.
   static int maximumCount();
 

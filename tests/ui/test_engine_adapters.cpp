@@ -3,8 +3,8 @@
 // connection. A LoRA added from a file and an image dropped on the strip are uploaded, the
 // edits from the panel carry their ids (the SHA-256 of the files, the engine's ids) and the
 // engine applies them (the results differ inside the mask only); files the model cannot use
-// are refused with a message naming them; a LoRA the engine's store lost is uploaded again by
-// the next Generate.
+// are refused with a message naming them; a LoRA the engine's store lost, or a reference image
+// the engine evicted, is uploaded again by the next Generate.
 #include <catch2/catch.hpp>
 
 #include <QCryptographicHash>
@@ -89,10 +89,13 @@ TEST_CASE("The panel's LoRAs and reference images go with the edit and the engin
   REQUIRE(model_arg > 0);
   options.engine_arguments[model_arg] = dir.filePath(QStringLiteral("flux2"));
   {
-    // The engine's adapter store and cache in the test's folder.
+    // The engine's adapter store and cache in the test's folder; two templates at most (the
+    // picture and a reference image), so that another client's upload evicts one.
     QFile config(options.engine_arguments[options.engine_arguments.indexOf(QStringLiteral("--config")) + 1]);
     REQUIRE(config.open(QIODevice::WriteOnly | QIODevice::Truncate));
-    config.write(QStringLiteral("{\"cache_dir\": \"%1\"}").arg(dir.filePath(QStringLiteral("cache"))).toUtf8());
+    config.write(QStringLiteral("{\"cache_dir\": \"%1\", \"limits\": {\"max_templates\": 2}}")
+                     .arg(dir.filePath(QStringLiteral("cache")))
+                     .toUtf8());
   }
 
   infill::ui::MainWindow window;
@@ -204,6 +207,46 @@ TEST_CASE("The panel's LoRAs and reference images go with the edit and the engin
   c = changes(subtracted, referenced, reach);
   CHECK(c.outside == 0);
   CHECK(c.inside > 0);
+
+  // The engine evicts the reference image behind the editor's back (another client's uploads
+  // fill its template store; an engine restarted between two edits is the same to an edit): the
+  // next Generate is refused with template_not_found naming references[0], and the editor
+  // uploads the image again, replaces its id and submits once more. The result is the
+  // reference's, and the engine knows the image again.
+  {
+    infill::client::ClientOptions o;
+    o.endpoint = window.engine()->endpoint().toStdString();
+    infill::client::Client other(o);
+    const std::string reference_id = sha256_of(dusk).toStdString();
+    const std::string picture_id = window.controller()->templateId().toStdString();
+    const std::string picture_file =
+        source_path(QStringLiteral("tests/data/golden/hills_128.png")).toStdString();
+    // The picture used last, so that the store's least recently used template is the reference.
+    REQUIRE(other.upload_template_file(picture_file).id == picture_id);
+    const std::string filler =
+        other
+            .upload_template_file(
+                source_path(QStringLiteral("resources/jobs/hills_256.png")).toStdString())
+            .id;
+    CHECK(filler != picture_id);
+    REQUIRE(other.get_template(picture_id).id == picture_id);
+    REQUIRE_THROWS(other.get_template(reference_id));
+    // The picture again: the reference's upload evicts the filler, not the picture.
+    REQUIRE(other.upload_template_file(picture_file).id == picture_id);
+    QStringList said;
+    const auto watch = QObject::connect(window.controller(), &infill::ui::EditController::message,
+                                        [&](const QString& m, bool) { said << m; });
+    const QImage again = generate();
+    QObject::disconnect(watch);
+    INFO(said.join(QLatin1Char('\n')).toStdString());
+    CHECK(said.filter(QStringLiteral("uploading the images again")).size() == 1);
+    CHECK(said.filter(QStringLiteral("refused")).isEmpty());
+    CHECK(changes(referenced, again, reach).inside == 0);
+    CHECK(changes(referenced, again, reach).outside == 0);
+    CHECK(other.get_template(reference_id).id == reference_id);
+    CHECK(window.controller()->parameters().references == QStringList{sha256_of(dusk)});
+    CHECK(panel->params().references == QStringList{sha256_of(dusk)});  // the strip is unchanged
+  }
 
   // Files the model cannot use: refused by the engine, the row removed, a message naming them.
   errors.clear();
