@@ -461,15 +461,17 @@ void EditController::onAdapterFailed(quint64 tag, const QString& text) {
   if (adapter_uploads_.empty()) adaptersUploadedAgain();
 }
 
-void EditController::adaptersUploadedAgain() {
-  if (!adapter_upload_failure_.isEmpty()) {
+void EditController::adaptersUploadedAgain() { resubmitAfterUploads(adapter_upload_failure_, adapters_uploaded_again_); }
+
+void EditController::resubmitAfterUploads(QString& failure, bool& uploaded_again) {
+  if (!failure.isEmpty()) {
     generate_waiting_ = false;
     live_waiting_ = false;
-    emit message(std::exchange(adapter_upload_failure_, QString()), true);
+    emit message(std::exchange(failure, QString()), true);
     return;
   }
   // What is submitted now is the one more try: refused again, it is not retried.
-  adapters_uploaded_again_ = true;
+  uploaded_again = true;
   if (generate_waiting_ && !uploadsRunning()) {
     generate_waiting_ = false;
     submitBatch();
@@ -478,7 +480,7 @@ void EditController::adaptersUploadedAgain() {
     live_waiting_ = false;
     submitLive();
   }
-  adapters_uploaded_again_ = false;
+  uploaded_again = false;
 }
 
 bool EditController::uploadReferencesAgain() {
@@ -520,23 +522,7 @@ bool EditController::onReferenceFailed(quint64 tag, const QString& text) {
 }
 
 void EditController::referencesUploadedAgain() {
-  if (!reference_upload_failure_.isEmpty()) {
-    generate_waiting_ = false;
-    live_waiting_ = false;
-    emit message(std::exchange(reference_upload_failure_, QString()), true);
-    return;
-  }
-  // What is submitted now is the one more try: refused again, it is not retried.
-  references_uploaded_again_ = true;
-  if (generate_waiting_ && !uploadsRunning()) {
-    generate_waiting_ = false;
-    submitBatch();
-  }
-  if (live_waiting_) {
-    live_waiting_ = false;
-    submitLive();
-  }
-  references_uploaded_again_ = false;
+  resubmitAfterUploads(reference_upload_failure_, references_uploaded_again_);
 }
 
 QString EditController::referenceNamedIn(const QString& text) const {

@@ -155,6 +155,10 @@ class EditController : public QObject {
   /// Every upload of uploadReferencesAgain() answered: submits what waited for them, or says
   /// why not.
   void referencesUploadedAgain();
+  /// What both of those do once their uploads answered: with a `failure`, says it and drops
+  /// what waited; else submits what waited once more, `uploaded_again` set meanwhile (a
+  /// refusal of that try is not retried).
+  void resubmitAfterUploads(QString& failure, bool& uploaded_again);
   /// The file name of the reference image whose id `text` (an engine refusal) names; "" if none.
   QString referenceNamedIn(const QString& text) const;
   /// True while the image, the LoRA files or the reference images are being uploaded: edits
