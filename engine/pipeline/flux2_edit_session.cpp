@@ -212,10 +212,11 @@ Result<std::unique_ptr<Flux2EditSession>> Flux2EditSession::create(std::shared_p
   return s;
 }
 
-const Flux2EditSession::RopeTables& Flux2EditSession::rope_tables(RopeTables& slot, const at::Tensor& ids) {
+const Flux2EditSession::RopeTables& Flux2EditSession::rope_tables(RopeTables& slot,
+                                                                  std::initializer_list<at::Tensor> ids) {
   if (!slot.cos.defined()) {
     const Flux2Config& cfg = model_->config();
-    auto [cos, sin] = flux2_rope_angles(ids, cfg.axes_dim, cfg.theta);
+    auto [cos, sin] = flux2_rope_angles(at::cat(ids), cfg.axes_dim, cfg.theta);
     const auto on_device = at::TensorOptions().device(model_->device()).dtype(model_->compute_dtype());
     slot.cos = cos.to(on_device);
     slot.sin = sin.to(on_device);
@@ -236,7 +237,7 @@ void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, Kv
     s.txt_ids = text_ids_;
     s.img = at::cat({flux2_with_mask(x_, mask_rows_), reference_rows_});
     s.img_ids = image_ids_;
-    const RopeTables& rope = rope_tables(tables, at::cat({text_ids_, image_ids_}));
+    const RopeTables& rope = rope_tables(tables, {text_ids_, image_ids_});
     s.rope_cos = rope.cos;
     s.rope_sin = rope.sin;
   };
@@ -267,8 +268,8 @@ void Flux2EditSession::build_segment(Flux2Segment& s, const at::Tensor& text, Kv
     s.positions = masked_positions_;
     s.positions_on_device = masked_positions_device_;
   }
-  const RopeTables& rope = compute_text ? rope_tables(rope_masked_text_, at::cat({text_ids_, masked_ids_}))
-                                        : rope_tables(rope_masked_, masked_ids_);
+  const RopeTables& rope = compute_text ? rope_tables(rope_masked_text_, {text_ids_, masked_ids_})
+                                        : rope_tables(rope_masked_, {masked_ids_});
   s.rope_cos = rope.cos;
   s.rope_sin = rope.sin;
 }

@@ -164,11 +164,12 @@ class Flux2EditSession {
   // The segment of one text reading its cached K/V from `kv` (null: every token is computed);
   // the caller has set `kv` to this step.
   void build_segment(Flux2Segment& s, const at::Tensor& text, KvSource* kv, bool compute_text);
-  // Cos and sin tables of rows with these ids, on the device: made on first use, kept.
+  // Cos and sin tables of rows with these ids (joined in order), on the device: made on first
+  // use, kept.
   struct RopeTables {
     at::Tensor cos, sin;
   };
-  const RopeTables& rope_tables(RopeTables& slot, const at::Tensor& ids);
+  const RopeTables& rope_tables(RopeTables& slot, std::initializer_list<at::Tensor> ids);
   int64_t rows_of(const Flux2Segment& s) const;
 
   std::shared_ptr<const Flux2Transformer> model_;
