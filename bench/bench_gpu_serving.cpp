@@ -439,6 +439,7 @@ struct Bench {
     parts.default_steps = opt.steps;
     parts.default_guidance = 1.0;  // klein is distilled: no guidance
     parts.device_cache_bytes = device_cache_bytes;
+    parts.step_graph_bytes = int64_t{2} << 30;  // masked rounds replayed as CUDA graphs (off by default)
     auto made = infill::Flux2EditModel::create(std::move(parts));
     if (!made.ok()) die("model: " + made.status().to_string());
     return *made;

@@ -40,8 +40,11 @@ struct Flux2EditModelParts {
   int64_t device_cache_bytes = int64_t{8} << 30;
   /// Bytes of device memory the CUDA graphs of masked rounds may hold (model/flux2_graph_cache.h):
   /// a step bound by kernel launches replays its round instead; 0 runs every round eagerly.
-  /// Unused on the CPU, where a step is not launch-bound (nothing changes there).
-  int64_t step_graph_bytes = int64_t{2} << 30;
+  /// Unused on the CPU, where a step is not launch-bound (nothing changes there). 0 by default
+  /// until a GPU run has checked the graphs against the eager step (the [cuda] tests of
+  /// scripts/gpu_check.sh): a wrong replay would change images silently. The benchmarks and
+  /// tests that use them give 2 GiB.
+  int64_t step_graph_bytes = 0;
   /// Tests: the step graphs on the CPU too, where their pieces re-run (model/work_capture.h):
   /// nothing is gained there, but the worker's path through them runs and is checked.
   bool step_graphs_on_cpu = false;
@@ -145,7 +148,7 @@ struct Flux2LoadOptions {
   /// Flux2EditModelParts::device_cache_bytes.
   int64_t device_cache_bytes = int64_t{8} << 30;
   /// Flux2EditModelParts::step_graph_bytes.
-  int64_t step_graph_bytes = int64_t{2} << 30;
+  int64_t step_graph_bytes = 0;
   /// Where the transformer computes: on a CUDA device its weights move there in bf16; the
   /// text encoder and the autoencoder stay on the CPU.
   ComputeDevice device;

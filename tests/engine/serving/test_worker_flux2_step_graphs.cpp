@@ -21,7 +21,10 @@ using namespace infill::test;
 
 TEST_CASE("Worker FLUX.2 edits through the step graphs equal the eager engine's, packed, and the graphs are counted",
           "[flux2-serving][step-graph]") {
-  Flux2Serving graphs({}, at::kBFloat16, [](Flux2EditModelParts& parts) { parts.step_graphs_on_cpu = true; });
+  Flux2Serving graphs({}, at::kBFloat16, [](Flux2EditModelParts& parts) {
+    parts.step_graphs_on_cpu = true;
+    parts.step_graph_bytes = int64_t{2} << 30;
+  });
   Flux2Serving eager;
   // Every request steps only once all three are ready, so the three share each round.
   RuntimeOptions o;
