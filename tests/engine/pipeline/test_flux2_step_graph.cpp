@@ -71,6 +71,11 @@ struct Edits {
   }
 };
 
+// The small random transformer every CPU case edits with (float32).
+std::shared_ptr<const Flux2Transformer> tiny_model() {
+  return std::make_shared<const Flux2Transformer>(Flux2Transformer::random(test::tiny_flux2_config(32), 7, at::kFloat));
+}
+
 double relative_difference(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor x = a.to(at::kCPU, at::kFloat), y = b.to(at::kCPU, at::kFloat);
   return (x - y).abs().max().item<double>() / (1e-12 + y.abs().max().item<double>());
@@ -128,7 +133,7 @@ TEST_CASE("Rows are padded to the smallest bucket that holds them, and none abov
 TEST_CASE("A padded masked round through the recorded pieces equals the eager forward, in both cache modes, guided and packed",
           "[step-graph]") {
   c10::InferenceMode guard;
-  Edits edits(std::make_shared<const Flux2Transformer>(Flux2Transformer::random(test::tiny_flux2_config(32), 7, at::kFloat)));
+  Edits edits(tiny_model());
   const Flux2Transformer& model = *edits.model;
   // float32 on the CPU; the pieces run the same operations on more rows (the padding), which
   // may change a GEMM's blocking but not what a row sums.
@@ -155,7 +160,7 @@ TEST_CASE("A padded masked round through the recorded pieces equals the eager fo
 TEST_CASE("A step graph follows its inputs from one run to the next: other rows, prompt, noise and level",
           "[step-graph]") {
   c10::InferenceMode guard;
-  Edits edits(std::make_shared<const Flux2Transformer>(Flux2Transformer::random(test::tiny_flux2_config(32), 7, at::kFloat)));
+  Edits edits(tiny_model());
   const Flux2Transformer& model = *edits.model;
   auto a = edits.session(1, 1, 3, 2, Flux2CacheMode::kPromptKeyed, 3);
   auto b = edits.session(4, 2, 2, 4, Flux2CacheMode::kPromptKeyed, 9);  // 8 rows, not 6: the same bucket
@@ -178,7 +183,7 @@ TEST_CASE("A step graph follows its inputs from one run to the next: other rows,
 
 TEST_CASE("Rounds a step graph cannot hold are refused, naming the segment and why", "[step-graph]") {
   c10::InferenceMode guard;
-  Edits edits(std::make_shared<const Flux2Transformer>(Flux2Transformer::random(test::tiny_flux2_config(32), 7, at::kFloat)));
+  Edits edits(tiny_model());
   const Flux2Config& cfg = edits.model->config();
   auto cached = edits.session(1, 1, 3, 2, Flux2CacheMode::kPromptKeyed);
   std::vector<Flux2Segment> round = round_of({cached.get()});
@@ -212,7 +217,7 @@ class FailingCapture : public WorkCapture {
 TEST_CASE("The graph cache records a shape once, replays it after, and evicts the least recently used within its budget",
           "[step-graph]") {
   c10::InferenceMode guard;
-  Edits edits(std::make_shared<const Flux2Transformer>(Flux2Transformer::random(test::tiny_flux2_config(32), 7, at::kFloat)));
+  Edits edits(tiny_model());
   const Flux2Transformer& model = *edits.model;
   auto a = edits.session(1, 1, 3, 2, Flux2CacheMode::kPromptKeyed, 3);
   auto b = edits.session(1, 1, 3, 2, Flux2CacheMode::kTemplateKeyed, 3);  // text rows too: another shape
@@ -249,7 +254,7 @@ TEST_CASE("The graph cache records a shape once, replays it after, and evicts th
 TEST_CASE("A recording that runs out of device memory leaves the round to the eager step, says so, and is not retried",
           "[step-graph]") {
   c10::InferenceMode guard;
-  Edits edits(std::make_shared<const Flux2Transformer>(Flux2Transformer::random(test::tiny_flux2_config(32), 7, at::kFloat)));
+  Edits edits(tiny_model());
   const Flux2Transformer& model = *edits.model;
   int captures = 0;
   Flux2GraphCache cache(model, int64_t{1} << 30, [&captures] {
