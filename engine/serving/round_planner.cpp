@@ -75,6 +75,16 @@ Status check_inputs(std::span<const PlannerRequest> requests, const RoundPlanner
     return invalid_argument("round planner: max_degree is " + std::to_string(o.max_degree) +
                             ", expected >= 0");
   }
+  std::vector<bool> unavailable(static_cast<size_t>(o.devices), false);
+  for (int d : o.unavailable) {
+    if (d < 0 || d >= o.devices) {
+      return invalid_argument("round planner: unavailable device " + std::to_string(d) + ", expected 0.." +
+                              std::to_string(o.devices - 1));
+    }
+    if (unavailable[static_cast<size_t>(d)])
+      return invalid_argument("round planner: unavailable device " + std::to_string(d) + " is listed twice");
+    unavailable[static_cast<size_t>(d)] = true;
+  }
   std::unordered_set<uint64_t> ids;
   std::vector<int> holder(static_cast<size_t>(o.devices), -1);
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -90,6 +100,8 @@ Status check_inputs(std::span<const PlannerRequest> requests, const RoundPlanner
     }
     if (r.split && !r.guided)
       return invalid_argument(who + " is split but not guided, expected split only when guided");
+    if (r.heads < 0)
+      return invalid_argument(who + " has " + std::to_string(r.heads) + " heads, expected >= 0");
     for (int d : r.placement) {
       if (d < 0 || d >= o.devices) {
         return invalid_argument(who + "'s placement names device " + std::to_string(d) +
@@ -104,6 +116,37 @@ Status check_inputs(std::span<const PlannerRequest> requests, const RoundPlanner
             std::to_string(requests[static_cast<size_t>(h)].id) + " also holds");
       }
       h = static_cast<int>(i);
+      if (unavailable[static_cast<size_t>(d)]) {
+        return invalid_argument(who + "'s placement names device " + std::to_string(d) +
+                                ", which is unavailable");
+      }
+    }
+  }
+  // Homes, once every placement is known.
+  std::vector<int> home_of(static_cast<size_t>(o.devices), -1);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const PlannerRequest& r = requests[i];
+    if (r.home < 0) continue;
+    const std::string who = "round planner: request " + std::to_string(r.id);
+    if (r.home >= o.devices) {
+      return invalid_argument(who + "'s home is device " + std::to_string(r.home) + ", expected 0.." +
+                              std::to_string(o.devices - 1) + " or -1");
+    }
+    const size_t h = static_cast<size_t>(r.home);
+    if (unavailable[h])
+      return invalid_argument(who + "'s home is device " + std::to_string(r.home) + ", which is unavailable");
+    if (home_of[h] >= 0) {
+      return invalid_argument(who + "'s home is device " + std::to_string(r.home) + ", the home of request " +
+                              std::to_string(requests[static_cast<size_t>(home_of[h])].id) + " too");
+    }
+    home_of[h] = static_cast<int>(i);
+    if (holder[h] >= 0 && holder[h] != static_cast<int>(i)) {
+      return invalid_argument(who + "'s home is device " + std::to_string(r.home) + ", which request " +
+                              std::to_string(requests[static_cast<size_t>(holder[h])].id) + " holds");
+    }
+    if (!r.placement.empty() && holder[h] != static_cast<int>(i)) {
+      return invalid_argument(who + "'s placement leaves out its home, device " + std::to_string(r.home) +
+                              ", expected a placement that includes it");
     }
   }
   return Status::success();
@@ -112,7 +155,10 @@ Status check_inputs(std::span<const PlannerRequest> requests, const RoundPlanner
 // Devices for requests whose degree changed or who are new; see the header's "Placement".
 class Placer {
  public:
-  explicit Placer(int devices) : owner_(static_cast<size_t>(devices), -1) {}
+  // Unavailable devices are owned by no request (-2): never free.
+  Placer(int devices, const std::vector<int>& unavailable) : owner_(static_cast<size_t>(devices), -1) {
+    for (int d : unavailable) owner_[static_cast<size_t>(d)] = -2;
+  }
 
   void take(int who, const std::vector<int>& devices) {
     for (int d : devices) owner_[static_cast<size_t>(d)] = who;
@@ -120,13 +166,16 @@ class Placer {
   void release(const std::vector<int>& devices) {
     for (int d : devices) owner_[static_cast<size_t>(d)] = -1;
   }
-  bool is_free(int d) const { return owner_[static_cast<size_t>(d)] < 0; }
+  bool is_free(int d) const { return owner_[static_cast<size_t>(d)] == -1; }
 
-  // A contiguous part of `held` (sorted) where there is one, else its least-spread part.
-  static std::vector<int> shrink(const std::vector<int>& held, int degree) {
+  // A contiguous part of `held` (sorted) where there is one, else its least-spread part;
+  // a part with `home` in it when home >= 0.
+  static std::vector<int> shrink(const std::vector<int>& held, int degree, int home) {
     size_t best = 0;
     int best_span = std::numeric_limits<int>::max();
     for (size_t s = 0; s + static_cast<size_t>(degree) <= held.size(); ++s) {
+      const auto part = held.begin() + static_cast<std::ptrdiff_t>(s);
+      if (home >= 0 && std::find(part, part + degree, home) == part + degree) continue;
       const int span = held[s + static_cast<size_t>(degree) - 1] - held[s];
       if (span < best_span) {
         best_span = span;
@@ -237,9 +286,9 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
                              const GuidedStepMsFunction& guided_step_ms,
                              const RoundPlannerOptions& o) {
   INFILL_RETURN_IF_ERROR(check_inputs(requests, o));
-  const std::vector<int> degrees = allowed_degrees(o.heads, o.devices, o.max_degree);
+  const int cap = o.devices - static_cast<int>(o.unavailable.size());  // the devices to give
+  const std::vector<int> degrees = allowed_degrees(o.heads, std::max(cap, 1), o.max_degree);
   const size_t n = requests.size();
-  const int cap = o.devices;
 
   // modes[i]: request i's modes by device count ascending (packed before split at one count):
   // one per allowed degree, and for a guided request also split at each allowed degree d with
@@ -249,13 +298,15 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
   std::vector<std::vector<bool>> offered(n);
   for (size_t i = 0; i < n; ++i) {
     const PlannerRequest& r = requests[i];
-    if (r.guided && !guided_step_ms) {
+    const StepMsFunction& step_of = r.step_ms ? r.step_ms : step_ms;
+    const GuidedStepMsFunction& guided_of = r.guided_step_ms ? r.guided_step_ms : guided_step_ms;
+    if (r.guided && !guided_of) {
       return invalid_argument("round planner: request " + std::to_string(r.id) +
                               " is guided, expected a guided step function");
     }
     const auto add = [&](int degree, bool split) -> Status {
       const double ms =
-          r.guided ? guided_step_ms(r.tokens, degree, split) : step_ms(r.tokens, degree);
+          r.guided ? guided_of(r.tokens, degree, split) : step_of(r.tokens, degree);
       if (!std::isfinite(ms) || ms <= 0) {
         return invalid_argument(
             "round planner: the step time of request " + std::to_string(r.id) + " (" +
@@ -268,10 +319,12 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
       offered[i].push_back(!split || o.split_guidance);
       return Status::success();
     };
-    for (int d : degrees) INFILL_RETURN_IF_ERROR(add(d, false));
-    if (r.guided) {
-      for (int d : degrees) {
-        if (2 * d <= cap) INFILL_RETURN_IF_ERROR(add(d, true));
+    const std::vector<int> own_degrees =
+        r.heads > 0 ? allowed_degrees(r.heads, std::max(cap, 1), o.max_degree) : degrees;
+    for (int d : own_degrees) INFILL_RETURN_IF_ERROR(add(d, false));
+    if (r.guided && r.may_split) {
+      for (int d : own_degrees) {
+        if (2 * d <= cap && (o.max_split_degree == 0 || d <= o.max_split_degree)) INFILL_RETURN_IF_ERROR(add(d, true));
       }
     }
     // Stable by device count: packed before split at one count, degrees ascending.
@@ -302,19 +355,21 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
       }
     }
     if (pinned_mode[i] >= 0) continue;
+    const int heads = r.heads > 0 ? r.heads : o.heads;
+    const std::vector<int> own = allowed_degrees(heads, std::max(cap, 1), o.max_degree);
     if (!r.guided) {
       return invalid_argument(
           "round planner: request " + std::to_string(r.id) + " holds " + std::to_string(d) +
           " devices through the round (its step in flight), expected an allowed degree (a "
           "divisor of the " +
-          std::to_string(o.heads) + " heads up to " + std::to_string(degrees.back()) + ")");
+          std::to_string(heads) + " heads up to " + std::to_string(own.back()) + ")");
     }
     return invalid_argument(
         "round planner: request " + std::to_string(r.id) + " holds " + std::to_string(d) +
         " devices through the round (its guided step in flight, halves " +
         (r.split ? "split" : "packed") + "), expected " + (r.split ? "twice " : "") +
-        "an allowed degree (a divisor of the " + std::to_string(o.heads) + " heads up to " +
-        std::to_string(degrees.back()) + ")");
+        "an allowed degree (a divisor of the " + std::to_string(heads) + " heads up to " +
+        std::to_string(own.back()) + ")" + (r.may_split ? "" : ", and it may not split"));
   }
 
   // The options of each group: waiting first, then each offered mode by device count.
@@ -337,7 +392,7 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
       continue;
     }
     // Waiting: on time if the mode it would take now (the least GPU time on time) is still
-    // on time from the next round.
+    // on time from the next round. A request with a home does not wait (see "Homes").
     const double start = std::max(now_ms, r.ready_ms);
     const double start_next = std::max(now_ms + o.round_ms, r.ready_ms);
     double cheapest = kInfinity, cheapest_on_time = kInfinity;
@@ -351,7 +406,9 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
         m_on_time = m;
       }
     }
-    if (m_on_time < ms.size() && start_next + steps * ms[m_on_time].step_ms <= r.deadline_ms) {
+    if (r.home >= 0) {
+      // no waiting option
+    } else if (m_on_time < ms.size() && start_next + steps * ms[m_on_time].step_ms <= r.deadline_ms) {
       opts.push_back({-1, 0, 1, cheapest_on_time});
     } else {
       opts.push_back({-1, 0, 0, cheapest});
@@ -476,10 +533,11 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
   // Placement by device count: kept, shrunk, grown, then new, larger counts first within each
   // kind. The devices of every request that runs are reserved for it first, so that no grown
   // or new request takes another's.
-  Placer placer(cap);
+  Placer placer(o.devices, o.unavailable);
   std::vector<std::vector<int>> held(n);
   for (size_t i = 0; i < n; ++i) {
     held[i] = requests[i].placement;
+    if (held[i].empty() && requests[i].home >= 0) held[i] = {requests[i].home};
     std::sort(held[i].begin(), held[i].end());
     if (count[i] > 0) placer.take(static_cast<int>(i), held[i]);
   }
@@ -499,7 +557,7 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
   pass([&](size_t i) { return size_of(i) > count[i]; },
        [&](size_t i) {
          placer.release(held[i]);
-         return Placer::shrink(held[i], count[i]);
+         return Placer::shrink(held[i], count[i], requests[i].home);
        });
   pass([&](size_t i) { return size_of(i) > 0 && size_of(i) < count[i]; },
        [&](size_t i) { return placer.grow(static_cast<int>(i), held[i], count[i]); });
@@ -508,7 +566,9 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
   for (size_t i = 0; i < n; ++i) {
     PlannedRequest& p = plan.requests[i];
     const PlannerRequest& r = requests[i];
-    p.moved = !held[i].empty() && p.devices != held[i];
+    std::vector<int> placed = r.placement;
+    std::sort(placed.begin(), placed.end());
+    p.moved = !placed.empty() && p.devices != placed;
     if (mode[i] < 0) {
       p.finish_ms = r.steps_left == 0 ? r.ready_ms : kInfinity;
       continue;

@@ -63,6 +63,14 @@
 /// around them; new requests take the smallest run of contiguous free devices that fits (best fit),
 /// else the lowest free indices. Larger degrees are placed first.
 ///
+/// Homes (an engine's workers: serving/team_planner.h). A request may be bound to one device,
+/// its home: the worker there holds its state and steps it whatever the plan says. Such a
+/// request never waits while it has steps left (its options are its modes only, at least its
+/// home), its devices always include its home (an empty placement counts as holding {home}; a
+/// shrink keeps a contiguous part around it), and no other request is given its home.
+/// Devices in `unavailable` (busy with work the planner does not plan, such as masked edits)
+/// are given to no request: the knapsack's capacity is the devices less those.
+///
 /// Not modelled: a device whose holder's step in flight ends within the round is free only
 /// when that step ends; the plan may hand it to another request, which then starts up to a
 /// round late.
@@ -94,6 +102,17 @@ struct PlannerRequest {
   /// Guided only: its placement runs the halves split (two groups of placement.size() / 2);
   /// false, packed. Read for a pinned request (its step in flight).
   bool split = false;
+  /// The device it is bound to, or -1 (see "Homes").
+  int home = -1;
+  /// Its model's attention heads, in place of the options' (requests of several models); 0:
+  /// the options'. Its degrees divide them.
+  int heads = 0;
+  /// Guided only: whether it may run its halves split at all (a step that cannot: false).
+  bool may_split = true;
+  /// Its own step times, in place of plan_round's functions (requests of several models, each
+  /// priced by its own); unset: plan_round's.
+  StepMsFunction step_ms{};
+  GuidedStepMsFunction guided_step_ms{};
 };
 
 struct RoundPlannerOptions {
@@ -105,6 +124,11 @@ struct RoundPlannerOptions {
   /// Guided requests may run their halves split over two device groups; false: always
   /// packed (a pinned split request keeps its mode).
   bool split_guidance = true;
+  /// Split modes only up to this Ulysses degree per half (0 = no limit): an engine whose split
+  /// step runs each half on one device says 1.
+  int max_split_degree = 0;
+  /// Devices given to no request this round (see "Homes").
+  std::vector<int> unavailable;
 };
 
 struct PlannedRequest {
@@ -138,13 +162,16 @@ std::vector<int> allowed_degrees(int heads, int devices, int max_degree = 0);
 
 /// Plans one round. `step_ms(tokens, d)` is called for every allowed d of every request that
 /// is not guided; `guided_step_ms(tokens, d, false)` for every allowed d and
-/// `guided_step_ms(tokens, d, true)` for every allowed d with 2 d <= devices of every guided
-/// one. Errors: options out of range (devices or heads < 1, round_ms not positive); a request
-/// with tokens < 1 or steps_left < 0, a duplicate id, a placement naming a device outside
-/// 0 .. devices - 1, twice, or one another request also holds, a pinned request holding a
-/// number of devices that is not an allowed degree (twice one when split); `split` on a
-/// request that is not guided; a guided request without a guided step function; a step time
-/// that is not positive and finite (the message names the request, tokens and degree).
+/// `guided_step_ms(tokens, d, true)` for every allowed d with 2 d <= the available devices (and
+/// d <= max_split_degree) of every guided one (a request's own functions in their place where it has them). Errors: options out of
+/// range (devices or heads < 1, round_ms not positive, an unavailable device out of range or
+/// listed twice); a request with tokens < 1 or steps_left < 0, a duplicate id, a placement
+/// naming a device outside 0 .. devices - 1, twice, one another request also holds or an
+/// unavailable one; a home out of range, unavailable, another request's home or held by
+/// another, or missing from the request's own placement; a pinned request holding a number of
+/// devices that is not an allowed degree (twice one when split); `split` on a request that is
+/// not guided; a guided request without a guided step function; a step time that is not
+/// positive and finite (the message names the request, tokens and degree).
 Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double now_ms,
                              const StepMsFunction& step_ms,
                              const GuidedStepMsFunction& guided_step_ms,

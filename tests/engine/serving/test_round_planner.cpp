@@ -75,6 +75,8 @@ Objective evaluate(const std::vector<PlannerRequest>& rs, const std::vector<int>
 
 // Every assignment of {0} + allowed degrees with at most `devices` in all: the best value,
 // and the least GPU time among the assignments of that value.
+// A request with a home never waits while it has steps left; `devices` is the capacity (the
+// devices less the unavailable ones).
 Objective brute_force(const std::vector<PlannerRequest>& rs, int devices, double now,
                       double round_ms, const std::vector<int>& allowed,
                       const StepMsFunction& step) {
@@ -90,6 +92,7 @@ Objective brute_force(const std::vector<PlannerRequest>& rs, int devices, double
     }
     for (int d : choices) {
       if (used + d > devices || (d > 0 && rs[i].steps_left == 0)) continue;
+      if (d == 0 && rs[i].home >= 0 && rs[i].steps_left > 0) continue;
       if (pinned(rs[i], now, round_ms) && d != static_cast<int>(rs[i].placement.size())) continue;
       degree[i] = d;
       walk(i + 1, used + d);
@@ -799,4 +802,171 @@ TEST_CASE("the round planner refuses inconsistent guided input, naming it",
   REQUIRE_FALSE(p.ok());
   CHECK_THAT(p.status().message(),
              Catch::Contains("request 3 (1024 tokens, guided, halves split) at degree 1 is -1"));
+}
+
+TEST_CASE("with homes and unavailable devices the packing equals a brute-force search, and a home request runs on its home",
+          "[serving][round_planner]") {
+  // An engine's planning (serving/team_planner.h): every request is bound to the device whose
+  // worker holds it, and devices serving masked edits are nobody's to give.
+  std::mt19937_64 rng(1141);
+  std::uniform_real_distribution<double> u(0, 1);
+  int grown = 0, with_unavailable = 0, shrunk_around_home = 0;
+  for (int c = 0; c < 200; ++c) {
+    const int devices = std::uniform_int_distribution<int>(2, 8)(rng);
+    const int count = std::uniform_int_distribution<int>(1, std::min(4, devices))(rng);
+    const int heads = c % 2 == 0 ? 24 : 12;
+    const SyntheticCost cost{0.5 + 5 * u(rng), 0.001 + 0.01 * u(rng), u(rng) < 0.5 ? 0.0 : 20 * u(rng)};
+    const StepMsFunction step = cost;
+    const double now = 1000.0 * u(rng);
+    std::vector<PlannerRequest> rs = random_requests(rng, count, devices, now, step, allowed_degrees(heads, devices));
+    // Homes: a held device where there is one, else a device nobody holds.
+    std::set<int> taken;
+    for (const auto& r : rs) taken.insert(r.placement.begin(), r.placement.end());
+    std::vector<int> spare;
+    for (int d = 0; d < devices; ++d) {
+      if (!taken.count(d)) spare.push_back(d);
+    }
+    std::shuffle(spare.begin(), spare.end(), rng);
+    for (auto& r : rs) {
+      if (!r.placement.empty()) {
+        r.home = r.placement[std::uniform_int_distribution<size_t>(0, r.placement.size() - 1)(rng)];
+      } else if (!spare.empty() && u(rng) < 0.8) {
+        r.home = spare.back();
+        spare.pop_back();
+      }
+    }
+    RoundPlannerOptions o;
+    o.devices = devices;
+    o.heads = heads;
+    o.round_ms = 5 + 200 * u(rng);
+    o.grant_idle_devices = c % 3 != 0;
+    for (int d : spare) {
+      if (u(rng) < 0.4) o.unavailable.push_back(d);
+    }
+    if (!o.unavailable.empty()) ++with_unavailable;
+    const int capacity = devices - static_cast<int>(o.unavailable.size());
+    const std::vector<int> allowed = allowed_degrees(heads, capacity);
+    INFO("case " << c << ": " << count << " requests, " << devices << " devices, " << o.unavailable.size()
+                 << " unavailable");
+    const Result<RoundPlan> plan = plan_round(rs, now, step, o);
+    REQUIRE(plan.ok());
+    if (!o.grant_idle_devices) {
+      const Objective best = brute_force(rs, capacity, now, o.round_ms, allowed, step);
+      CHECK(plan->predicted_on_time == best.value);
+      CHECK(plan->packing_gpu_ms == Approx(best.gpu_ms).epsilon(1e-7));
+    }
+    std::set<int> used;
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const PlannedRequest& p = plan->requests[i];
+      CHECK(static_cast<int>(p.devices.size()) == p.degree);
+      for (int d : p.devices) {
+        CHECK(used.insert(d).second);
+        CHECK(std::find(o.unavailable.begin(), o.unavailable.end(), d) == o.unavailable.end());
+      }
+      if (rs[i].home < 0 || rs[i].steps_left == 0) continue;
+      CHECK(p.degree >= 1);
+      CHECK(std::find(p.devices.begin(), p.devices.end(), rs[i].home) != p.devices.end());
+      if (p.degree > 1) ++grown;
+      if (!rs[i].placement.empty() && p.degree < static_cast<int>(rs[i].placement.size())) ++shrunk_around_home;
+    }
+  }
+  CHECK(grown > 20);
+  CHECK(with_unavailable > 20);
+  CHECK(shrunk_around_home > 5);
+}
+
+TEST_CASE("a home request grows around its home, and requests price themselves", "[serving][round_planner]") {
+  RoundPlannerOptions o;
+  o.devices = 4;
+  o.heads = 4;
+  o.round_ms = 10;
+  o.unavailable = {1};
+  // Two requests of different models: each brings its own step times. The urgent one (home 2)
+  // needs two devices to make its deadline; the slack one (home 0) does not. Device 3 is
+  // free, device 1 serves masked edits.
+  PlannerRequest urgent;
+  urgent.id = 1;
+  urgent.tokens = 4096;
+  urgent.steps_left = 10;
+  urgent.home = 2;
+  urgent.step_ms = [](int64_t, int d) { return 100.0 / d + 1.0; };
+  urgent.deadline_ms = 10 * 60.0;  // at degree 1 it takes 1010 ms, at 2 510
+  PlannerRequest slack;
+  slack.id = 2;
+  slack.tokens = 4096;
+  slack.steps_left = 10;
+  slack.home = 0;
+  slack.step_ms = [](int64_t, int d) { return 10.0 / d + 1.0; };
+  slack.deadline_ms = 1e9;
+  const std::vector<PlannerRequest> rs{slack, urgent};
+  const StepMsFunction unused = [](int64_t, int) { return -1.0; };  // every request has its own
+  o.grant_idle_devices = false;
+  Result<RoundPlan> plan = plan_round(rs, 0.0, unused, o);
+  REQUIRE(plan.ok());
+  CHECK(plan->predicted_on_time == 2);
+  CHECK(plan->requests[0].devices == std::vector<int>{0});
+  CHECK(plan->requests[1].devices == std::vector<int>{2, 3});
+  // With the urgent one's home at 3, it grows to 2 (its window around 3 is {2, 3}).
+  std::vector<PlannerRequest> moved = rs;
+  moved[1].home = 3;
+  plan = plan_round(moved, 0.0, unused, o);
+  REQUIRE(plan.ok());
+  CHECK(plan->requests[1].devices == std::vector<int>{2, 3});
+  // A home request never waits, even where waiting would free its devices for another.
+  moved[0].deadline_ms = 0;  // hopeless
+  plan = plan_round(moved, 0.0, unused, o);
+  REQUIRE(plan.ok());
+  CHECK(plan->requests[0].degree == 1);
+  CHECK(plan->requests[0].devices == std::vector<int>{0});
+  // A shrink keeps the part around the home: holding {0, 1, 2, 3} where degree 4 is slow, the
+  // request drops to degree 2 and keeps {0, 1}, its home 0 among them.
+  RoundPlannerOptions four = o;
+  four.unavailable.clear();
+  PlannerRequest held = urgent;
+  held.home = 0;
+  held.placement = {0, 1, 2, 3};
+  held.step_ms = [](int64_t, int d) { return d == 4 ? 1000.0 : 100.0 / d + 1.0; };  // 4 is slow
+  const std::vector<PlannerRequest> one{held};
+  plan = plan_round(one, 0.0, unused, four);
+  REQUIRE(plan.ok());
+  CHECK(plan->requests[0].degree == 2);
+  CHECK(plan->requests[0].devices == std::vector<int>{0, 1});
+  CHECK(plan->requests[0].moved);
+}
+
+TEST_CASE("the round planner refuses inconsistent homes and unavailable devices, naming them",
+          "[serving][round_planner]") {
+  const StepMsFunction step = SyntheticCost{1, 0.01, 0};
+  RoundPlannerOptions o;
+  o.devices = 4;
+  o.round_ms = 10;
+  PlannerRequest a{1, 100, 3, 1e9, {}, 0};
+  PlannerRequest b{2, 100, 3, 1e9, {}, 0};
+  const auto refused = [&](std::vector<PlannerRequest> rs, const RoundPlannerOptions& opts) {
+    const Result<RoundPlan> plan = plan_round(rs, 0.0, step, opts);
+    REQUIRE_FALSE(plan.ok());
+    return plan.status().message();
+  };
+  RoundPlannerOptions bad = o;
+  bad.unavailable = {4};
+  CHECK_THAT(refused({a}, bad), Catch::Contains("unavailable device 4, expected 0..3"));
+  bad.unavailable = {1, 1};
+  CHECK_THAT(refused({a}, bad), Catch::Contains("unavailable device 1 is listed twice"));
+  a.home = 7;
+  CHECK_THAT(refused({a}, o), Catch::Contains("request 1's home is device 7, expected 0..3 or -1"));
+  a.home = 1;
+  bad.unavailable = {1};
+  CHECK_THAT(refused({a}, bad), Catch::Contains("request 1's home is device 1, which is unavailable"));
+  b.home = 1;
+  CHECK_THAT(refused({a, b}, o), Catch::Contains("request 2's home is device 1, the home of request 1 too"));
+  b.home = -1;
+  b.placement = {1};
+  CHECK_THAT(refused({a, b}, o), Catch::Contains("request 1's home is device 1, which request 2 holds"));
+  b.placement = {};
+  a.placement = {2, 3};
+  CHECK_THAT(refused({a}, o), Catch::Contains("request 1's placement leaves out its home, device 1"));
+  a.home = -1;
+  a.placement = {1};
+  bad.unavailable = {1};
+  CHECK_THAT(refused({a}, bad), Catch::Contains("request 1's placement names device 1, which is unavailable"));
 }

@@ -1,0 +1,145 @@
+#pragma once
+/// What decides a device team's leases (device_team.h): the round planner (round_planner.h)
+/// run over the whole-sequence work of the team's ranks. Pure C++, no libtorch.
+///
+/// Each rank's worker asks before a step that could run on several devices (a prepare step, a
+/// full recompute, a guided step whose halves may split), describing the request: its tokens,
+/// steps left, deadline, heads, whether guided, and its predicted step on one device. The
+/// asker becomes a contender, bound to its rank (PlannerRequest::home: the worker there holds
+/// its state and steps it whatever the plan says). A plan covers a round (`round_ms`): every
+/// contender gets a degree and ranks by TetriServe's group knapsack, idle ranks are granted
+/// earliest deadline first, and ranks that serve work of their own (masked edits) are nobody's
+/// to give. An ask uses the round's plan while it holds: the round has not ended, the asker is
+/// in it, and its planned ranks are free now; otherwise a new round is planned at once.
+///
+/// Step times per contender: SequenceParallelCostModel's formulas (its header) with the
+/// asker's single-device prediction split into a part that does not shrink with the degree
+/// (`fixed_ms`, the cost model's intercept) and one that does, and all-to-alls over the
+/// team's link (`TeamLink`). Measured parallel steps correct them: per (degree, split) the
+/// ratio of measured to predicted time, a moving average, multiplies later predictions, so a
+/// link slower than assumed (Gloo over loopback, two "devices" sharing the same cores) turns
+/// the planner back to fewer devices.
+///
+/// The engine's split step runs each half on one device (StepSession::halves_step): splits
+/// are planned at degree 1 only (RoundPlannerOptions::max_split_degree 1).
+///
+/// A contender leaves when its rank asks for another request, when told (`withdraw`), or
+/// when its rank is free (its worker holds nothing).
+///
+/// Threading: not thread-safe; the team calls it under its lock.
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "serving/round_planner.h"
+
+namespace infill {
+
+/// One step's request, as a rank's worker describes it to the team.
+struct TeamAsk {
+  uint64_t id = 0;        ///< the request; unique among the ranks' asks
+  int64_t tokens = 0;     ///< rows of its sequence (one half's when guided)
+  int steps_left = 1;     ///< steps not yet run, this one included
+  double deadline_ms = std::numeric_limits<double>::infinity();  ///< absolute, the team's clock
+  int heads = 0;          ///< attention heads when its step may run in sequence parallel, else 0
+  bool guided = false;    ///< two forwards a step, conditional and unconditional
+  bool may_split = false; ///< guided: its halves may run one per device
+  double single_ms = 0;   ///< predicted step on one device (guided: both halves packed)
+  double fixed_ms = 0;    ///< the part of single_ms that does not shrink with the degree
+  int64_t hidden = 0;     ///< elements per row an all-to-all moves
+  int attention_layers = 0;       ///< Ulysses runs 4 all-to-alls per attention layer
+  int64_t prediction_channels = 0;  ///< floats per row a split step's halves exchange
+};
+
+/// How a team's ranks reach each other, for the all-to-all part of a step's prediction.
+struct TeamLink {
+  double all_to_all_latency_ms = 0.02;
+  double link_bytes_per_ms = 2e8;  ///< 200 GB/s: NVLink (sequence_parallel_cost_model.h)
+  double bytes_per_element = 2;    ///< bf16
+
+  /// Gloo over loopback TCP on one host: a guess (0.2 ms, 1 GB/s, float32) that measured
+  /// steps correct.
+  static TeamLink loopback();
+};
+
+struct TeamPlannerOptions {
+  int ranks = 2;
+  double round_ms = 50;
+  TeamLink link;
+  /// Correct predictions from measured parallel steps (off: the link's figures alone, for
+  /// tests that need the same decision at every step).
+  bool learn = true;
+};
+
+/// What a rank is doing when another asks.
+enum class TeamRankState {
+  kFree,     ///< attached, holds no request, in no lease: the planner may give it
+  kBusy,     ///< holds requests of its own (a contender, or masked edits)
+  kEngaged,  ///< in a lease now (a step in flight)
+  kAbsent,   ///< not attached (its worker stopped)
+};
+
+/// The planner's answer to one ask.
+struct TeamDecision {
+  int degree = 1;          ///< Ulysses degree of each forward
+  bool split = false;      ///< guided: the halves on two ranks, one each
+  std::vector<int> ranks;  ///< ascending, the asker among them; one rank: run alone
+  double predicted_ms = 0; ///< the step's predicted time so (its correction included)
+  double correction = 1;   ///< the measured-over-predicted factor in predicted_ms
+  bool new_round = false;  ///< this ask planned a new round
+};
+
+struct TeamPlannerMetrics {
+  uint64_t rounds = 0;         ///< plans made
+  uint64_t decisions = 0;      ///< asks answered
+  uint64_t alone = 0;          ///< answered with the asker alone
+  uint64_t split = 0;          ///< answered with the halves split
+  uint64_t short_of_plan = 0;  ///< answered with fewer ranks than planned (some busy by then)
+  std::map<int, uint64_t> by_degree;  ///< answered Ulysses degree -> count (split counted at 1)
+  /// Measured over predicted parallel steps, per "d<degree>" or "split": the correction.
+  std::map<std::string, double> correction;
+  std::string last_error;      ///< the last plan the round planner refused (then: alone)
+};
+
+class TeamPlanner {
+ public:
+  explicit TeamPlanner(TeamPlannerOptions options);
+
+  /// The ranks for `rank`'s next step of `ask`, given every rank's state now (`states`,
+  /// one per rank; `rank`'s own is ignored). Never fails: an ask the planner refuses runs
+  /// alone (metrics().last_error says why).
+  TeamDecision decide(int rank, const TeamAsk& ask, double now_ms, std::span<const TeamRankState> states);
+  /// A step run as `decision` took `measured_ms`: corrects later predictions of its mode.
+  void stepped(const TeamDecision& decision, double measured_ms);
+  /// `rank`'s contender is gone (its request ended or left the rank).
+  void withdraw(int rank);
+
+  const TeamPlannerMetrics& metrics() const { return metrics_; }
+  /// The step time the planner uses for `ask` at `degree` (split: halves on 2 x degree).
+  double predict_ms(const TeamAsk& ask, int degree, bool split) const;
+
+ private:
+  struct Contender {
+    TeamAsk ask;
+    std::vector<int> ranks;  // its last decision's ranks
+    bool split = false;      // and whether they ran its halves split
+    double ready_ms = 0;     // when its step in flight ends (predicted)
+  };
+  static std::string mode_key(int degree, bool split);
+  double correction(int degree, bool split) const;
+  std::optional<RoundPlan> plan(double now_ms, std::span<const TeamRankState> states);
+
+  TeamPlannerOptions options_;
+  std::map<int, Contender> contenders_;  // by rank
+  std::optional<RoundPlan> plan_;
+  std::map<uint64_t, int> plan_index_;   // request id -> its place in plan_
+  double round_start_ms_ = -std::numeric_limits<double>::infinity();
+  TeamPlannerMetrics metrics_;
+};
+
+}  // namespace infill
