@@ -208,6 +208,14 @@ class EditModel {
   virtual ComputeDevice device() const { return {}; }
   /// What its step graphs did (FLUX.2 on a GPU, model/flux2_graph_cache.h); zeros otherwise.
   virtual StepGraphStats step_graph_stats() const { return {}; }
+  /// What a sequence-parallel step of this model moves between devices, for the device
+  /// team's step predictions (serving/team_planner.h); zeros for models that never share.
+  struct ParallelShape {
+    int64_t hidden = 0;                ///< elements per row of an all-to-all
+    int attention_layers = 0;          ///< Ulysses: 4 all-to-alls per layer
+    int64_t prediction_channels = 0;   ///< floats per image row of a step's prediction
+  };
+  virtual ParallelShape parallel_shape() const { return {}; }
   /// Whether read_adapter can succeed at all (FLUX.2 models).
   virtual bool takes_adapters() const { return false; }
   /// Reads the LoRA file at `path` for this model (model/lora_adapter.h) into host memory:

@@ -162,6 +162,11 @@ StepGraphStats Flux2EditModel::step_graph_stats() const {
   return step_graphs_ ? step_graphs_->stats() : StepGraphStats{};
 }
 
+EditModel::ParallelShape Flux2EditModel::parallel_shape() const {
+  const Flux2Config& c = parts_.transformer->config();
+  return {c.hidden_size, c.depth(), c.in_channels};
+}
+
 ComputeDevice Flux2EditModel::device() const {
   const at::Device d = parts_.transformer->device();
   return d.is_cuda() ? ComputeDevice{true, d.index() < 0 ? 0 : static_cast<int>(d.index())} : ComputeDevice{};

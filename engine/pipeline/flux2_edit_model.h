@@ -118,6 +118,7 @@ class Flux2EditModel final : public EditModel {
   DeviceKvTierStats device_tier_stats() const;
   /// The step graphs' counters (all zero on the CPU, or with step_graph_bytes 0).
   StepGraphStats step_graph_stats() const override;
+  ParallelShape parallel_shape() const override;
 
  private:
   explicit Flux2EditModel(Flux2EditModelParts parts);

@@ -1,5 +1,6 @@
 #include "serving/device_team.h"
 
+#include <chrono>
 #include <exception>
 #include <latch>
 #include <string>
@@ -24,25 +25,55 @@ std::string what_of(std::exception_ptr e) {
 
 }  // namespace
 
+// The members of one group of ranks, by rank in the group.
+struct DeviceTeam::Group {
+  std::vector<int> ranks;
+  std::vector<std::unique_ptr<DeviceGroup>> members;
+};
+
 Result<std::shared_ptr<DeviceTeam>> DeviceTeam::create(const std::vector<ComputeDevice>& devices,
-                                                       DeviceGroupOptions options) {
+                                                       DeviceGroupOptions options, TeamPlannerOptions planning) {
   if (devices.size() < 2) return invalid_argument("a device team needs at least 2 devices");
   std::shared_ptr<DeviceTeam> team(new DeviceTeam());
   team->size_ = static_cast<int>(devices.size());
+  team->devices_ = devices;
+  team->group_options_ = options;
   team->ranks_.resize(devices.size());
+  planning.ranks = team->size_;
+  team->planner_ = std::make_unique<TeamPlanner>(planning);
+  // The aligned runs at start (the backend's errors show here, before any request); groups of
+  // other sets of ranks when a lease first names them.
   for (int size = team->size_; size >= 2; --size) {
     if (team->size_ % size != 0) continue;
     for (int first = 0; first < team->size_; first += size) {
-      Group g;
-      g.first = first;
-      g.size = size;
+      auto g = std::make_unique<Group>();
+      for (int r = first; r < first + size; ++r) g->ranks.push_back(r);
       auto members = DeviceGroup::create(std::vector<ComputeDevice>(devices.begin() + first, devices.begin() + first + size), options);
       if (!members.ok()) return members.status();
-      g.members = std::move(*members);
-      team->groups_.push_back(std::move(g));
+      g->members = std::move(*members);
+      team->groups_.emplace(g->ranks, std::move(g));
     }
   }
   return team;
+}
+
+DeviceTeam::Group* DeviceTeam::group_of(const std::vector<int>& ranks) {
+  std::lock_guard lock(groups_mu_);
+  const auto found = groups_.find(ranks);
+  if (found != groups_.end()) return found->second.get();
+  std::vector<ComputeDevice> devices;
+  for (int r : ranks) devices.push_back(devices_.at(static_cast<size_t>(r)));
+  auto members = DeviceGroup::create(devices, group_options_);
+  if (!members.ok()) {
+    group_failures_ += 1;
+    last_group_failure_ = members.status().message();
+    return nullptr;
+  }
+  auto g = std::make_unique<Group>();
+  g->ranks = ranks;
+  g->members = std::move(*members);
+  groups_made_later_ += 1;
+  return groups_.emplace(ranks, std::move(g)).first->second.get();
 }
 
 void DeviceTeam::attach(int rank, Post post, Idle idle, std::vector<std::shared_ptr<const EditModel>> models) {
@@ -56,6 +87,7 @@ void DeviceTeam::detach(int rank) {
   std::lock_guard lock(mu_);
   ranks_.at(rank).post = nullptr;
   ranks_.at(rank).idle = nullptr;
+  planner_->withdraw(rank);
 }
 
 std::shared_ptr<const EditModel> DeviceTeam::model(int rank, size_t slot) const {
@@ -70,40 +102,64 @@ Status DeviceTeam::health() const {
   return Status(ErrorCode::kUnavailable, "the device team is out of use: " + failure_);
 }
 
+DeviceTeam::Metrics DeviceTeam::metrics() const {
+  Metrics m;
+  {
+    std::lock_guard lock(mu_);
+    m.planner = planner_->metrics();
+  }
+  std::lock_guard lock(groups_mu_);
+  m.groups = groups_.size();
+  m.groups_made_later = groups_made_later_;
+  m.group_failures = group_failures_;
+  m.last_group_failure = last_group_failure_;
+  return m;
+}
+
 DeviceTeam::Lease::~Lease() { team_.release(*this); }
 
 void DeviceTeam::release(const Lease& lease) {
   std::lock_guard lock(mu_);
-  for (int r = lease.first(); r < lease.first() + lease.size(); ++r) ranks_[r].engaged = false;
+  for (int r : lease.ranks()) ranks_[static_cast<size_t>(r)].engaged = false;
 }
 
-std::unique_ptr<DeviceTeam::Lease> DeviceTeam::lease(int leader, int heads) {
+void DeviceTeam::withdraw(int leader) {
   std::lock_guard lock(mu_);
-  if (!failure_.empty() || leader < 0 || leader >= size_ || ranks_[leader].engaged || !ranks_[leader].post) return nullptr;
-  for (const Group& g : groups_) {
-    if (leader < g.first || leader >= g.first + g.size || heads % g.size != 0) continue;
-    bool free = true;
-    for (int r = g.first; r < g.first + g.size && free; ++r) {
-      if (r == leader) continue;
-      const Rank& rank = ranks_[r];
-      free = rank.post && !rank.engaged && rank.idle && rank.idle();
+  if (leader >= 0 && leader < size_) planner_->withdraw(leader);
+}
+
+std::unique_ptr<DeviceTeam::Lease> DeviceTeam::lease(int leader, const TeamAsk& ask) {
+  TeamDecision decision;
+  {
+    std::lock_guard lock(mu_);
+    if (!failure_.empty() || leader < 0 || leader >= size_ || ranks_[leader].engaged || !ranks_[leader].post) return nullptr;
+    std::vector<TeamRankState> states(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      const Rank& rank = ranks_[static_cast<size_t>(r)];
+      states[static_cast<size_t>(r)] = r == leader   ? TeamRankState::kBusy
+                                       : !rank.post  ? TeamRankState::kAbsent
+                                       : rank.engaged ? TeamRankState::kEngaged
+                                       : rank.idle && rank.idle() ? TeamRankState::kFree
+                                                                  : TeamRankState::kBusy;
     }
-    if (!free) continue;
-    for (int r = g.first; r < g.first + g.size; ++r) ranks_[r].engaged = true;
-    return std::unique_ptr<Lease>(new Lease(*this, leader, g.first, g.size));
+    decision = planner_->decide(leader, ask, clock_ms(), states);
+    if (decision.ranks.size() <= 1) return nullptr;
+    for (int r : decision.ranks) ranks_[static_cast<size_t>(r)].engaged = true;
   }
-  return nullptr;
+  // Engaged, so no other lease takes these ranks while their group is made (outside mu_:
+  // a Gloo group connects its members, which takes a while).
+  Group* group = group_of(decision.ranks);
+  std::unique_ptr<Lease> lease(new Lease(*this, leader, std::move(decision), group));
+  if (group == nullptr) return nullptr;  // released as `lease` goes: the step runs alone
+  return lease;
 }
 
 Status DeviceTeam::run(const Lease& lease, const std::function<void(SequenceGroup& member, int rank)>& share) {
-  const Group* group = nullptr;
-  for (const Group& g : groups_) {
-    if (g.first == lease.first() && g.size == lease.size()) group = &g;
-  }
-  if (group == nullptr) return invalid_argument("device team: no group of ranks " + std::to_string(lease.first()) + " .. " +
-                                                std::to_string(lease.first() + lease.size() - 1));
-  std::vector<std::string> errors(group->size);
-  std::latch done(group->size - 1);
+  const Group* group = lease.group_;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int size = static_cast<int>(group->ranks.size());
+  std::vector<std::string> errors(static_cast<size_t>(size));
+  std::latch done(size - 1);
   // Counts a helper's share down once: when it ran, or when its task was dropped unrun (its
   // loop stopped), so that the leader never waits for a share that will not come.
   struct Arrival {
@@ -115,36 +171,47 @@ Status DeviceTeam::run(const Lease& lease, const std::function<void(SequenceGrou
       done.count_down();
     }
   };
-  for (int r = group->first; r < group->first + group->size; ++r) {
-    if (r == lease.leader()) continue;
+  int leader_at = 0;
+  for (int i = 0; i < size; ++i) {
+    const int r = group->ranks[static_cast<size_t>(i)];
+    if (r == lease.leader()) {
+      leader_at = i;
+      continue;
+    }
     Post post;
     {
       std::lock_guard lock(mu_);
-      post = ranks_[r].post;
+      post = ranks_[static_cast<size_t>(r)].post;
     }
-    std::shared_ptr<Arrival> arrival(new Arrival{done, errors[r - group->first]});
+    std::shared_ptr<Arrival> arrival(new Arrival{done, errors[static_cast<size_t>(i)]});
     if (!post) continue;  // counted down (as not run) when `arrival` goes
-    SequenceGroup* member = group->members[r - group->first].get();
-    post([arrival, member, r, &share, &errors, first = group->first] {
+    SequenceGroup* member = group->members[static_cast<size_t>(i)].get();
+    post([arrival, member, r, i, &share, &errors] {
       try {
         share(*member, r);
       } catch (...) {
-        errors[r - first] = what_of(std::current_exception());
+        errors[static_cast<size_t>(i)] = what_of(std::current_exception());
       }
       arrival->ran = true;
     });
   }
   try {
-    share(*group->members[lease.leader() - group->first], lease.leader());
+    share(*group->members[static_cast<size_t>(leader_at)], lease.leader());
   } catch (...) {
-    errors[lease.leader() - group->first] = what_of(std::current_exception());
+    errors[static_cast<size_t>(leader_at)] = what_of(std::current_exception());
   }
   done.wait();
-  for (int i = 0; i < group->size; ++i) {
-    if (errors[i].empty()) continue;
-    const Status failed(ErrorCode::kInternal, "sequence-parallel step over ranks " + std::to_string(group->first) + " .. " +
-                                                  std::to_string(group->first + group->size - 1) + ": rank " +
-                                                  std::to_string(group->first + i) + ": " + errors[i]);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::string names;
+  for (int r : group->ranks) {
+    if (!names.empty()) names += ", ";
+    names += std::to_string(r);
+  }
+  for (int i = 0; i < size; ++i) {
+    if (errors[static_cast<size_t>(i)].empty()) continue;
+    const Status failed(ErrorCode::kInternal, "sequence-parallel step over ranks " + names + ": rank " +
+                                                  std::to_string(group->ranks[static_cast<size_t>(i)]) + ": " +
+                                                  errors[static_cast<size_t>(i)]);
     // A collective that failed leaves its group unusable (device_group.h): no more leases.
     for (const auto& m : group->members) {
       if (!m->health().ok()) {
@@ -154,7 +221,13 @@ Status DeviceTeam::run(const Lease& lease, const std::function<void(SequenceGrou
     }
     return failed;
   }
+  std::lock_guard lock(mu_);
+  planner_->stepped(lease.decision_, ms);
   return {};
+}
+
+double DeviceTeam::clock_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace infill

@@ -6,20 +6,24 @@
 /// for every aligned run of ranks whose size divides the device count (for 8 devices: 4 of 2,
 /// 2 of 4, 1 of 8), made once at start.
 ///
-/// A worker about to run a step of a whole sequence asks for a lease: the largest aligned
-/// group containing its rank whose size divides the model's heads and whose other ranks are
-/// idle (no request of their own) and not in another lease: TetriServe's grant of idle devices
-/// to running requests, per step. The leased ranks run their shares at once, each on its own
-/// step loop (a task posted to it, run at its next step boundary), the leader's on its own
-/// thread. No two leases share a rank, and a rank in a lease leads none, so leaders never wait
-/// on each other. A failed or timed-out collective fails that step and takes the team out of
-/// use: every later step runs on its own device.
-///
-/// Not yet: the round planner's degrees (round_planner.h) decide leases; today a step takes
-/// every idle device it can.
+/// A worker about to run a step that could use several devices (a prepare step, a full
+/// recompute, a guided step whose halves may split) asks for a lease, describing the request
+/// (TeamAsk: tokens, steps left, deadline, heads, predicted step). The team's planner
+/// (team_planner.h) decides: TetriServe's round planner over every rank's whole-sequence
+/// work, each request bound to its own rank, ranks serving masked edits left out, idle ranks
+/// granted earliest deadline first where a higher degree is predicted faster, and a guided
+/// step's halves split over two ranks where that pays. A lease holds the planned ranks, any
+/// of them (not only aligned runs): a process group for a set of ranks is made the first time
+/// a lease names it and kept. The leased ranks run their shares at once, each on its own step
+/// loop (a task posted to it, run at its next step boundary), the leader's on its own thread;
+/// the step's measured time corrects the planner's later predictions of its mode. No two
+/// leases share a rank, and a rank in a lease leads none, so leaders never wait on each
+/// other. A failed or timed-out collective fails that step and takes the team out of use:
+/// every later step runs on its own device.
 /// Threading: every method is safe from any thread.
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,6 +31,7 @@
 
 #include "common/status.h"
 #include "model/device_group.h"
+#include "serving/team_planner.h"
 
 namespace infill {
 
@@ -39,9 +44,11 @@ class DeviceTeam {
   /// Whether a rank's worker holds no request now.
   using Idle = std::function<bool()>;
 
-  /// The team of `devices` (at least 2, all CPUs or all GPUs); errors as DeviceGroup::create.
+  /// The team of `devices` (at least 2, all CPUs or all GPUs), its groups of aligned runs made
+  /// now; errors as DeviceGroup::create. `planning.ranks` is set to the devices.
   static Result<std::shared_ptr<DeviceTeam>> create(const std::vector<ComputeDevice>& devices,
-                                                    DeviceGroupOptions options = {});
+                                                    DeviceGroupOptions options = {},
+                                                    TeamPlannerOptions planning = {});
   int size() const { return size_; }
   /// Wires `rank` to its worker, whose step loop computes on the rank's device with `models`
   /// (the engine's models as loaded there, in the runtime's order); ranks not attached are
@@ -52,28 +59,53 @@ class DeviceTeam {
   /// Unwires `rank` (its worker stops): it is leased no more.
   void detach(int rank);
 
+  struct Group;
   /// Ranks working on one step, released when destroyed.
   class Lease {
    public:
     ~Lease();
     Lease(Lease&&) = delete;
     int leader() const { return leader_; }
-    int first() const { return first_; }
-    int size() const { return size_; }
+    /// Ascending, the leader among them.
+    const std::vector<int>& ranks() const { return decision_.ranks; }
+    int size() const { return static_cast<int>(decision_.ranks.size()); }
+    /// Ulysses degree of each forward; 1 with split().
+    int degree() const { return decision_.degree; }
+    /// A guided step's halves, one per rank (StepSession::halves_step).
+    bool split() const { return decision_.split; }
 
    private:
     friend class DeviceTeam;
-    Lease(DeviceTeam& team, int leader, int first, int size) : team_(team), leader_(leader), first_(first), size_(size) {}
+    Lease(DeviceTeam& team, int leader, TeamDecision decision, Group* group)
+        : team_(team), leader_(leader), decision_(std::move(decision)), group_(group) {}
     DeviceTeam& team_;
-    int leader_, first_, size_;
+    int leader_;
+    TeamDecision decision_;
+    Group* group_;
   };
-  /// A lease for a step of rank `leader` whose model has `heads` attention heads, or null
-  /// when no group of 2 or more ranks is free (the step then runs on the leader alone).
-  std::unique_ptr<Lease> lease(int leader, int heads);
+  /// A lease for rank `leader`'s next step of `ask`, as the planner decides it; null when the
+  /// step runs on the leader alone (the planner says so, the team is out of use, the leader
+  /// is in another's lease, or the group of the planned ranks could not be made).
+  std::unique_ptr<Lease> lease(int leader, const TeamAsk& ask);
+  /// `leader`'s request no longer asks (it ended or runs its last step): the planner forgets it.
+  void withdraw(int leader);
 
   /// Runs `share(member, rank)` on every rank of `lease` at once (each on its own step loop,
   /// the leader's on this thread) and waits for all; the first error, naming its rank.
   Status run(const Lease& lease, const std::function<void(SequenceGroup& member, int rank)>& share);
+
+  /// The planner's decisions and corrections, and groups made after start.
+  struct Metrics {
+    TeamPlannerMetrics planner;
+    uint64_t groups = 0;         ///< process groups in use (aligned ones included)
+    uint64_t groups_made_later = 0;
+    uint64_t group_failures = 0; ///< groups that could not be made (the step ran alone)
+    std::string last_group_failure;
+  };
+  Metrics metrics() const;
+
+  /// The clock of TeamAsk::deadline_ms: steady milliseconds.
+  static double clock_ms();
 
   /// Ok while the team is in use; else why it was taken out of use.
   Status health() const;
@@ -86,17 +118,20 @@ class DeviceTeam {
     std::vector<std::shared_ptr<const EditModel>> models;
     bool engaged = false;
   };
-  // The group of ranks [first, first + size): its members by rank - first.
-  struct Group {
-    int first = 0, size = 0;
-    std::vector<std::unique_ptr<DeviceGroup>> members;
-  };
   void release(const Lease& lease);
+  // The group of `ranks` (ascending), made now if there is none; null if it cannot be.
+  Group* group_of(const std::vector<int>& ranks);
 
   int size_ = 0;
-  std::vector<Group> groups_;  // largest first
-  mutable std::mutex mu_;      // guards ranks_ and failure_; never held while computing
+  std::vector<ComputeDevice> devices_;
+  DeviceGroupOptions group_options_;
+  mutable std::mutex groups_mu_;  // guards groups_ and the group counters; held while making one
+  std::map<std::vector<int>, std::unique_ptr<Group>> groups_;
+  uint64_t groups_made_later_ = 0, group_failures_ = 0;
+  std::string last_group_failure_;
+  mutable std::mutex mu_;  // guards ranks_, planner_ and failure_; never held while computing
   std::vector<Rank> ranks_;
+  std::unique_ptr<TeamPlanner> planner_;
   std::string failure_;
 };
 

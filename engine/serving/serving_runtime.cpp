@@ -79,7 +79,9 @@ Result<std::unique_ptr<ServingRuntime>> ServingRuntime::create(std::vector<Runti
     for (const RuntimeDevice& d : devices) compute.push_back(d.models.front().model->device());
     DeviceGroupOptions group;
     group.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.team_timeout_ms));
-    auto team = DeviceTeam::create(compute, group);
+    TeamPlannerOptions planning = options.team_planning;
+    planning.link = options.team_link.value_or(compute.front().cuda ? TeamLink{} : TeamLink::loopback());
+    auto team = DeviceTeam::create(compute, group, planning);
     if (team.ok()) {
       rt->team_ = *team;
     } else {
@@ -129,6 +131,11 @@ ServingRuntime::~ServingRuntime() {
 }
 
 Status ServingRuntime::team_status() const { return team_ ? team_->health() : team_status_; }
+
+std::optional<DeviceTeam::Metrics> ServingRuntime::team_metrics() const {
+  if (!team_) return std::nullopt;
+  return team_->metrics();
+}
 
 double ServingRuntime::now_ms() const {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - epoch_).count();

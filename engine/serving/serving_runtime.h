@@ -60,6 +60,12 @@ struct RuntimeOptions {
   bool sequence_parallel = true;
   /// The longest one collective of the team may take.
   double team_timeout_ms = 60000;
+  /// The team's planner (serving/team_planner.h): its round length and whether measured
+  /// steps correct its predictions (`ranks` is set by the runtime).
+  TeamPlannerOptions team_planning;
+  /// The team's link for the planner's all-to-all predictions; unset: NVLink's figures on
+  /// GPUs, TeamLink::loopback() on CPUs.
+  std::optional<TeamLink> team_link;
 };
 
 class ServingRuntime {
@@ -116,6 +122,8 @@ class ServingRuntime {
   /// Ok with a device team in use; else why there is none (one device, switched off, no
   /// backend) or why it was taken out of use.
   Status team_status() const;
+  /// The team's planner decisions and process groups; unset without a team.
+  std::optional<DeviceTeam::Metrics> team_metrics() const;
 
  private:
   ServingRuntime() = default;

@@ -157,7 +157,10 @@ TeamDecision TeamPlanner::decide(int rank, const TeamAsk& ask, double now_ms, st
   // A free or absent rank holds nothing: its contender (if any) is gone.
   for (auto it = contenders_.begin(); it != contenders_.end();) {
     const TeamRankState s = states[static_cast<size_t>(it->first)];
-    const bool gone = it->first != rank && (s == TeamRankState::kFree || s == TeamRankState::kAbsent);
+    const Contender& c = it->second;
+    const double quiet_ms = std::max(4 * options_.round_ms, 4 * (c.ready_ms - c.asked_ms));
+    const bool gone = it->first != rank && (s == TeamRankState::kFree || s == TeamRankState::kAbsent ||
+                                            now_ms - c.asked_ms > quiet_ms);
     it = gone ? contenders_.erase(it) : std::next(it);
   }
   Contender& me = contenders_[rank];
@@ -168,6 +171,7 @@ TeamDecision TeamPlanner::decide(int rank, const TeamAsk& ask, double now_ms, st
   }
   me.ask = ask;
   me.ready_ms = now_ms;  // it asks between steps: nothing of its own is in flight
+  me.asked_ms = now_ms;
 
   const auto usable = [&](int r) { return r == rank || states[static_cast<size_t>(r)] == TeamRankState::kFree; };
   const auto planned = [&]() -> const PlannedRequest* {

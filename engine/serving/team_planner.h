@@ -23,8 +23,9 @@
 /// The engine's split step runs each half on one device (StepSession::halves_step): splits
 /// are planned at degree 1 only (RoundPlannerOptions::max_split_degree 1).
 ///
-/// A contender leaves when its rank asks for another request, when told (`withdraw`), or
-/// when its rank is free (its worker holds nothing).
+/// A contender leaves when its rank asks for another request, when told (`withdraw`), when
+/// its rank is free (its worker holds nothing), or when it has not asked for four rounds and
+/// four of its steps (its request ended without a word).
 ///
 /// Threading: not thread-safe; the team calls it under its lock.
 
@@ -129,6 +130,7 @@ class TeamPlanner {
     std::vector<int> ranks;  // its last decision's ranks
     bool split = false;      // and whether they ran its halves split
     double ready_ms = 0;     // when its step in flight ends (predicted)
+    double asked_ms = 0;     // its last ask
   };
   static std::string mode_key(int degree, bool split);
   double correction(int degree, bool split) const;

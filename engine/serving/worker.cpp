@@ -99,6 +99,8 @@ struct Worker::Record {
 struct Worker::PrepareJob {
   std::shared_ptr<StepPrepare> run;
   const ServedModel* served = nullptr;
+  uint64_t serial = 0;  // this worker's count of jobs: names it to the device team
+  int steps_run = 0;
   double step_work_ms = 0;
   double deadline_abs_ms = 0;
   bool background = false;  // a prompt-keyed prepare nobody waits for (see worker.h)
@@ -724,6 +726,7 @@ void Worker::handle(Message& m) {
       background_pending_.erase(m.canonical);
       if (!m.prepare || prepares_.count(m.canonical)) break;
       auto job = std::make_unique<PrepareJob>();
+      job->serial = ++prepare_serial_;
       const double tokens = double(m.prepare->tokens());
       job->served = m.served;
       job->step_work_ms = cost_of(m.served).current()->predict_ms(tokens, 1.0, m.prepare->attention_pairs());
@@ -743,6 +746,7 @@ void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<con
     return;
   }
   auto job = std::make_unique<PrepareJob>();
+  job->serial = ++prepare_serial_;
   job->run = std::move(*run);
   const StepPrepare& prepare = *job->run;
   const double tokens = double(prepare.tokens());
@@ -757,26 +761,53 @@ void Worker::start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<con
   prepares_.emplace(canonical, std::move(job));
 }
 
-at::Tensor Worker::forward_in_team(const ServedModel* served, std::span<StepSession* const> sessions) {
+TeamAsk Worker::team_ask(const ServedModel* served, uint64_t id, int64_t tokens, int steps_left, double deadline_abs_ms,
+                         double single_ms) const {
+  TeamAsk ask;
+  ask.id = id;
+  ask.tokens = tokens;
+  ask.steps_left = steps_left;
+  // The team's clock is another epoch's: the deadline travels as what is left of it.
+  ask.deadline_ms = std::isfinite(deadline_abs_ms) ? DeviceTeam::clock_ms() + (deadline_abs_ms - now_ms()) : deadline_abs_ms;
+  ask.single_ms = single_ms;
+  ask.fixed_ms = std::max(0.0, cost_of(served).current()->coefficients()[0]);
+  const EditModel::ParallelShape shape = served->model->parallel_shape();
+  ask.hidden = shape.hidden;
+  ask.attention_layers = shape.attention_layers;
+  ask.prediction_channels = shape.prediction_channels;
+  return ask;
+}
+
+at::Tensor Worker::forward_in_team(const ServedModel* served, std::span<const std::shared_ptr<Record>> records,
+                                   std::span<StepSession* const> sessions) {
   DeviceTeam* team = options_.team.get();
-  if (team == nullptr || sessions.size() != 1) return {};
-  // A guided step's halves on two devices, one each (a group of 2: "heads" 2 admits no
-  // other size); else a whole-sequence step over as many as its heads split over. Either
-  // runs alone: packed with other requests' rows it would wait on the slowest.
+  if (team == nullptr || sessions.size() != 1 || records.size() != 1) return {};
+  // A guided step's halves on two devices, one each, or a whole-sequence step in sequence
+  // parallel, as the team's planner decides from the request's deadline and predicted step.
+  // Either runs alone: packed with other requests' rows it would wait on the slowest.
   StepSession& session = *sessions[0];
-  const bool halves = session.splits_halves();
-  const int heads = halves ? 2 : session.parallel_heads();
-  if (heads <= 0) return {};
-  const std::unique_ptr<DeviceTeam::Lease> lease = team->lease(options_.team_rank, heads);
+  const Record& r = *records[0];
+  const int heads = session.parallel_heads();
+  const bool may_split = session.splits_halves();
+  if (heads <= 0 && !may_split) return {};
+  const int64_t rows = r.tokens * (session.guided() ? 2 : 1);
+  const double single_ms = cost_of(served).current()->predict_ms(double(rows), 1.0, double(rows) * double(r.total_tokens));
+  TeamAsk ask = team_ask(served, r.req.id, r.tokens, std::max(1, r.steps_left), r.deadline_abs_ms, single_ms);
+  ask.heads = heads;
+  ask.guided = session.guided();
+  ask.may_split = may_split;
+  const std::unique_ptr<DeviceTeam::Lease> lease = team->lease(options_.team_rank, ask);
+  if (r.steps_left <= 1) team->withdraw(options_.team_rank);  // its last step: it asks no more
   if (!lease) return {};
+  const bool halves = lease->split();
   const size_t slot = static_cast<size_t>(served - models_.data());
   const StepSession::ParallelForward share = halves ? session.halves_step() : session.parallel_step();
   at::Tensor mine;
   const Status ran = team->run(*lease, [&](SequenceGroup& member, int rank) {
     const std::shared_ptr<const EditModel> here = team->model(rank, slot);
     TORCH_CHECK(here != nullptr, "rank ", rank, " of the device team serves no model ", slot);
-    at::Tensor rows = share(member, *here);
-    if (rank == options_.team_rank) mine = std::move(rows);
+    at::Tensor out = share(member, *here);
+    if (rank == options_.team_rank) mine = std::move(out);
   });
   if (!ran.ok()) throw std::runtime_error(ran.message());
   std::lock_guard lock(metrics_mu_);
@@ -787,11 +818,16 @@ at::Tensor Worker::forward_in_team(const ServedModel* served, std::span<StepSess
 
 bool Worker::run_prepare_step_in_team(PrepareJob& job) {
   DeviceTeam* team = options_.team.get();
-  const int heads = team != nullptr ? job.run->parallel_heads() : 0;
+  const int heads = team != nullptr && job.served != nullptr ? job.run->parallel_heads() : 0;
   if (heads <= 0) return false;
-  const std::unique_ptr<DeviceTeam::Lease> lease = team->lease(options_.team_rank, heads);
+  // A prepare job's id: apart from every request's (the top bit) and every other rank's.
+  const uint64_t id = (uint64_t{1} << 63) | (uint64_t(options_.team_rank) << 48) | job.serial;
+  TeamAsk ask = team_ask(job.served, id, job.run->tokens(), std::max(1, job.run->steps() - job.steps_run),
+                         job.deadline_abs_ms, job.step_work_ms);
+  ask.heads = heads;
+  const std::unique_ptr<DeviceTeam::Lease> lease = team->lease(options_.team_rank, ask);
   if (!lease) return false;
-  const size_t slot = job.served != nullptr ? static_cast<size_t>(job.served - models_.data()) : 0;
+  const size_t slot = static_cast<size_t>(job.served - models_.data());
   const StepPrepare::ParallelShare share = job.run->parallel_step();
   const Status ran = team->run(*lease, [&](SequenceGroup& member, int rank) {
     const std::shared_ptr<const EditModel> here = team->model(rank, slot);
@@ -824,6 +860,9 @@ void Worker::run_prepare_slice() {
     error = exception_text(std::current_exception());
   }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  job.steps_run += 1;
+  // Its last step (or a failed one): the team's planner forgets it.
+  if ((failed || job.run->done()) && options_.team) options_.team->withdraw(options_.team_rank);
   {
     std::lock_guard lock(metrics_mu_);
     metrics_.prepare_steps += 1;
@@ -997,7 +1036,7 @@ void Worker::run_step() {
     at::Tensor rows;
     try {
       if (options_.before_step) options_.before_step(g.ids);
-      rows = forward_in_team(g.served, g.sessions);
+      rows = forward_in_team(g.served, g.records, g.sessions);
       if (!rows.defined()) rows = g.served->model->forward(g.sessions);
     } catch (...) {
       failed = true;

@@ -195,11 +195,15 @@ class Worker {
   /// Runs the next step of `job` over the devices the team leases to it; false when it has
   /// none (the caller runs the step here alone). Throws what a failed step throws.
   bool run_prepare_step_in_team(PrepareJob& job);
-  /// The one session of `sessions` stepped over the devices the team leases to it: a guided
-  /// step's halves on two devices, or a whole sequence (a full recompute) in sequence
-  /// parallel; its prediction rows; undefined when there is no such session or no lease (the
-  /// caller runs the model's forward here).
-  at::Tensor forward_in_team(const ServedModel* served, std::span<StepSession* const> sessions);
+  /// The one session of `sessions` (of `records`) stepped over the devices the team leases to
+  /// it: a guided step's halves on two devices, or a whole sequence (a full recompute) in
+  /// sequence parallel; its prediction rows; undefined when there is no such session or no
+  /// lease (the caller runs the model's forward here).
+  at::Tensor forward_in_team(const ServedModel* served, std::span<const std::shared_ptr<Record>> records,
+                             std::span<StepSession* const> sessions);
+  /// What the team's planner is told of a request of `served` (device_team.h).
+  TeamAsk team_ask(const ServedModel* served, uint64_t id, int64_t tokens, int steps_left, double deadline_abs_ms,
+                   double single_ms) const;
   void run_step();
   /// Applies one model's forward output to its share of the batch (or fails them all).
   void apply_rows(std::vector<std::shared_ptr<Record>>& batch, bool failed, const std::string& error,
@@ -251,6 +255,7 @@ class Worker {
   BatchSelector selector_;
   std::vector<std::shared_ptr<Record>> active_;  // sessions the loop steps, in arrival order
   std::map<std::string, std::unique_ptr<PrepareJob>> prepares_;  // by cache key
+  uint64_t prepare_serial_ = 0;  // jobs made on the loop so far
   std::map<std::string, std::shared_ptr<const ActivationEntry>> recent_;  // prepared, not yet stored
   std::set<std::string> background_pending_;  // prompt-keyed prepares being set up on the pool
   uint64_t ready_seq_ = 0;

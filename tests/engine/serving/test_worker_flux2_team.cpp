@@ -28,6 +28,11 @@ std::unique_ptr<ServingRuntime> two_cpu_devices(const Flux2Serving& f, bool sequ
   devices[1].label = "cpu:1";
   RuntimeOptions o;
   o.sequence_parallel = sequence_parallel;
+  // These tests check what sharing a step computes: the planner is told sharing is free and
+  // learns nothing from the measured steps (two "devices" on this machine's cores), so it
+  // shares every step an idle device can take.
+  o.team_link = TeamLink{0.0, 1e12, 2};
+  o.team_planning.learn = false;
   auto rt = ServingRuntime::create(std::move(devices), f.store, std::move(o));
   REQUIRE(rt.ok());
   const Status team = (*rt)->team_status();
@@ -174,4 +179,95 @@ TEST_CASE("A guided FLUX.2 edit runs its two halves at once on two CPU devices a
   for (size_t i = 0; i < alone.output.image.data.size(); ++i)
     worst = std::max(worst, std::abs(int(alone.output.image.data[i]) - int(r.output.image.data[i])));
   CHECK(worst <= 1);  // one entry; each half's forward computed alone equals it packed to 1e-5
+}
+
+namespace {
+
+std::unique_ptr<ServingRuntime> cpu_devices(const Flux2Serving& f, int count, RuntimeOptions o) {
+  std::vector<RuntimeDevice> devices(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    devices[static_cast<size_t>(i)].models = {ServedModel{f.model, fixed_cost_model()}};
+    devices[static_cast<size_t>(i)].label = "cpu:" + std::to_string(i);
+  }
+  auto rt = ServingRuntime::create(std::move(devices), f.store, std::move(o));
+  REQUIRE(rt.ok());
+  const Status team = (*rt)->team_status();
+  if (!team.ok() && team.message().find("no Gloo") != std::string::npos) {
+    std::fprintf(stderr, "SKIPPED: %s\n", team.message().c_str());
+    std::exit(4);
+  }
+  REQUIRE(team.ok());
+  return std::move(*rt);
+}
+
+}  // namespace
+
+TEST_CASE("With three CPU devices, one serving an edit, a prepare runs over the other two", "[flux2-serving][parallel]") {
+  // Three devices make no aligned group of two: the lease the planner gives (the asker and
+  // the one idle device) gets a process group made when first named.
+  Flux2Serving f;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, release = false;
+  RuntimeOptions o;
+  o.team_link = TeamLink{0.0, 1e12, 2};
+  o.team_planning.learn = false;
+  o.worker.before_step = [&](std::span<const uint64_t> ids) {
+    if (ids.empty() || ids[0] != 1) return;
+    std::unique_lock lock(mu);
+    holding = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  auto rt = cpu_devices(f, 3, std::move(o));
+  auto first = submit(*rt, 1, f.tmpl, f.params("make the cup red", 7));
+  {
+    std::unique_lock lock(mu);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(300), [&] { return holding; }));
+  }
+  const auto before = rt->worker_metrics();
+  const auto& codec = *f.model->parts().codec;
+  auto other = template_from_pixels(codec, codec.factor(), 0.0, 1.0, serving_picture(12), "other");
+  REQUIRE(other.ok());
+  const RequestResult r2 = submit(*rt, 2, *other, f.params("a dark blue patch", 8)).get();
+  REQUIRE(r2.state == RequestState::kDone);
+  const auto after = rt->worker_metrics();
+  CHECK(total(after, &WorkerMetrics::prepare_steps) - total(before, &WorkerMetrics::prepare_steps) == 3);
+  CHECK(total(after, &WorkerMetrics::prepare_steps_parallel) - total(before, &WorkerMetrics::prepare_steps_parallel) == 3);
+  const auto team = rt->team_metrics();
+  REQUIRE(team.has_value());
+  // Edit 1's prepare shared with one device too (the model has 2 heads), then edit 2's
+  // with the third: two pairs, neither an aligned group (three devices have only the trio).
+  CHECK(team->groups_made_later == 2);
+  CHECK(team->groups == 3);
+  CHECK(team->group_failures == 0);
+  REQUIRE(team->planner.by_degree.count(2) == 1);
+  CHECK(team->planner.by_degree.at(2) >= 3);
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  CHECK(first.get().state == RequestState::kDone);
+}
+
+TEST_CASE("A link the planner predicts too slow keeps every step of a prepare on its own device",
+          "[flux2-serving][parallel]") {
+  Flux2Serving f;
+  RuntimeOptions o;
+  o.team_link = TeamLink{1e6, 1e12, 2};  // a second per all-to-all
+  o.team_planning.learn = false;
+  auto rt = cpu_devices(f, 2, std::move(o));
+  const RequestResult r = submit(*rt, 1, f.tmpl, f.params("make the cup red", 7)).get();
+  REQUIRE(r.state == RequestState::kDone);
+  const auto workers = rt->worker_metrics();
+  CHECK(total(workers, &WorkerMetrics::prepare_steps) == 3);
+  CHECK(total(workers, &WorkerMetrics::prepare_steps_parallel) == 0);
+  CHECK(total(workers, &WorkerMetrics::team_shares) == 0);
+  const auto team = rt->team_metrics();
+  REQUIRE(team.has_value());
+  CHECK(team->planner.decisions == 3);
+  CHECK(team->planner.alone == 3);
+  CHECK(team->planner.by_degree.at(1) == 3);
+  CHECK(team->groups_made_later == 0);
 }
