@@ -7,7 +7,7 @@
 
 namespace infill {
 
-Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDevice& device) {
+Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDevice& device, int64_t step_graph_bytes) {
   LoadedEditModel out;
   std::error_code ec;
   if (std::filesystem::exists(std::filesystem::path(path) / "manifest.json", ec)) {
@@ -21,6 +21,7 @@ Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDe
   }
   Flux2LoadOptions options;
   options.device = device;
+  options.step_graph_bytes = step_graph_bytes;
   INFILL_ASSIGN_OR_RETURN(out.model, load_flux2_edit_model(path, options));
   return out;
 }

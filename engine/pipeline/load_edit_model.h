@@ -3,6 +3,7 @@
 /// the DiT family (the bundled infill-tiny); anything else is read as FLUX.2 (a diffusers
 /// folder, or the single-file layout with its text encoder and tokenizer).
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -21,6 +22,9 @@ struct LoadedEditModel {
 
 /// Errors name the file at fault and what was expected there. `device`: where the model
 /// computes; the DiT family runs on the CPU only (an error names the device otherwise).
-Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDevice& device = {});
+/// `step_graph_bytes`: a FLUX.2 model's budget for CUDA graphs of masked rounds on a GPU
+/// (Flux2LoadOptions::step_graph_bytes; 0 = none).
+Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDevice& device = {},
+                                        int64_t step_graph_bytes = 0);
 
 }  // namespace infill

@@ -51,6 +51,8 @@ struct ServiceOptions {
   /// team, RuntimeOptions::sequence_parallel), each collective within `team_timeout_ms`.
   bool sequence_parallel = true;
   double team_timeout_ms = 60000;
+  /// ModelRegistryOptions::step_graph_bytes.
+  int64_t step_graph_bytes = 0;
   std::string cache_dir;      ///< disk tier; "" = RAM only
   uint64_t ram_cache_bytes = uint64_t{1} << 30;
   /// Time the step cost model at load (cached in calibration_path when set); false = a fixed

@@ -54,7 +54,7 @@ Result<std::unique_ptr<ModelRegistry>> ModelRegistry::load(const ModelRegistryOp
         models.push_back(loaded[*cpu_copy][i]);
         continue;
       } else {
-        auto model = load_edit_model(paths[i], device.device);
+        auto model = load_edit_model(paths[i], device.device, options.step_graph_bytes);
         if (!model.ok()) {
           failed = model.status();
         } else {
@@ -234,6 +234,7 @@ void ModelRegistry::collect(ServiceMetrics& m) const {
       m.workers.push_back({ids, std::move(w)});
     }
     m.recent_requests = runtime_->request_metrics();
+    m.team = runtime_->team_metrics();
   }
   m.cache = store_->stats();
 }

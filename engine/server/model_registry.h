@@ -48,6 +48,8 @@ struct ModelRegistryOptions {
   /// devices, and the longest one of its collectives may take.
   bool sequence_parallel = true;
   double team_timeout_ms = 60000;
+  /// Each FLUX.2 model's budget for CUDA graphs of masked rounds on a GPU (0: none).
+  int64_t step_graph_bytes = 0;
   std::string cache_dir;  ///< the store's disk tier; "" = RAM only
   uint64_t ram_cache_bytes = uint64_t{1} << 30;
   /// Time each DiT-family model's step cost at load (cached per model, see

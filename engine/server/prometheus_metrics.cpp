@@ -277,6 +277,30 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
       w.sample("infill_device_memory_total_bytes", {{"device", d->device}},
                double(d->memory->total_bytes));
   }
+  if (m.team) {
+    // The device team's planner (serving/team_planner.h): how it shares steps out.
+    const TeamPlannerMetrics& p = m.team->planner;
+    w.family("infill_team_rounds_total", "counter", "Rounds the device team's planner planned.");
+    w.sample("infill_team_rounds_total", {}, double(p.rounds));
+    w.family("infill_team_decisions_total", "counter",
+             "Steps the device team's planner placed, by Ulysses degree (1: on the asking device alone or halves split).");
+    for (const auto& [degree, count] : p.by_degree)
+      w.sample("infill_team_decisions_total", {{"degree", std::to_string(degree)}}, double(count));
+    w.family("infill_team_split_decisions_total", "counter", "Guided steps whose halves the planner split over two devices.");
+    w.sample("infill_team_split_decisions_total", {}, double(p.split));
+    w.family("infill_team_short_of_plan_total", "counter",
+             "Steps that ran on fewer devices than planned (a planned device still busy).");
+    w.sample("infill_team_short_of_plan_total", {}, double(p.short_of_plan));
+    if (!p.correction.empty()) {
+      w.family("infill_team_step_correction", "gauge",
+               "Measured over predicted time of the team's shared steps, by mode (d<degree> or split).");
+      for (const auto& [mode, factor] : p.correction) w.sample("infill_team_step_correction", {{"mode", mode}}, factor);
+    }
+    w.family("infill_team_groups", "gauge", "Process groups the device team holds.");
+    w.sample("infill_team_groups", {}, double(m.team->groups));
+    w.family("infill_team_group_failures_total", "counter", "Process groups the team could not make (the step ran alone).");
+    w.sample("infill_team_group_failures_total", {}, double(m.team->group_failures));
+  }
   if (m.resident_bytes >= 0) {
     w.family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
     w.sample("process_resident_memory_bytes", {}, double(m.resident_bytes));

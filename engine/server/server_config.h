@@ -50,6 +50,10 @@ struct EngineConfig {
   /// that takes longer fails its step and takes the team out of use. Config key
   /// `device_team_timeout_ms`, 1000..3600000.
   double device_team_timeout_ms = 60000;
+  /// Each FLUX.2 model's budget of GPU memory for CUDA graphs of masked rounds
+  /// (model/flux2_graph_cache.h); 0 (the default until a GPU run has checked their replays)
+  /// turns them off. Config key `step_graph_bytes`, 0..2^40.
+  int64_t step_graph_bytes = 0;
   /// Workers per device.
   int workers = 1;
   int threads = 0;          ///< compute threads per worker; 0 = cores / (workers x devices)

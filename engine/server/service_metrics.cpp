@@ -104,7 +104,26 @@ json service_metrics_json(const ServiceMetrics& m) {
     return json{{"bytes", t.bytes},         {"budget", t.budget}, {"adapters", t.adapters},
                 {"hits", t.hits},           {"misses", t.misses}, {"evictions", t.evictions}};
   };
+  json team = nullptr;
+  if (m.team) {
+    const TeamPlannerMetrics& p = m.team->planner;
+    json by_degree = json::object();
+    for (const auto& [degree, count] : p.by_degree) by_degree[std::to_string(degree)] = count;
+    team = {{"rounds", p.rounds},
+            {"decisions", p.decisions},
+            {"alone", p.alone},
+            {"split", p.split},
+            {"short_of_plan", p.short_of_plan},
+            {"by_degree", by_degree},
+            {"correction", p.correction},
+            {"last_error", p.last_error},
+            {"groups", m.team->groups},
+            {"groups_made_later", m.team->groups_made_later},
+            {"group_failures", m.team->group_failures},
+            {"last_group_failure", m.team->last_group_failure}};
+  }
   return {{"devices", devices},
+          {"device_team", team},
           {"workers", workers},
           {"loads", loads},
           {"requests",

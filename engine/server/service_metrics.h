@@ -17,6 +17,7 @@
 #include "pipeline/adapter_store_stats.h"
 #include "serving/router.h"
 #include "serving/serving_metrics.h"
+#include "serving/team_planner.h"
 
 namespace infill {
 
@@ -50,6 +51,8 @@ struct ServiceMetrics {
   std::vector<ServiceWorkerLoad> loads;
   /// The runtime's recent finished requests (each worker keeps a bounded window).
   std::vector<RequestMetrics> recent_requests;
+  /// The device team's planner and groups (serving/device_team.h); unset without a team.
+  std::optional<DeviceTeamMetrics> team;
   ActivationStoreStats cache;
   AdapterStoreStats adapters;
   int live_edits = 0;

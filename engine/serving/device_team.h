@@ -94,14 +94,8 @@ class DeviceTeam {
   /// the leader's on this thread) and waits for all; the first error, naming its rank.
   Status run(const Lease& lease, const std::function<void(SequenceGroup& member, int rank)>& share);
 
-  /// The planner's decisions and corrections, and groups made after start.
-  struct Metrics {
-    TeamPlannerMetrics planner;
-    uint64_t groups = 0;         ///< process groups in use (aligned ones included)
-    uint64_t groups_made_later = 0;
-    uint64_t group_failures = 0; ///< groups that could not be made (the step ran alone)
-    std::string last_group_failure;
-  };
+  /// The planner's decisions and corrections, and the groups made.
+  using Metrics = DeviceTeamMetrics;
   Metrics metrics() const;
 
   /// The clock of TeamAsk::deadline_ms: steady milliseconds.

@@ -107,6 +107,15 @@ struct TeamPlannerMetrics {
   std::string last_error;      ///< the last plan the round planner refused (then: alone)
 };
 
+/// A device team's planner and process groups (device_team.h), for /metrics.
+struct DeviceTeamMetrics {
+  TeamPlannerMetrics planner;
+  uint64_t groups = 0;             ///< process groups in use (aligned ones included)
+  uint64_t groups_made_later = 0;  ///< made when a lease first named their ranks
+  uint64_t group_failures = 0;     ///< groups that could not be made (the step ran alone)
+  std::string last_group_failure;
+};
+
 class TeamPlanner {
  public:
   explicit TeamPlanner(TeamPlannerOptions options);

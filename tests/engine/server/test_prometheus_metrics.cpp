@@ -200,3 +200,39 @@ TEST_CASE("a GPU worker's step graphs are reported per model, a CPU worker's not
   INFO(check.output);
   CHECK(check.exit_code == 0);
 }
+
+TEST_CASE("the device team's planner is reported: rounds, degrees, corrections and groups", "[server][metrics]") {
+  require_tool_or_skip("promtool", "prometheus");
+  ServiceMetrics m;
+  DeviceTeamMetrics team;
+  team.planner.rounds = 7;
+  team.planner.decisions = 12;
+  team.planner.alone = 5;
+  team.planner.split = 2;
+  team.planner.short_of_plan = 1;
+  team.planner.by_degree = {{1, 5}, {2, 4}, {3, 3}};
+  team.planner.correction = {{"d2", 1.75}, {"split", 0.5}};
+  team.groups = 4;
+  team.groups_made_later = 1;
+  team.group_failures = 0;
+  m.team = team;
+  const std::string text = prometheus_metrics_text(m);
+  CHECK(sample_value(text, "infill_team_rounds_total") == 7);
+  CHECK(sample_value(text, R"(infill_team_decisions_total{degree="3"})") == 3);
+  CHECK(sample_value(text, R"(infill_team_step_correction{mode="d2"})") == 1.75);
+  CHECK(sample_value(text, "infill_team_split_decisions_total") == 2);
+  CHECK(sample_value(text, "infill_team_groups") == 4);
+  const nlohmann::json j = service_metrics_json(m);
+  CHECK(j["device_team"]["by_degree"]["2"] == 4);
+  CHECK(j["device_team"]["correction"]["split"] == 0.5);
+  CHECK(j["device_team"]["groups_made_later"] == 1);
+  // Without a team: no family, and null in the JSON.
+  ServiceMetrics none;
+  CHECK(prometheus_metrics_text(none).find("infill_team_") == std::string::npos);
+  CHECK(service_metrics_json(none)["device_team"].is_null());
+
+  TempDir dir("infill-prom");
+  const CommandOutput check = promtool_check(dir, text);
+  INFO(check.output);
+  CHECK(check.exit_code == 0);
+}

@@ -92,6 +92,21 @@ TEST_CASE("engine config: sequence_parallel and device_team_timeout_ms set the d
         ErrorCode::kOutOfRange);
 }
 
+TEST_CASE("engine config: step_graph_bytes sets the FLUX.2 step graphs' budget, off by default", "[server][config]") {
+  auto defaults = parse_engine_config(R"({})", "e.json");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->step_graph_bytes == 0);
+  auto set = parse_engine_config(R"({"step_graph_bytes": 2147483648})", "e.json");
+  REQUIRE(set.ok());
+  CHECK(set->step_graph_bytes == 2147483648LL);
+  auto refused = parse_engine_config(R"({"step_graph_bytes": -1})", "e.json");
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(), Catch::Contains("step_graph_bytes") && Catch::Contains("-1"));
+  refused = parse_engine_config(R"({"step_graph_bytes": "2G"})", "e.json");
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(), Catch::Contains("step_graph_bytes"));
+}
+
 TEST_CASE("engine config: model is one folder or a list of them, the first the default", "[server][config]") {
   auto one = parse_engine_config(R"({"model": "/models/a"})", "e.json");
   REQUIRE(one.ok());
