@@ -153,6 +153,9 @@ std::vector<Policy> policies() {
   planner.heads = kHeads;
   planner.round_ms = kRoundMs;
   out.push_back({"round_planner", planner});
+  planner.bind_to_home = true;
+  out.push_back({"round_planner_bound", planner});
+  planner.bind_to_home = false;
   planner.grant_idle_devices = false;
   out.push_back({"round_planner_no_grants", planner});
   for (int d : {1, 2, 4, 8}) {
@@ -420,6 +423,10 @@ json simulator_section(const Args& args) {
       {"round_planner",
        "serving/round_planner every 100 ms (group-knapsack packing, placement kept, idle "
        "devices granted)"},
+      {"round_planner_bound",
+       "the engine's device team (serving/team_planner): the same planner with every request bound "
+       "at arrival to the device with the fewest requests bound to it, one request per device at a "
+       "time, idle devices granted"},
       {"round_planner_no_grants", "the same without granting idle devices"},
       {"fixed_D",
        "xDiT-like: 8 / D groups of D devices, first come first served, a request starts on arrival "
@@ -431,6 +438,7 @@ json simulator_section(const Args& args) {
   // fixed degrees meeting most requests, which single_device reproduces (best_degree at 1.0
   // leaves nothing to a scheduler that ever waits).
   double min_gain_at_1 = INFINITY, max_gain_at_1 = -INFINITY;
+  double min_bound_gain_at_1 = INFINITY, max_bound_gain_at_1 = -INFINITY;
   for (const Mix& mix : kMixes) {
     for (double load : kLoads) {
       std::vector<std::vector<Arrival>> traces;
@@ -499,6 +507,11 @@ json simulator_section(const Args& args) {
           }
           const double planner = attainment["round_planner"].get<double>();
           const double gain = 100.0 * (planner - best_fixed);
+          const double bound_gain = 100.0 * (attainment["round_planner_bound"].get<double>() - best_fixed);
+          if (ref.ref == Reference::kSingleDevice && scale == 1.0) {
+            min_bound_gain_at_1 = std::min(min_bound_gain_at_1, bound_gain);
+            max_bound_gain_at_1 = std::max(max_bound_gain_at_1, bound_gain);
+          }
           // Trace by trace against the fixed degree best on average: the spread of the gain
           // (pols[0] is the round planner).
           json gain_by_trace = json::array();
@@ -521,6 +534,7 @@ json simulator_section(const Args& args) {
                              {"attainment", attainment},
                              {"best_fixed", best_fixed_name},
                              {"planner_minus_best_fixed_points", round_to(gain, 1)},
+                             {"bound_minus_best_fixed_points", round_to(bound_gain, 1)},
                              {"headroom_points", round_to(100.0 * (1.0 - best_fixed), 1)},
                              {"points_by_trace", gain_by_trace},
                              {"round_planner", planner_stats}});
@@ -540,6 +554,8 @@ json simulator_section(const Args& args) {
       {"min_points", round_to(min_gain_at_1, 1)},
       {"max_points", round_to(max_gain_at_1, 1)},
       {"met", min_gain_at_1 >= 25.0},
+      {"engine_bound_min_points", round_to(min_bound_gain_at_1, 1)},
+      {"engine_bound_max_points", round_to(max_bound_gain_at_1, 1)},
       {"notes",
        {"headroom_points is what the best fixed degree leaves (100 - its attainment): at loads "
         "where degree 1 "

@@ -44,6 +44,7 @@ struct Live {
   int last_degree = 0;
   bool last_split = false;
   double finish = 0;
+  int home = -1;  // bind_to_home: the device it is bound to
   // statistics
   double degree_sum = 0;
   int steps_run = 0;
@@ -275,9 +276,13 @@ class RoundPlannerSim {
     while (next_arrival_ < arrivals_.size() && trace_[arrivals_[next_arrival_]].arrival_ms <= now) {
       const size_t i = arrivals_[next_arrival_++];
       live_[i].arrived = true;
+      if (o_.bind_to_home) live_[i].home = home_for_arrival();
       active_.push_back(i);
     }
     std::erase_if(active_, [&](size_t i) { return live_[i].done; });
+    std::vector<bool> contends(live_.size(), true);
+    std::vector<int> unavailable;
+    if (o_.bind_to_home) choose_contenders(contends, unavailable);
 
     std::vector<PlannerRequest> requests;
     std::vector<size_t> index;
@@ -285,6 +290,11 @@ class RoundPlannerSim {
     for (size_t i : active_) {
       const Live& l = live_[i];
       if (l.steps_left == 0) continue;  // its last step is in flight
+      if (!contends[i]) {
+        live_[i].target.clear();  // waits for its device's request in front
+        if (!live_[i].in_step) release_untargeted(i);
+        continue;
+      }
       PlannerRequest p;
       p.id = i;
       p.tokens = trace_[i].tokens;
@@ -294,6 +304,7 @@ class RoundPlannerSim {
       p.ready_ms = l.in_step ? l.step_end : now;
       p.guided = trace_[i].guided;
       p.split = l.target_split;
+      p.home = l.home;
       requests.push_back(std::move(p));
       index.push_back(i);
       longest_single = std::max(longest_single, step_(trace_[i], 1, false));
@@ -304,6 +315,23 @@ class RoundPlannerSim {
     std::vector<bool> claimed(static_cast<size_t>(o_.devices), false);
     for (const PlannerRequest& p : requests) {
       for (int d : p.placement) claimed[static_cast<size_t>(d)] = true;
+    }
+    if (o_.bind_to_home) {
+      // A placement over another request's home is given up (its home is its own).
+      for (PlannerRequest& p : requests) {
+        const bool over_home = std::any_of(p.placement.begin(), p.placement.end(), [&](int d) {
+          return std::find(unavailable.begin(), unavailable.end(), d) != unavailable.end() ||
+                 std::any_of(requests.begin(), requests.end(),
+                             [&](const PlannerRequest& q) { return q.id != p.id && q.home == d; });
+        });
+        if (over_home || std::find(p.placement.begin(), p.placement.end(), p.home) == p.placement.end()) {
+          p.placement.clear();
+          p.split = false;
+          p.ready_ms = std::max(p.ready_ms, now);
+        }
+        if (p.placement.empty() && live_[p.id].in_step) p.ready_ms = live_[p.id].step_end;
+      }
+      std::fill(claimed.begin(), claimed.end(), true);  // no claims of last devices: homes instead
     }
     for (size_t k = 0; k < requests.size(); ++k) {
       const std::vector<int>& last = live_[index[k]].last_devices;
@@ -328,6 +356,7 @@ class RoundPlannerSim {
     po.max_degree = o_.max_degree;
     po.grant_idle_devices = o_.grant_idle_devices;
     po.split_guidance = o_.split_guidance;
+    po.unavailable = unavailable;
     Result<RoundPlan> plan = plan_round(requests, now, step_.step_ms, step_.guided_step_ms, po);
     if (!plan.ok()) return plan.status();
     if (!requests.empty()) ++report_.rounds;
@@ -387,6 +416,48 @@ class RoundPlannerSim {
     // last request's end needs none: that round finds nothing active and waits for arrivals.
     release_untargeted(i);
     return start_waiting(now);
+  }
+
+  // The device with the fewest unfinished requests bound to it (the lowest on ties).
+  int home_for_arrival() const {
+    std::vector<int> bound(static_cast<size_t>(o_.devices), 0);
+    for (size_t i : active_) {
+      if (!live_[i].done && live_[i].home >= 0) ++bound[static_cast<size_t>(live_[i].home)];
+    }
+    return static_cast<int>(std::min_element(bound.begin(), bound.end()) - bound.begin());
+  }
+
+  // Per device, the one request that goes to the planner: the one whose step is in flight,
+  // else the earliest deadline; a device whose request runs its last step is unavailable.
+  void choose_contenders(std::vector<bool>& contends, std::vector<int>& unavailable) const {
+    std::vector<int> pick(static_cast<size_t>(o_.devices), -1);
+    std::vector<bool> last_step(static_cast<size_t>(o_.devices), false);
+    for (size_t i : active_) {
+      const Live& l = live_[i];
+      contends[i] = false;
+      if (l.done || l.home < 0) continue;
+      int& p = pick[static_cast<size_t>(l.home)];
+      if (l.in_step && l.steps_left == 0) {
+        last_step[static_cast<size_t>(l.home)] = true;
+        continue;
+      }
+      if (p < 0) {
+        p = static_cast<int>(i);
+        continue;
+      }
+      const Live& q = live_[static_cast<size_t>(p)];
+      if (q.in_step) continue;
+      if (l.in_step || l.deadline < q.deadline) p = static_cast<int>(i);
+    }
+    for (int d = 0; d < o_.devices; ++d) {
+      const int p = pick[static_cast<size_t>(d)];
+      if (last_step[static_cast<size_t>(d)]) {
+        // Its device is busy through that step: what else is bound there waits.
+        unavailable.push_back(d);
+        continue;
+      }
+      if (p >= 0) contends[static_cast<size_t>(p)] = true;
+    }
   }
 
   void release_untargeted(size_t i) {

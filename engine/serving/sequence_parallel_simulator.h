@@ -28,6 +28,14 @@
 /// fixed_split_guidance, split over its two halves at degree D / 2 each (xDiT's CFG
 /// parallelism with Ulysses D / 2).
 ///
+/// Bound to a home (`bind_to_home`, the engine's device team: serving/team_planner.h): each
+/// request is bound at arrival to the device with the fewest unfinished requests bound to it
+/// (the engine's router hands it to one worker, which holds its state). A device runs one of
+/// its requests at a time (the one whose step is in flight, else the earliest deadline); that
+/// request goes to the planner with the device as its home (it never waits and runs on devices
+/// including it), its device's other requests wait, and devices whose only request runs its
+/// last step are unavailable. Devices with nothing bound are what the planner grants.
+///
 /// Not modelled: moving a request's latents between devices (free here), text encoding, VAE
 /// decode, the planner's own run time.
 ///
@@ -70,6 +78,8 @@ struct SpSimOptions {
   /// kRoundPlanner: guided requests' halves may be split over two device groups; false packs
   /// them always.
   bool split_guidance = true;
+  /// kRoundPlanner: every request bound to a home device (see "Bound to a home").
+  bool bind_to_home = false;
   /// kFixedDegree: guided requests' halves split over the two halves of each group (at
   /// fixed_degree / 2 each; fixed_degree must be even); false packs them on the group.
   bool fixed_split_guidance = false;
