@@ -271,3 +271,55 @@ TEST_CASE("A link the planner predicts too slow keeps every step of a prepare on
   CHECK(team->planner.by_degree.at(1) == 3);
   CHECK(team->groups_made_later == 0);
 }
+
+TEST_CASE("Mixed edits at once on four CPU devices shared wherever a device is idle all finish as on one device",
+          "[flux2-serving][parallel]") {
+  // Prepares of two templates, full recomputes and guided edits arrive together: the leaders
+  // ask the planner, told that sharing is free (with the loopback link's guess it keeps these
+  // tiny steps alone), leases cross, helpers run shares between their own steps. Nothing may
+  // hang or be lost, and each edit equals the same edit on one device (outside the mask byte
+  // for byte).
+  Flux2Serving f;
+  const auto& codec = *f.model->parts().codec;
+  auto other = template_from_pixels(codec, codec.factor(), 0.0, 1.0, serving_picture(12), "other");
+  REQUIRE(other.ok());
+  struct Edit {
+    std::shared_ptr<const TemplateImage> tmpl;
+    EditParams params;
+  };
+  std::vector<Edit> edits;
+  // Five edits for four devices: while the first ones prepare, others are still idle.
+  for (int i = 0; i < 5; ++i) {
+    EditParams p = f.params(i % 2 == 0 ? "make the cup red" : "a dark blue patch", 20 + i);
+    if (i % 4 == 1) p.cache = CacheMode::kOff;
+    if (i % 4 == 2) p.guidance_scale = 3.0;
+    edits.push_back({i < 3 ? f.tmpl : *other, p});
+  }
+  std::vector<RequestResult> alone;
+  {
+    auto one = f.runtime();
+    for (size_t i = 0; i < edits.size(); ++i) alone.push_back(submit(*one, 100 + i, edits[i].tmpl, edits[i].params).get());
+  }
+  // A store of its own, so that the four devices prepare the templates again.
+  f.store = test::ServingFixture::new_store();
+  RuntimeOptions o;
+  o.team_link = TeamLink{0.0, 1e12, 2};
+  o.team_planning.learn = false;
+  auto rt = cpu_devices(f, 4, std::move(o));
+  std::vector<std::future<RequestResult>> running;
+  for (size_t i = 0; i < edits.size(); ++i) running.push_back(submit(*rt, 1 + i, edits[i].tmpl, edits[i].params));
+  for (size_t i = 0; i < edits.size(); ++i) {
+    const RequestResult r = running[i].get();
+    INFO("edit " << i << ": " << r.status.to_string());
+    REQUIRE(r.state == RequestState::kDone);
+    REQUIRE(alone[i].state == RequestState::kDone);
+    REQUIRE(r.output.image.data.size() == alone[i].output.image.data.size());
+    CHECK(outside_identical(alone[i].output.image, r.output.image, edits[i].params.mask));
+  }
+  CHECK(rt->team_status().ok());
+  const auto team = rt->team_metrics();
+  REQUIRE(team.has_value());
+  CHECK(team->planner.decisions > 0);
+  CHECK(team->group_failures == 0);
+  CHECK(team->planner.last_error.empty());
+}
