@@ -54,7 +54,8 @@ struct RuntimeOptions {
   /// Applied to every worker (index and epoch are set by the runtime).
   WorkerOptions worker;
   /// With two or more devices: the first worker of each is a rank of a device team
-  /// (device_team.h), so that a prepare step runs in sequence parallel over idle devices.
+  /// (device_team.h), so that a whole-sequence step runs in sequence parallel over the idle
+  /// devices the team's planner (team_planner.h) gives it.
   /// A team that cannot be made (no process group backend in this build) is left out and said
   /// in team_status().
   bool sequence_parallel = true;

@@ -114,8 +114,9 @@ struct WorkerOptions {
   /// place of the load plan's choice.
   std::function<int(int blocks)> force_recompute_blocks;
   /// The engine's device team (device_team.h) and this worker's rank in it (-1: none): a
-  /// prepare step of a whole sequence runs in sequence parallel over the idle devices it can
-  /// lease, and this worker's loop runs the shares other ranks' steps post to it.
+  /// prepare step of a whole sequence runs in sequence parallel over the idle devices the
+  /// team's planner leases to it (team_planner.h), and this worker's loop runs the shares
+  /// other ranks' steps post to it.
   std::shared_ptr<DeviceTeam> team;
   int team_rank = -1;
   /// After a sticky device error took this worker out of service: takes each request it held
