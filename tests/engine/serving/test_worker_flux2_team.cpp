@@ -6,8 +6,13 @@
 // taken.
 #include "support/catch.h"
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <span>
 
 #include <ATen/ATen.h>
 
@@ -50,6 +55,36 @@ uint64_t total(const std::vector<WorkerMetrics>& workers, uint64_t WorkerMetrics
   return sum;
 }
 
+// Holds every step of request `id` at the worker's before_step seam until released, so that
+// its worker stays busy with it (the tests' "device serving an edit of its own").
+struct StepHold {
+  explicit StepHold(uint64_t id) : id(id) {}
+  std::function<void(std::span<const uint64_t>)> seam() {
+    return [this](std::span<const uint64_t> ids) {
+      if (ids.empty() || ids[0] != id) return;
+      std::unique_lock lock(mu);
+      holding = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return released; });
+    };
+  }
+  bool wait_holding() {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(300), [&] { return holding; });
+  }
+  void release() {
+    {
+      std::lock_guard lock(mu);
+      released = true;
+    }
+    cv.notify_all();
+  }
+  const uint64_t id;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, released = false;
+};
+
 }  // namespace
 
 TEST_CASE("A FLUX.2 prepare runs in sequence parallel over two CPU devices and its edit equals one prepared alone",
@@ -81,19 +116,11 @@ TEST_CASE("A FLUX.2 prepare runs in sequence parallel over two CPU devices and i
 TEST_CASE("A prepare step takes no device that is serving a request of its own", "[flux2-serving][parallel]") {
   Flux2Serving f;
   // Worker 1 holds an edit whose steps are held by the seam; worker 0's prepare must run alone.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool holding = false, release = false;
+  StepHold hold(1);
   std::vector<RuntimeDevice> devices(2);
   for (RuntimeDevice& d : devices) d.models = {ServedModel{f.model, fixed_cost_model()}};
   RuntimeOptions o;
-  o.worker.before_step = [&](std::span<const uint64_t> ids) {
-    if (ids.empty() || ids[0] != 1) return;
-    std::unique_lock lock(mu);
-    holding = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return release; });
-  };
+  o.worker.before_step = hold.seam();
   auto made = ServingRuntime::create(std::move(devices), f.store, std::move(o));
   REQUIRE(made.ok());
   auto& rt = **made;
@@ -103,10 +130,7 @@ TEST_CASE("A prepare step takes no device that is serving a request of its own",
   }
   // Edit 1 prepares its template (in parallel: both devices are idle), then steps, held.
   auto first = submit(rt, 1, f.tmpl, f.params("make the cup red", 7));
-  {
-    std::unique_lock lock(mu);
-    REQUIRE(cv.wait_for(lock, std::chrono::seconds(300), [&] { return holding; }));
-  }
+  REQUIRE(hold.wait_holding());
   const auto before = rt.worker_metrics();
   // Edit 2 on another template: its worker's prepare finds the other device busy.
   const auto& codec = *f.model->parts().codec;
@@ -118,11 +142,7 @@ TEST_CASE("A prepare step takes no device that is serving a request of its own",
   const auto after = rt.worker_metrics();
   CHECK(total(after, &WorkerMetrics::prepare_steps) - total(before, &WorkerMetrics::prepare_steps) == 3);
   CHECK(total(after, &WorkerMetrics::prepare_steps_parallel) == total(before, &WorkerMetrics::prepare_steps_parallel));
-  {
-    std::lock_guard lock(mu);
-    release = true;
-  }
-  cv.notify_all();
+  hold.release();
   CHECK(first.get().state == RequestState::kDone);
 }
 
@@ -206,25 +226,14 @@ TEST_CASE("With three CPU devices, one serving an edit, a prepare runs over the 
   // Three devices make no aligned group of two: the lease the planner gives (the asker and
   // the one idle device) gets a process group made when first named.
   Flux2Serving f;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool holding = false, release = false;
+  StepHold hold(1);
   RuntimeOptions o;
   o.team_link = TeamLink{0.0, 1e12, 2};
   o.team_planning.learn = false;
-  o.worker.before_step = [&](std::span<const uint64_t> ids) {
-    if (ids.empty() || ids[0] != 1) return;
-    std::unique_lock lock(mu);
-    holding = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return release; });
-  };
+  o.worker.before_step = hold.seam();
   auto rt = cpu_devices(f, 3, std::move(o));
   auto first = submit(*rt, 1, f.tmpl, f.params("make the cup red", 7));
-  {
-    std::unique_lock lock(mu);
-    REQUIRE(cv.wait_for(lock, std::chrono::seconds(300), [&] { return holding; }));
-  }
+  REQUIRE(hold.wait_holding());
   const auto before = rt->worker_metrics();
   const auto& codec = *f.model->parts().codec;
   auto other = template_from_pixels(codec, codec.factor(), 0.0, 1.0, serving_picture(12), "other");
@@ -243,11 +252,7 @@ TEST_CASE("With three CPU devices, one serving an edit, a prepare runs over the 
   CHECK(team->group_failures == 0);
   REQUIRE(team->planner.by_degree.count(2) == 1);
   CHECK(team->planner.by_degree.at(2) >= 3);
-  {
-    std::lock_guard lock(mu);
-    release = true;
-  }
-  cv.notify_all();
+  hold.release();
   CHECK(first.get().state == RequestState::kDone);
 }
 
