@@ -116,6 +116,7 @@ struct SegmentState {
   at::Tensor cos, sin;     // [rt + ri, head_dim / 2]
   std::vector<at::Tensor> mod_img, mod_txt, mod_single, mod_final;  // [1, H] each
   at::Tensor k_buf, v_buf;  // [L, H] float, for sources without fp16 slabs
+  at::Tensor group_positions_device;  // a masked share's Flux2Segment::group_positions there
   at::Tensor keep;          // int64 on the CPU: the positions kept after a recomputed prefix
   int64_t keep_text = 0;    // how many of them are text rows
 };

@@ -39,10 +39,22 @@ std::vector<Flux2SequenceShare> flux2_sequence_shares(int64_t text_rows, int64_t
 Result<Flux2Segment> flux2_sequence_share(const Flux2Segment& whole, SequenceGroup& group) {
   const int64_t rt = whole.txt.defined() ? whole.txt.size(0) : 0;
   const int64_t ri = whole.img.defined() ? whole.img.size(0) : 0;
-  if (whole.positions.defined() || (whole.sequence_length != 0 && whole.sequence_length != rt + ri) ||
-      whole.kv != nullptr || whole.full_blocks != 0 || whole.group != nullptr) {
-    return invalid_argument("a sequence-parallel forward takes a full forward's segment (every row in order, no "
-                            "cached K/V, no recomputed prefix)");
+  const bool masked = whole.kv != nullptr;
+  if (whole.full_blocks != 0 || whole.group != nullptr) {
+    return invalid_argument("a sequence-parallel forward takes a one-device segment without a recomputed prefix");
+  }
+  if (!masked && (whole.positions.defined() || (whole.sequence_length != 0 && whole.sequence_length != rt + ri))) {
+    return invalid_argument("a sequence-parallel forward without cached K/V takes a full forward's segment (every "
+                            "row in order)");
+  }
+  at::Tensor positions;
+  if (masked) {
+    if (whole.sink != nullptr) return invalid_argument("a masked sequence-parallel forward records no K/V");
+    if (!whole.positions.defined() || whole.positions.dim() != 1 || whole.positions.size(0) != rt + ri) {
+      return invalid_argument("a masked sequence-parallel forward needs the positions of its " +
+                              std::to_string(rt + ri) + " computed rows");
+    }
+    positions = whole.positions.to(at::kCPU, at::kLong).contiguous();
   }
   const int P = group.size();
   if (ri < P) {
@@ -58,9 +70,22 @@ Result<Flux2Segment> flux2_sequence_share(const Flux2Segment& whole, SequenceGro
   }
   s.img = whole.img.narrow(0, mine.image_begin, mine.image_rows);
   s.img_ids = whole.img_ids.narrow(0, mine.image_begin, mine.image_rows);
-  s.positions = at::cat({at::arange(mine.text_begin, mine.text_begin + mine.text_rows, at::kLong),
-                         at::arange(rt + mine.image_begin, rt + mine.image_begin + mine.image_rows, at::kLong)});
-  s.sequence_length = rt + ri;
+  // A rank's rows of the whole's: its text rows, then its image rows.
+  auto rows_of = [&](const Flux2SequenceShare& share) {
+    return at::cat({at::arange(share.text_begin, share.text_begin + share.text_rows, at::kLong),
+                    at::arange(rt + share.image_begin, rt + share.image_begin + share.image_rows, at::kLong)});
+  };
+  if (masked) {
+    s.positions = positions.index_select(0, rows_of(mine));
+    s.sequence_length = whole.sequence_length;
+    s.kv = whole.kv;
+    std::vector<at::Tensor> every;
+    for (const Flux2SequenceShare& share : shares) every.push_back(positions.index_select(0, rows_of(share)));
+    s.group_positions = at::cat(every);
+  } else {
+    s.positions = rows_of(mine);
+    s.sequence_length = rt + ri;
+  }
   s.timestep = whole.timestep;
   s.guidance = whole.guidance;
   s.sink = whole.sink;

@@ -1,11 +1,13 @@
 #pragma once
-/// FLUX.2 forwards over several devices at once (issue 41), for what runs a whole sequence:
-/// prepare runs, full steps, large masks.
+/// FLUX.2 forwards over several devices at once (issue 41), for steps that compute many rows:
+/// prepare runs, full steps, and masked steps of large masks.
 /// - Ulysses sequence parallelism (DeepSpeed-Ulysses, as xDiT runs FLUX): each rank computes a
 ///   share of the sequence's rows through every linear layer, and at each attention trades
 ///   rows for heads with the others (all-to-all), so that it attends over the whole sequence
 ///   for heads / P of the heads (klein's 24 heads split over 2, 3, 4, 6 or 8 ranks). A sink's
-///   K/V arrive rank by rank, each rank writing its own rows of the one entry.
+///   K/V arrive rank by rank, each rank writing its own rows of the one entry. A masked step
+///   shares its masked rows the same way; each rank reads its heads' columns of the cached K/V
+///   of every position and puts every rank's fresh rows in place before attending.
 /// - Guidance on two devices (Katz's latent parallelism): a guided step's conditional and
 ///   unconditional segments, each on its own rank at once.
 /// Every rank runs the same call at once on its own thread, with the same inputs.
@@ -31,16 +33,23 @@ struct Flux2SequenceShare {
 };
 std::vector<Flux2SequenceShare> flux2_sequence_shares(int64_t text_rows, int64_t image_rows, int ranks);
 
-/// This rank's share of `whole`, a full forward's segment (every row of its sequence, in
-/// order, no KvSource, no recomputed prefix): its text and image rows, their ids and positions,
-/// the group and every rank's rows; timestep, guidance, sink and adapters as `whole`'s.
-/// invalid_argument when `whole` is not a full forward or has fewer image rows than ranks.
+/// This rank's share of `whole`, a segment for one device: its text and image rows, their ids
+/// and positions, the group and every rank's rows; timestep, guidance, sink and adapters as
+/// `whole`'s. `whole` is either
+/// - a full forward (every row of its sequence in order, no KvSource), whose shares attend
+///   among themselves, or
+/// - a masked forward (the rows of `positions` computed, the others' K/V read from `kv`, no
+///   sink): the share reads `whole.kv`, which must be this rank's own source of the same K/V
+///   (sources are read by one thread), and carries every rank's positions (group_positions).
+/// Neither may have a recomputed prefix. invalid_argument otherwise, or when `whole` has fewer
+/// image rows than ranks.
 Result<Flux2Segment> flux2_sequence_share(const Flux2Segment& whole, SequenceGroup& group);
 
 /// `whole` in sequence parallel over `group`: every rank calls it at once with the same
-/// segment and gets the whole prediction [R_i, in_channels] float32 on the CPU, equal to
-/// Flux2Transformer::forward of `whole` on one device up to float rounding. Throws c10::Error
-/// when a collective fails (the group is then out of use).
+/// segment (a masked one with a KvSource of its own) and gets the whole prediction
+/// [R_i, in_channels] float32 on the CPU, equal to Flux2Transformer::forward of `whole` on one
+/// device up to float rounding. Throws c10::Error when a collective fails (the group is then
+/// out of use).
 at::Tensor flux2_forward_sequence_parallel(const Flux2Transformer& model, const Flux2Segment& whole,
                                            SequenceGroup& group);
 

@@ -314,20 +314,60 @@ void keep_rows_only(SegmentState& s, const at::Device& device) {
   s.full = false;
 }
 
+// This rank's heads' columns [first, first + part) of `block`'s cached K and V [L, part], in
+// `dtype` on `device`, ready to take the fresh rows: only those columns cross to the device.
+std::pair<at::Tensor, at::Tensor> cached_head_columns(flux2::SegmentState& s, int block, int64_t first, int64_t part,
+                                                      int64_t hidden, const at::Device& device, at::ScalarType dtype) {
+  KvSource& kv = *s.seg->kv;
+  const int64_t L = s.length;
+  at::Tensor keys, values;
+  const uint16_t *k_half = nullptr, *v_half = nullptr;
+  if (!device.is_cpu() && kv.device_tensors(block, device, &keys, &values)) {
+    // Resident on (or prefetched to) this rank's device.
+  } else if (kv.fp16_slabs(block, &k_half, &v_half)) {
+    keys = at::from_blob(const_cast<uint16_t*>(k_half), {L, hidden}, at::kHalf);
+    values = at::from_blob(const_cast<uint16_t*>(v_half), {L, hidden}, at::kHalf);
+  } else {
+    if (!s.k_buf.defined()) {
+      s.k_buf = at::empty({L, hidden}, at::kFloat);
+      s.v_buf = at::empty({L, hidden}, at::kFloat);
+    }
+    kv.fetch(block, s.k_buf, s.v_buf);
+    keys = s.k_buf;
+    values = s.v_buf;
+  }
+  // Always a copy: the fresh rows must never land in the source's tensors.
+  auto columns = [&](const at::Tensor& t) {
+    return t.narrow(1, first, part).to(device, dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  };
+  return {columns(keys), columns(values)};
+}
+
 // Ulysses: this rank's rows q, k, v [R, H] (every head) become every rank's rows for this
-// rank's heads, attend there over the whole sequence, and return as this rank's rows for
-// every head. RoPE was applied to each row before, so the order of the gathered rows (rank
-// by rank) does not matter to the attention.
-at::Tensor ulysses_attention(SequenceGroup& group, const std::vector<int64_t>& rank_rows, const at::Tensor& q,
-                             const at::Tensor& k, const at::Tensor& v, int64_t heads, double scale) {
+// rank's heads, attend there (over the whole sequence, or over the cached K/V of every
+// position with every rank's fresh rows in place), and return as this rank's rows for every
+// head. RoPE was applied to each row before, so the order of the gathered rows (rank by rank)
+// does not matter to the attention.
+at::Tensor ulysses_attention(flux2::SegmentState& s, int block, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v, int64_t heads, double scale) {
+  SequenceGroup& group = *s.seg->group;
+  const std::vector<int64_t>& rank_rows = s.seg->group_rows;
   const int P = group.size();
   const int64_t R = q.size(0), H = q.size(1), part = H / P;  // channels of one rank's heads
   // [R, 3, P, part] -> [P, R, 3, part]: the rows for rank j are rank j's heads of q, k and v.
   const at::Tensor send = at::stack({q, k, v}, 1).view({R, 3, P, part}).permute({2, 0, 1, 3}).contiguous().view({P * R, 3 * part});
   const std::vector<int64_t> mine(P, R);
-  const at::Tensor got = group.all_to_all(send, mine, rank_rows).view({-1, 3, part});  // [L, 3, part]
-  const at::Tensor out = row_attention(got.select(1, 0).contiguous(), got.select(1, 1).contiguous(),
-                                       got.select(1, 2).contiguous(), heads / P, scale);  // [L, part]
+  const at::Tensor got = group.all_to_all(send, mine, rank_rows).view({-1, 3, part});  // [C, 3, part]
+  const at::Tensor queries = got.select(1, 0).contiguous();
+  at::Tensor out;
+  if (s.seg->kv == nullptr) {  // the whole sequence's rows: they attend among themselves
+    out = row_attention(queries, got.select(1, 1).contiguous(), got.select(1, 2).contiguous(), heads / P, scale);
+  } else {
+    auto [keys, values] = cached_head_columns(s, block, group.rank() * part, part, H, q.device(), q.scalar_type());
+    keys.index_copy_(0, s.group_positions_device, got.select(1, 1));
+    values.index_copy_(0, s.group_positions_device, got.select(1, 2));
+    out = row_attention(queries, keys, values, heads / P, scale);  // [C, part]
+  }
   // Back: each rank's rows of this rank's heads; from every rank, this rank's rows of its heads.
   const at::Tensor back = group.all_to_all(out.contiguous(), rank_rows, mine);  // [P * R, part]
   return back.view({P, R, part}).permute({1, 0, 2}).reshape({R, H});
@@ -366,7 +406,7 @@ at::Tensor segment_attention(SegmentState& s, int block, const at::Tensor& q, co
   const bool cpu_float = q.device().is_cpu() && q.scalar_type() == at::kFloat;
   if (s.seg->group != nullptr) {
     if (s.seg->sink != nullptr) s.seg->sink->store_rows(block, s.positions, k, v);
-    return ulysses_attention(*s.seg->group, s.seg->group_rows, q, k, v, heads, scale);
+    return ulysses_attention(s, block, q, k, v, heads, scale);
   }
   if (s.full) {
     if (s.seg->sink != nullptr) s.seg->sink->store(block, k, v);
@@ -498,11 +538,19 @@ at::Tensor Flux2Transformer::forward_on_device(std::span<Flux2Segment> segments,
       const int P = seg.group->size(), rank = seg.group->rank();
       TORCH_CHECK(n == 1, "segment ", i, ": a sequence-parallel share is the only segment of its forward");
       TORCH_CHECK(heads % P == 0, "segment ", i, ": ", heads, " heads do not split over ", P, " ranks");
+      const int64_t computed = std::accumulate(seg.group_rows.begin(), seg.group_rows.end(), int64_t{0});
       TORCH_CHECK(static_cast<int>(seg.group_rows.size()) == P && seg.group_rows[rank] == rows &&
-                      std::accumulate(seg.group_rows.begin(), seg.group_rows.end(), int64_t{0}) == L,
-                  "segment ", i, ": group_rows must give every rank's rows (this rank's: ", rows, ") summing to ", L);
-      TORCH_CHECK(seg.kv == nullptr && seg.full_blocks == 0, "segment ", i,
-                  ": a sequence-parallel share reads no cached K/V and recomputes no prefix");
+                      (seg.kv != nullptr ? computed <= L : computed == L),
+                  "segment ", i, ": group_rows must give every rank's rows (this rank's: ", rows, ") summing to ",
+                  seg.kv != nullptr ? "at most " : "", L);
+      TORCH_CHECK(seg.full_blocks == 0, "segment ", i, ": a sequence-parallel share recomputes no prefix");
+      if (seg.kv != nullptr) {
+        TORCH_CHECK(seg.sink == nullptr, "segment ", i, ": a masked sequence-parallel share records no K/V");
+        TORCH_CHECK(seg.group_positions.defined() && seg.group_positions.dim() == 1 &&
+                        seg.group_positions.size(0) == computed,
+                    "segment ", i, ": a masked sequence-parallel share needs group_positions [", computed, "]");
+        s.group_positions_device = seg.group_positions.to(device, at::kLong);
+      }
       TORCH_CHECK(seg.group->device() == device, "segment ", i, ": rank ", rank, " of its group computes on ",
                   seg.group->device(), ", the model on ", device);
     }

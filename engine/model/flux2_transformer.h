@@ -125,14 +125,20 @@ struct Flux2Segment {
   /// config (load_lora).
   AdapterSet adapters;
   /// Ulysses sequence parallelism (model/flux2_sequence_parallel.h): this segment is this
-  /// rank's share of one whole-sequence forward that every rank of `group` runs at once, the
-  /// only segment of its forward. Its rows are the share (positions ascending, no KvSource);
-  /// each attention trades heads for rows with the other ranks (all-to-all), so every rank
-  /// attends over the whole sequence for heads / size of the heads; the sink receives the
-  /// share's rows (KvSink::store_rows). Not owned; null: a forward on one device.
+  /// rank's share of one forward that every rank of `group` runs at once, the only segment of
+  /// its forward. Its rows are the share (positions ascending); each attention trades heads
+  /// for rows with the other ranks (all-to-all), so every rank attends with every computed row
+  /// for heads / size of the heads. A whole-sequence forward's shares read no KvSource and the
+  /// sink receives the share's rows (KvSink::store_rows); a masked forward's shares each read
+  /// a KvSource of their own (`kv`, the same K/V on every rank), of which a rank reads its
+  /// heads' columns. Not owned; null: a forward on one device.
   SequenceGroup* group = nullptr;
-  /// With `group`: the rows of every rank's share, in rank order (sum: sequence_length).
+  /// With `group`: the rows of every rank's share, in rank order (sum: sequence_length for a
+  /// whole-sequence forward, else the rows computed by all ranks).
   std::vector<int64_t> group_rows;
+  /// With `group` and `kv`: int64 [sum of group_rows], the positions of every rank's rows in
+  /// rank order (where the fresh K/V of each replace the cached ones).
+  at::Tensor group_positions;
 
   /// What the forward would otherwise make on the host at every call, made once by a session
   /// that keeps its state on the compute device (issue 39: no per-step copies of a session's

@@ -1,14 +1,15 @@
 // FLUX.2 over several CPU devices through a real c10d Gloo group (model/device_group.h,
 // model/flux2_sequence_parallel.h): the group's all-to-all, a collective that fails or times
 // out, the Ulysses forward against the single-device forward (2, 3 and 4 ranks, with and
-// without K/V sinks, with a LoRA), and a guided step's halves on two ranks against both packed
-// on one. The reference is Flux2Transformer::forward on one device, itself checked against
+// without K/V sinks, with a LoRA; masked steps reading cached K/V), and a guided step's
+// halves on two ranks against both packed on one. The reference is Flux2Transformer::forward on one device, itself checked against
 // upstream's tensors (test_flux2_transformer.cpp). Tolerance: max |diff| / max |reference|
 // <= 1e-5, float32.
 #include "support/catch.h"
 #include "support/cuda_device.h"
 #include "support/device_groups.h"
 #include "support/temp_dir.h"
+#include "support/flux2_requests.h"
 #include "support/tiny_flux2.h"
 
 #include <atomic>
@@ -215,6 +216,64 @@ TEST_CASE("The Ulysses FLUX.2 forward over 2, 3 and 4 Gloo ranks equals the forw
   }
 }
 
+TEST_CASE("A masked step in Ulysses over 2 and 4 Gloo ranks, reading cached K/V, equals the masked forward on one device", "[model][parallel]") {
+  c10::InferenceMode guard;
+  test::TempDir dir;
+  const Flux2Config cfg = heads24_config(/*guidance=*/true);
+  const Flux2Transformer model = test::attentive_flux2(cfg, 15, dir.file("t.safetensors"));
+  // klein's editing layout: 6 text rows, a 5 x 6 image, the same grid again as reference rows.
+  const test::Request recorded = test::make_request(cfg, 6, 5, 6, /*reference=*/true, 31);
+  test::MemoryKv cache(/*slabs=*/true);
+  Flux2Segment record = test::full_segment(recorded, 0.6, 3.5);
+  record.sink = &cache;
+  (void)test::forward_one(model, record);
+  REQUIRE(cache.blocks() == static_cast<size_t>(cfg.depth()));
+  // The edit: 17 of the 30 image rows masked, their content new (the sampler's), every other
+  // row's K/V read from the cache.
+  test::Request edit = recorded;
+  edit.img = recorded.img.clone();
+  const at::Tensor masked = at::arange(3, 20, at::kLong);
+  edit.img.index_copy_(0, masked, at::randn({17, cfg.input_channels()}, at::make_generator<at::CPUGeneratorImpl>(4)));
+
+  for (bool with_text : {true, false}) {  // template-keyed (the text computed) and prompt-keyed
+    const at::Tensor text_rows = with_text ? at::arange(6, at::kLong) : at::empty({0}, at::kLong);
+    Flux2Segment one = test::masked_segment(edit, text_rows, masked, 0.6, &cache, 3.5);
+    const at::Tensor expected = test::forward_one(model, one);
+    REQUIRE(expected.size(0) == 17);
+    // The cached rows matter: the same rows over a cache of another template differ.
+    test::MemoryKv other(true);
+    Flux2Segment other_record = test::full_segment(test::make_request(cfg, 6, 5, 6, true, 32), 0.6, 3.5);
+    other_record.sink = &other;
+    (void)test::forward_one(model, other_record);
+    REQUIRE(relative(test::forward_one(model, test::masked_segment(edit, text_rows, masked, 0.6, &other, 3.5)),
+                     expected) > 1e-2);
+    for (int ranks : {2, 4}) {
+      for (bool slabs : {true, false}) {  // the fp16 slabs, and a source that only fetches floats
+        INFO((with_text ? "text computed, " : "text cached, ") << ranks << " ranks, " << (slabs ? "slabs" : "fetch"));
+        auto group = test::cpu_group_or_skip(ranks);
+        std::vector<at::Tensor> got(ranks);
+        std::vector<test::MemoryKv> sources(ranks, test::MemoryKv(slabs));  // each rank's own, the same K/V
+        for (int b = 0; b < cfg.depth(); ++b) {
+          at::Tensor k = at::empty({edit.length(), cfg.hidden_size}), v = at::empty_like(k);
+          cache.fetch(b, k, v);
+          for (test::MemoryKv& source : sources) source.store(b, k, v);
+        }
+        const auto errors = test::on_every_rank(ranks, [&](int r) {
+          Flux2Segment whole = test::masked_segment(edit, text_rows, masked, 0.6, &sources[r], 3.5);
+          got[r] = flux2_forward_sequence_parallel(model, whole, *group[r]);
+        });
+        for (int r = 0; r < ranks; ++r) {
+          INFO("rank " << r);
+          REQUIRE(errors[r].empty());
+          REQUIRE(got[r].sizes() == expected.sizes());
+          CHECK(relative(got[r], expected) <= 1e-5);
+          CHECK(group[r]->collectives() == static_cast<uint64_t>(2 * cfg.depth() + 1));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("A sequence-parallel forward applies a segment's LoRA as the single-device forward does", "[model][parallel]") {
   c10::InferenceMode guard;
   test::TempDir dir;
@@ -279,7 +338,21 @@ TEST_CASE("A sequence-parallel forward refuses what it cannot split", "[model][p
   CHECK_THAT(share.status().message(), Catch::Contains("2 image rows does not split over 3 ranks"));
   Flux2Segment masked = whole_segment(cfg, 2, 2, 2, 1);
   masked.positions = at::arange(6, at::kLong);
-  CHECK_FALSE(flux2_sequence_share(masked, *group[0]).ok());
+  CHECK_FALSE(flux2_sequence_share(masked, *group[0]).ok());  // positions without cached K/V
+  test::MemoryKv kv(true);
+  Flux2Segment recording = whole_segment(cfg, 2, 2, 3, 1);
+  recording.kv = &kv;
+  recording.positions = at::arange(8, at::kLong);
+  recording.sequence_length = 10;
+  recording.sink = &kv;
+  auto records = flux2_sequence_share(recording, *group[0]);
+  REQUIRE_FALSE(records.ok());
+  CHECK_THAT(records.status().message(), Catch::Contains("records no K/V"));
+  recording.sink = nullptr;
+  recording.positions = at::arange(5, at::kLong);  // 8 rows computed
+  auto unplaced = flux2_sequence_share(recording, *group[0]);
+  REQUIRE_FALSE(unplaced.ok());
+  CHECK_THAT(unplaced.status().message(), Catch::Contains("positions of its 8 computed rows"));
   // 2 heads over 3 ranks: refused before any collective, on every rank alike.
   const auto errors = test::on_every_rank(3, [&](int r) {
     Flux2Segment whole = whole_segment(cfg, 3, 2, 3, 1);
