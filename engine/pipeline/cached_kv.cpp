@@ -37,6 +37,10 @@ EntryKvSource::EntryKvSource(std::shared_ptr<const ActivationEntry> entry, int s
               entry_->layout().blocks);
 }
 
+std::unique_ptr<EntryKvSource> EntryKvSource::another_reader() const {
+  return std::make_unique<EntryKvSource>(entry_, step_, resident_, block_offset_, block_count_);
+}
+
 void EntryKvSource::fetch(int block, at::Tensor& k, at::Tensor& v) {
   fp16_slab_to_float(entry_->k(step_, block_offset_ + block), k);
   fp16_slab_to_float(entry_->v(step_, block_offset_ + block), v);

@@ -30,6 +30,10 @@ class EntryKvSource final : public KvSource {
   /// The copies to a GPU so far (null before a forward on a GPU read a block it had no
   /// resident copy of).
   const DeviceKvPrefetch* prefetch() const { return prefetch_.get(); }
+  /// A new source reading what this one reads at its step now, for another thread (a rank of
+  /// a sequence-parallel step: sources are read by one thread each). Safe from any thread
+  /// while this source is not set to another step.
+  std::unique_ptr<EntryKvSource> another_reader() const;
 
  private:
   std::shared_ptr<const ActivationEntry> entry_;

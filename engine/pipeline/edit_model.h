@@ -54,9 +54,13 @@ class StepSession {
   /// leaves the session out of rounds until they are.
   virtual bool waiting_for_adapters() const { return false; }
 
-  /// The attention heads of the model when the next step computes whole sequences (a full
-  /// recompute) and so may run in sequence parallel over several devices, else 0.
+  /// The attention heads of the model when the next step may run in sequence parallel over
+  /// several devices (a full recompute, or a masked step reading cached K/V every device can
+  /// read), else 0.
   virtual int parallel_heads() const { return 0; }
+  /// Whether the next step computes the masked rows only, reading the others' cached K/V (the
+  /// worker shares such a step over devices only when the mask is large).
+  virtual bool reads_cached_kv() const { return false; }
   /// One rank's share of the next step, run by every rank of a group at once with its member
   /// and the model as loaded on its own device; each gets this session's prediction rows (as
   /// the model's forward of this session alone gives them), for apply.

@@ -40,16 +40,23 @@ class Flux2StepSession final : public StepSession {
   Status apply(const at::Tensor& prediction, int next_step) override { return s_->apply(prediction, next_step); }
   at::Tensor predicted_latent() const override { return s_->predicted_latent(); }
   bool waiting_for_adapters() const override { return s_->waiting_for_adapters(); }
-  int parallel_heads() const override { return s_->mode() == Flux2CacheMode::kOff && !s_->done() ? heads_ : 0; }
+  int parallel_heads() const override { return s_->sequence_splits() && !s_->done() ? heads_ : 0; }
+  bool reads_cached_kv() const override { return s_->mode() != Flux2CacheMode::kOff; }
   ParallelForward parallel_step() override {
     std::span<Flux2Segment> built = s_->segments();
-    // Built once here; every rank runs each whole segment in sequence parallel through its own
-    // device's transformer and gets every segment's rows, in order, as the packed forward.
-    return [segments = std::vector<Flux2Segment>(built.begin(), built.end())](SequenceGroup& member,
-                                                                               const EditModel& model_here) {
+    // Built once here; every rank runs each segment in sequence parallel through its own
+    // device's transformer, a masked one reading the entry through a reader of its own, and
+    // gets every segment's rows, in order, as the packed forward.
+    return [segments = std::vector<Flux2Segment>(built.begin(), built.end()),
+            readers = s_->segment_readers()](SequenceGroup& member, const EditModel& model_here) {
       const auto& here = static_cast<const Flux2EditModel&>(model_here);
       std::vector<at::Tensor> rows;
-      for (const Flux2Segment& s : segments) rows.push_back(flux2_forward_sequence_parallel(*here.parts().transformer, s, member));
+      for (size_t i = 0; i < segments.size(); ++i) {
+        Flux2Segment s = segments[i];
+        std::unique_ptr<EntryKvSource> mine = readers[i] ? readers[i]->another_reader() : nullptr;
+        s.kv = mine.get();
+        rows.push_back(flux2_forward_sequence_parallel(*here.parts().transformer, s, member));
+      }
       return rows.size() == 1 ? rows[0] : at::cat(rows, 0);
     };
   }

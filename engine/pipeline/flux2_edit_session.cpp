@@ -327,6 +327,26 @@ std::span<Flux2Segment> Flux2EditSession::split_segments() {
   return both;
 }
 
+bool Flux2EditSession::sequence_splits() const {
+  return mode_ == Flux2CacheMode::kOff || (!cache_.template_keyed_streamed && cache_.recompute_blocks == 0);
+}
+
+std::vector<std::shared_ptr<const EntryKvSource>> Flux2EditSession::segment_readers() const {
+  TORCH_CHECK(sequence_splits(), "flux2 edit: this step reads a source only one thread may read");
+  std::vector<std::shared_ptr<const EntryKvSource>> readers;
+  for (int i = 0; i < (guided_ ? 2 : 1); ++i) {
+    const KvSource* kv = segments_[i].kv;
+    const EntryKvSource* entry = kv == nullptr            ? nullptr
+                                 : kv == kv_.get()          ? kv_.get()
+                                 : kv == null_kv_.get()     ? null_kv_.get()
+                                 : kv == split_null_kv_.get() ? split_null_kv_.get()
+                                                              : nullptr;
+    TORCH_CHECK(kv == nullptr || entry != nullptr, "flux2 edit: segment ", i, " reads a source of no entry");
+    readers.push_back(entry != nullptr ? std::shared_ptr<const EntryKvSource>(entry->another_reader()) : nullptr);
+  }
+  return readers;
+}
+
 int64_t Flux2EditSession::rows_of(const Flux2Segment& s) const {
   return s.full_blocks > 0 ? tokens_.count() : s.img.size(0);  // a prefix keeps the masked image rows
 }

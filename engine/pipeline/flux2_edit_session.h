@@ -146,6 +146,15 @@ class Flux2EditSession {
   /// prompted half's (a second reader of the same template-keyed entry), so that the halves
   /// can run at once on two threads. Precondition: guided() and halves_split().
   std::span<Flux2Segment> split_segments();
+  /// Whether the next step may run in sequence parallel over several devices: every token
+  /// computed (no entry), or the masked rows reading entries that each rank can read through a
+  /// reader of its own (not a streamed entry, read once by one thread; no recomputed prefix).
+  bool sequence_splits() const;
+  /// For a sequence-parallel step: per segment of segments() (call it first), a new reader of
+  /// what its source reads at this step, of which each rank makes its own
+  /// (EntryKvSource::another_reader); null for a segment that reads none.
+  /// Precondition: sequence_splits().
+  std::vector<std::shared_ptr<const EntryKvSource>> segment_readers() const;
   /// Rows Flux2Transformer::forward returns for segments().
   int64_t prediction_rows() const;
   /// Takes the prediction rows of segments() and advances one step.

@@ -782,12 +782,17 @@ at::Tensor Worker::forward_in_team(const ServedModel* served, std::span<const st
                                    std::span<StepSession* const> sessions) {
   DeviceTeam* team = options_.team.get();
   if (team == nullptr || sessions.size() != 1 || records.size() != 1) return {};
-  // A guided step's halves on two devices, one each, or a whole-sequence step in sequence
-  // parallel, as the team's planner decides from the request's deadline and predicted step.
+  // A guided step's halves on two devices, one each, or a whole-sequence step (or a large
+  // mask's) in sequence parallel, as the team's planner decides from the request's deadline
+  // and predicted step.
   // Either runs alone: packed with other requests' rows it would wait on the slowest.
   StepSession& session = *sessions[0];
   const Record& r = *records[0];
-  const int heads = session.parallel_heads();
+  // A masked step of a small mask stays here: splitting its few rows buys less than the
+  // collectives cost, and the devices it would take serve masked edits of their own.
+  const bool small_mask = session.reads_cached_kv() &&
+                          double(r.tokens) < options_.team_masked_share * double(std::max<int64_t>(1, r.total_tokens));
+  const int heads = small_mask ? 0 : session.parallel_heads();
   const bool may_split = session.splits_halves();
   if (heads <= 0 && !may_split) return {};
   const int64_t rows = r.tokens * (session.guided() ? 2 : 1);

@@ -119,6 +119,10 @@ struct WorkerOptions {
   /// other ranks' steps post to it.
   std::shared_ptr<DeviceTeam> team;
   int team_rank = -1;
+  /// A masked step asks the team only when its mask covers at least this share of the image's
+  /// tokens (a large mask: its step costs near a full one); smaller masks stay on their device,
+  /// batched there with other edits. Above 1: masked steps never ask.
+  double team_masked_share = 0.25;
   /// After a sticky device error took this worker out of service: takes each request it held
   /// (not those of the step that failed) with the time it was submitted (ms since the epoch),
   /// to run it elsewhere; the worker then forgets it without a result. Called on the loop.

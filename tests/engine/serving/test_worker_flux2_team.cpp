@@ -1,9 +1,9 @@
 // A FLUX.2 prepare run through the serving runtime over two CPU devices (one worker each, a
 // Gloo device team, serving/device_team.h): the worker that got the edit leads every prepare
-// step in sequence parallel with the idle device, whose loop runs its share; the edit then
-// equals the same edit prepared on one device (pixels outside the mask byte for byte, inside
-// within the fp16 rounding of the entry: a few 8-bit levels at most), and a busy device is not
-// taken.
+// step in sequence parallel with the idle device, whose loop runs its share, and every masked
+// step of a large mask likewise; the edit then equals the same edit on one device (pixels
+// outside the mask byte for byte, inside within the fp16 rounding of the entry: a few 8-bit
+// levels at most), and a busy device is not taken.
 #include "support/catch.h"
 
 #include <chrono>
@@ -98,10 +98,13 @@ TEST_CASE("A FLUX.2 prepare runs in sequence parallel over two CPU devices and i
   REQUIRE(r.state == RequestState::kDone);
   const auto workers = rt->worker_metrics();
   REQUIRE(workers.size() == 2);
-  // Three prepare steps, each led by one worker with the other's share run on its own loop.
+  // Three prepare steps, each led by one worker with the other's share run on its own loop;
+  // then the edit's three masked steps likewise (its mask covers over a quarter of the image).
+  REQUIRE(double(r.output.masked_tokens) >= 0.25 * double(r.output.total_tokens));
   CHECK(total(workers, &WorkerMetrics::prepare_steps) == 3);
   CHECK(total(workers, &WorkerMetrics::prepare_steps_parallel) == 3);
-  CHECK(total(workers, &WorkerMetrics::team_shares) == 3);
+  CHECK(total(workers, &WorkerMetrics::steps_parallel) == 3);
+  CHECK(total(workers, &WorkerMetrics::team_shares) == 6);
   CHECK(workers[0].prepare_steps_parallel * workers[0].team_shares == 0);  // one leads, the other helps
 
   const PixelImage alone = run_alone(f, p);
@@ -201,6 +204,48 @@ TEST_CASE("A guided FLUX.2 edit runs its two halves at once on two CPU devices a
   CHECK(worst <= 1);  // one entry; each half's forward computed alone equals it packed to 1e-5
 }
 
+TEST_CASE("A large mask's steps run in sequence parallel over two CPU devices, a small mask's stay on one, both as on one device",
+          "[flux2-serving][parallel]") {
+  Flux2Serving f;
+  // The template is 4 x 3 tokens of 16 pixels; no halo, so that the masks' tokens are exact:
+  // 8 of 12 (two thirds) and 1 of 12.
+  EditParams large = f.params("make the cup red", 11);
+  large.mask = ServingFixture::rect_mask(0, 0, 64, 32);
+  large.halo_tokens = 0;
+  EditParams small = f.params("a dark blue patch", 12);
+  small.mask = ServingFixture::rect_mask(16, 16, 16, 16);
+  small.halo_tokens = 0;
+  const PixelImage large_alone = run_alone(f, large), small_alone = run_alone(f, small);
+
+  auto rt = two_cpu_devices(f);
+  const RequestResult r = submit(*rt, 1, f.tmpl, large).get();
+  INFO(r.status.to_string());
+  REQUIRE(r.state == RequestState::kDone);
+  CHECK(r.output.cache_mode == "template_keyed");  // masked steps, reading the prepared entry
+  CHECK(r.output.masked_tokens == 8);
+  CHECK(r.output.total_tokens == 12);
+  auto workers = rt->worker_metrics();
+  CHECK(total(workers, &WorkerMetrics::prepare_steps_parallel) == 3);
+  CHECK(total(workers, &WorkerMetrics::steps_parallel) == 3);  // every masked step over both devices
+  REQUIRE(large_alone.data.size() == r.output.image.data.size());
+  CHECK(outside_identical(large_alone, r.output.image, large.mask));
+  int worst = 0;
+  for (size_t i = 0; i < large_alone.data.size(); ++i)
+    worst = std::max(worst, std::abs(int(large_alone.data[i]) - int(r.output.image.data[i])));
+  CHECK(worst <= 3);  // the shares attend in float32 over the entry widened from fp16 as one device does
+
+  const RequestResult s = submit(*rt, 2, f.tmpl, small).get();
+  REQUIRE(s.state == RequestState::kDone);
+  CHECK(s.output.cache_mode == "template_keyed");
+  CHECK(s.output.masked_tokens == 1);
+  workers = rt->worker_metrics();
+  CHECK(total(workers, &WorkerMetrics::steps_parallel) == 3);  // none more: the small mask stayed
+  REQUIRE(small_alone.data.size() == s.output.image.data.size());
+  CHECK(outside_identical(small_alone, s.output.image, small.mask));
+  const bool same_bytes = small_alone.data == s.output.image.data;
+  CHECK(same_bytes);  // the same forward on one device: equal bytes
+}
+
 namespace {
 
 std::unique_ptr<ServingRuntime> cpu_devices(const Flux2Serving& f, int count, RuntimeOptions o) {
@@ -271,9 +316,11 @@ TEST_CASE("A link the planner predicts too slow keeps every step of a prepare on
   CHECK(total(workers, &WorkerMetrics::team_shares) == 0);
   const auto team = rt->team_metrics();
   REQUIRE(team.has_value());
-  CHECK(team->planner.decisions == 3);
-  CHECK(team->planner.alone == 3);
-  CHECK(team->planner.by_degree.at(1) == 3);
+  // The prepare's three steps and the edit's three masked ones (a large mask) asked.
+  CHECK(team->planner.decisions == 6);
+  CHECK(team->planner.alone == 6);
+  CHECK(team->planner.by_degree.at(1) == 6);
+  CHECK(total(workers, &WorkerMetrics::steps_parallel) == 0);
   CHECK(team->groups_made_later == 0);
 }
 
