@@ -210,6 +210,9 @@ int main(int argc, char** argv) {
   so.pool_threads = 1;
   so.sequence_parallel = config.sequence_parallel;
   so.team_timeout_ms = config.device_team_timeout_ms;
+  so.team_round_ms = config.device_team_round_ms;
+  so.team_link = config.device_team_link;
+  so.team_masked_share = config.device_team_masked_share;
   so.step_graph_bytes = config.step_graph_bytes;
   so.cache_dir = config.cache_dir.empty() ? infill::default_cache_dir() : config.cache_dir;
   so.ram_cache_bytes = config.ram_cache_bytes;

@@ -187,6 +187,9 @@ ModelRegistryOptions model_registry_options(const ServiceOptions& options) {
   mo.pool_threads = options.pool_threads;
   mo.sequence_parallel = options.sequence_parallel;
   mo.team_timeout_ms = options.team_timeout_ms;
+  mo.team_round_ms = options.team_round_ms;
+  mo.team_link = options.team_link;
+  mo.team_masked_share = options.team_masked_share;
   mo.step_graph_bytes = options.step_graph_bytes;
   mo.cache_dir = options.cache_dir;
   mo.ram_cache_bytes = options.ram_cache_bytes;

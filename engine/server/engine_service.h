@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -51,6 +52,10 @@ struct ServiceOptions {
   /// team, RuntimeOptions::sequence_parallel), each collective within `team_timeout_ms`.
   bool sequence_parallel = true;
   double team_timeout_ms = 60000;
+  /// ModelRegistryOptions::team_round_ms, team_link and team_masked_share.
+  double team_round_ms = 50;
+  std::optional<DeviceTeamLink> team_link;
+  double team_masked_share = 0.25;
   /// ModelRegistryOptions::step_graph_bytes.
   int64_t step_graph_bytes = 0;
   std::string cache_dir;      ///< disk tier; "" = RAM only

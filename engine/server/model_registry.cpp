@@ -143,6 +143,13 @@ Result<std::unique_ptr<ModelRegistry>> ModelRegistry::load(const ModelRegistryOp
   ro.pool_threads = std::max(1, options.pool_threads);
   ro.sequence_parallel = options.sequence_parallel;
   ro.team_timeout_ms = options.team_timeout_ms;
+  ro.team_planning.round_ms = options.team_round_ms;
+  if (options.team_link) {
+    // The elements an all-to-all moves: bf16 on GPUs, float32 on CPUs.
+    const bool gpus = !kept.empty() && devices[kept.front()].device.cuda;
+    ro.team_link = TeamLink{options.team_link->latency_ms, options.team_link->gbytes_per_s * 1e6, gpus ? 2.0 : 4.0};
+  }
+  ro.worker.team_masked_share = options.team_masked_share;
   ro.worker.before_step = options.before_step;
   ro.worker.may_step = options.may_step;
   auto runtime = ServingRuntime::create(std::move(runtime_devices), registry->store_, ro);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "server/server_config.h"
 
 namespace infill {
 
@@ -48,6 +50,12 @@ struct ModelRegistryOptions {
   /// devices, and the longest one of its collectives may take.
   bool sequence_parallel = true;
   double team_timeout_ms = 60000;
+  /// The team's planning round (TeamPlannerOptions::round_ms), the link its predictions
+  /// assume (unset: RuntimeOptions::team_link's default for the devices) and the share of the
+  /// image a mask must cover for its steps to ask it (WorkerOptions::team_masked_share).
+  double team_round_ms = 50;
+  std::optional<DeviceTeamLink> team_link;
+  double team_masked_share = 0.25;
   /// Each FLUX.2 model's budget for CUDA graphs of masked rounds on a GPU (0: none).
   int64_t step_graph_bytes = 0;
   std::string cache_dir;  ///< the store's disk tier; "" = RAM only

@@ -71,6 +71,19 @@ Status read_ms_in(const json& v, const std::string& key, double lo, double hi, d
   return {};
 }
 
+// A plain number within [lo, hi]; the error names the key, the value and the range.
+Status read_number_in(const json& v, const std::string& key, double lo, double hi, double& out) {
+  if (!v.is_number()) return invalid_argument(key + " must be a number");
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi)) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " is %.12g, expected %.12g..%.12g", x, lo, hi);
+    return out_of_range(key + buf);
+  }
+  out = x;
+  return {};
+}
+
 Status read_bool(const json& v, const std::string& key, bool& out) {
   if (!v.is_boolean()) return invalid_argument(key + " must be true or false");
   out = v.get<bool>();
@@ -183,6 +196,26 @@ Result<EngineConfig> parse_engine_config(std::string_view json_text, const std::
        [&](const json& v, const std::string& k) {
          return read_ms_in(v, k, 1000, 3600000, c.device_team_timeout_ms);
        }},
+      {"device_team_round_ms",
+       [&](const json& v, const std::string& k) { return read_ms_in(v, k, 1, 10000, c.device_team_round_ms); }},
+      {"device_team_link",
+       [&](const json& v, const std::string& k) -> Status {
+         DeviceTeamLink link{-1, -1};
+         const Fields fields = {
+             {"latency_ms",
+              [&](const json& x, const std::string& n) { return read_ms_in(x, n, 0, 1000, link.latency_ms); }},
+             {"gbytes_per_s",
+              [&](const json& x, const std::string& n) { return read_number_in(x, n, 0.001, 100000, link.gbytes_per_s); }},
+         };
+         INFILL_RETURN_IF_ERROR(read_object(v, k, fields));
+         if (link.latency_ms < 0 || link.gbytes_per_s < 0) {
+           return invalid_argument(k + " needs both latency_ms and gbytes_per_s");
+         }
+         c.device_team_link = link;
+         return {};
+       }},
+      {"device_team_masked_share",
+       [&](const json& v, const std::string& k) { return read_number_in(v, k, 0, 1, c.device_team_masked_share); }},
       {"allowed_origins",
        [&](const json& v, const std::string& k) -> Status {
          if (!v.is_array()) return invalid_argument(k + " must be an array of strings");

@@ -5,6 +5,7 @@
 /// Pure functions and value types; thread-safe.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,13 @@ struct ServerLimits {
   int max_connections = 256;                      ///< concurrent connections; more are closed at once
 };
 
+/// The link between an engine's devices as the config states it (the device team's planner
+/// predicts its all-to-alls from it): e.g. PCIe between GPUs without NVLink.
+struct DeviceTeamLink {
+  double latency_ms = 0;    ///< one all-to-all's fixed cost
+  double gbytes_per_s = 0;  ///< what one device sends per second
+};
+
 struct EngineConfig {
   std::string socket_path;  ///< "" = $XDG_RUNTIME_DIR/infill/engine.sock
   std::string listen;       ///< "HOST:PORT" for TCP; "" = no TCP listener
@@ -50,6 +58,17 @@ struct EngineConfig {
   /// that takes longer fails its step and takes the team out of use. Config key
   /// `device_team_timeout_ms`, 1000..3600000.
   double device_team_timeout_ms = 60000;
+  /// The device team's planning round (serving/team_planner.h): a plan holds this long.
+  /// Config key `device_team_round_ms`, 1..10000.
+  double device_team_round_ms = 50;
+  /// The link the planner assumes; unset: NVLink's figures among GPUs, Gloo over loopback
+  /// among CPU devices (measured steps correct either). Config key `device_team_link`:
+  /// {"latency_ms": 0..1000, "gbytes_per_s": 0.001..100000}, both required.
+  std::optional<DeviceTeamLink> device_team_link;
+  /// A masked step may run over several devices only when its mask covers at least this share
+  /// of the image's tokens (WorkerOptions::team_masked_share). Config key
+  /// `device_team_masked_share`, 0..1.
+  double device_team_masked_share = 0.25;
   /// Each FLUX.2 model's budget of GPU memory for CUDA graphs of masked rounds
   /// (model/flux2_graph_cache.h); 0 (the default until a GPU run has checked their replays)
   /// turns them off. Config key `step_graph_bytes`, 0..2^40.

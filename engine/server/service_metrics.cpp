@@ -109,7 +109,13 @@ json service_metrics_json(const ServiceMetrics& m) {
     const TeamPlannerMetrics& p = m.team->planner;
     json by_degree = json::object();
     for (const auto& [degree, count] : p.by_degree) by_degree[std::to_string(degree)] = count;
-    team = {{"rounds", p.rounds},
+    team = {{"round_ms", p.round_ms},
+            {"link",
+             {{"latency_ms", p.link.all_to_all_latency_ms},
+              {"gbytes_per_s", p.link.link_bytes_per_ms / 1e6},
+              {"bytes_per_element", p.link.bytes_per_element}}},
+            {"masked_share", m.team->masked_share},
+            {"rounds", p.rounds},
             {"decisions", p.decisions},
             {"alone", p.alone},
             {"split", p.split},

@@ -134,7 +134,9 @@ Status ServingRuntime::team_status() const { return team_ ? team_->health() : te
 
 std::optional<DeviceTeam::Metrics> ServingRuntime::team_metrics() const {
   if (!team_) return std::nullopt;
-  return team_->metrics();
+  DeviceTeam::Metrics m = team_->metrics();
+  m.masked_share = options_.worker.team_masked_share;
+  return m;
 }
 
 double ServingRuntime::now_ms() const {

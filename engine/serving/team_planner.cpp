@@ -16,7 +16,10 @@ bool can_share(const TeamAsk& ask) { return ask.heads > 0 || (ask.guided && ask.
 
 TeamLink TeamLink::loopback() { return {0.2, 1e6, 4}; }
 
-TeamPlanner::TeamPlanner(TeamPlannerOptions options) : options_(std::move(options)) {}
+TeamPlanner::TeamPlanner(TeamPlannerOptions options) : options_(std::move(options)) {
+  metrics_.round_ms = options_.round_ms;
+  metrics_.link = options_.link;
+}
 
 std::string TeamPlanner::mode_key(int degree, bool split) {
   if (split) return "split";

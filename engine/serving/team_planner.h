@@ -96,6 +96,8 @@ struct TeamDecision {
 };
 
 struct TeamPlannerMetrics {
+  double round_ms = 0;         ///< the planner's round (TeamPlannerOptions::round_ms)
+  TeamLink link;               ///< the link its predictions assume (TeamPlannerOptions::link)
   uint64_t rounds = 0;         ///< plans made
   uint64_t decisions = 0;      ///< asks answered
   uint64_t alone = 0;          ///< answered with the asker alone
@@ -110,6 +112,9 @@ struct TeamPlannerMetrics {
 /// A device team's planner and process groups (device_team.h), for /metrics.
 struct DeviceTeamMetrics {
   TeamPlannerMetrics planner;
+  /// The share of the image a mask must cover for its masked steps to ask the team
+  /// (WorkerOptions::team_masked_share), as the runtime set it.
+  double masked_share = 0;
   uint64_t groups = 0;             ///< process groups in use (aligned ones included)
   uint64_t groups_made_later = 0;  ///< made when a lease first named their ranks
   uint64_t group_failures = 0;     ///< groups that could not be made (the step ran alone)

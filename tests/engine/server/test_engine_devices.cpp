@@ -87,7 +87,13 @@ int done_on(const Endpoint& ep, uint64_t id) {
   return s["metrics"]["worker"].get<int>();
 }
 
-void two_cpu_devices(ServiceOptions& o) { o.device = "cpu,cpu"; }
+void two_cpu_devices(ServiceOptions& o) {
+  o.device = "cpu,cpu";
+  // The device team's settings as the config keys give them: shown in /v1/metrics.
+  o.team_round_ms = 20;
+  o.team_link = DeviceTeamLink{0.05, 25};
+  o.team_masked_share = 0.6;
+}
 
 }  // namespace
 
@@ -153,6 +159,15 @@ TEST_CASE(
   Response json_metrics = request(ep, "GET", "/v1/metrics");
   CHECK(json_metrics.json()["devices"].size() == 2);
   CHECK(json_metrics.json()["workers"][1]["routed"]["template_locality"] == 2);
+  if (team["in_use"] == true) {
+    const nlohmann::json planner = json_metrics.json()["device_team"];
+    INFO(planner.dump());
+    CHECK(planner["round_ms"] == 20);
+    CHECK(planner["link"]["latency_ms"] == 0.05);
+    CHECK(planner["link"]["gbytes_per_s"] == 25);
+    CHECK(planner["link"]["bytes_per_element"] == 4);  // float32 among CPU devices
+    CHECK(planner["masked_share"] == 0.6);
+  }
 
   // A live painter's strokes stay on one device: its first (template b) on worker 1, the
   // next on worker 1 too, held there, while two more queue behind it; then worker 1's device

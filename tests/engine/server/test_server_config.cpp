@@ -92,6 +92,47 @@ TEST_CASE("engine config: sequence_parallel and device_team_timeout_ms set the d
         ErrorCode::kOutOfRange);
 }
 
+TEST_CASE("engine config: the device team's round, link and masked share", "[server][config]") {
+  auto defaults = parse_engine_config(R"({})", "e.json");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->device_team_round_ms == 50);
+  CHECK_FALSE(defaults->device_team_link.has_value());  // the devices' own default
+  CHECK(defaults->device_team_masked_share == 0.25);
+  auto set = parse_engine_config(
+      R"({"device_team_round_ms": 20, "device_team_link": {"latency_ms": 0.05, "gbytes_per_s": 25},
+          "device_team_masked_share": 0.6})",
+      "e.json");
+  REQUIRE(set.ok());
+  CHECK(set->device_team_round_ms == 20);
+  REQUIRE(set->device_team_link.has_value());
+  CHECK(set->device_team_link->latency_ms == 0.05);
+  CHECK(set->device_team_link->gbytes_per_s == 25);
+  CHECK(set->device_team_masked_share == 0.6);
+  CHECK(parse_engine_config(R"({"device_team_masked_share": 1})", "e.json")->device_team_masked_share == 1);
+  CHECK(parse_engine_config(R"({"device_team_link": {"latency_ms": 0, "gbytes_per_s": 1}})", "e.json")
+            ->device_team_link->latency_ms == 0);
+
+  const auto message = [](const char* json) {
+    auto c = parse_engine_config(json, "e.json");
+    return c.ok() ? std::string("accepted") : c.status().message();
+  };
+  CHECK(message(R"({"device_team_round_ms": 0})") == "e.json: device_team_round_ms is 0, expected 1..10000 ms");
+  CHECK(message(R"({"device_team_round_ms": "50ms"})") ==
+        "e.json: device_team_round_ms must be a number of milliseconds");
+  CHECK(message(R"({"device_team_masked_share": 1.5})") ==
+        "e.json: device_team_masked_share is 1.5, expected 0..1");
+  CHECK(message(R"({"device_team_masked_share": "half"})") == "e.json: device_team_masked_share must be a number");
+  CHECK(message(R"({"device_team_link": {"latency_ms": 0.05}})") ==
+        "e.json: device_team_link needs both latency_ms and gbytes_per_s");
+  CHECK(message(R"({"device_team_link": {"latency_ms": 0.05, "gbytes_per_s": 0}})") ==
+        "e.json: device_team_link.gbytes_per_s is 0, expected 0.001..100000");
+  CHECK(message(R"({"device_team_link": {"latency_ms": -1, "gbytes_per_s": 10}})") ==
+        "e.json: device_team_link.latency_ms is -1, expected 0..1000 ms");
+  CHECK_THAT(message(R"({"device_team_link": {"latency": 0.05, "gbytes_per_s": 10}})"),
+             Catch::Contains("device_team_link.latency is not a known key (known: gbytes_per_s, latency_ms)"));
+  CHECK(message(R"({"device_team_link": 25})") == "e.json: device_team_link must be an object");
+}
+
 TEST_CASE("engine config: step_graph_bytes sets the FLUX.2 step graphs' budget, off by default", "[server][config]") {
   auto defaults = parse_engine_config(R"({})", "e.json");
   REQUIRE(defaults.ok());
