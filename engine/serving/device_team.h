@@ -7,7 +7,7 @@
 /// 2 of 4, 1 of 8), made once at start.
 ///
 /// A worker about to run a step that could use several devices (a prepare step, a full
-/// recompute, a guided step whose halves may split) asks for a lease, describing the request
+/// recompute, a masked step of a large mask, a guided step whose halves may split) asks for a lease, describing the request
 /// (TeamAsk: tokens, steps left, deadline, heads, predicted step). The team's planner
 /// (team_planner.h) decides: TetriServe's round planner over every rank's whole-sequence
 /// work, each request bound to its own rank, ranks serving masked edits left out, idle ranks

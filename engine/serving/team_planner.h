@@ -3,7 +3,8 @@
 /// run over the whole-sequence work of the team's ranks. Pure C++, no libtorch.
 ///
 /// Each rank's worker asks before a step that could run on several devices (a prepare step, a
-/// full recompute, a guided step whose halves may split), describing the request: its tokens,
+/// full recompute, a masked step of a large mask, a guided step whose halves may split),
+/// describing the request: its tokens,
 /// steps left, deadline, heads, whether guided, and its predicted step on one device. The
 /// asker becomes a contender, bound to its rank (PlannerRequest::home: the worker there holds
 /// its state and steps it whatever the plan says). A plan covers a round (`round_ms`): every

@@ -201,8 +201,8 @@ class Worker {
   /// none (the caller runs the step here alone). Throws what a failed step throws.
   bool run_prepare_step_in_team(PrepareJob& job);
   /// The one session of `sessions` (of `records`) stepped over the devices the team leases to
-  /// it: a guided step's halves on two devices, or a whole sequence (a full recompute) in
-  /// sequence parallel; its prediction rows; undefined when there is no such session or no
+  /// it: a guided step's halves on two devices, or a whole sequence (a full recompute) or a
+  /// large mask's rows in sequence parallel; its prediction rows; undefined when there is no such session or no
   /// lease (the caller runs the model's forward here).
   at::Tensor forward_in_team(const ServedModel* served, std::span<const std::shared_ptr<Record>> records,
                              std::span<StepSession* const> sessions);
