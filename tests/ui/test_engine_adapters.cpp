@@ -4,7 +4,7 @@
 // edits from the panel carry their ids (the SHA-256 of the files, the engine's ids) and the
 // engine applies them (the results differ inside the mask only); files the model cannot use
 // are refused with a message naming them; a LoRA the engine's store lost, or a reference image
-// the engine evicted, is uploaded again by the next Generate.
+// the engine evicted, is uploaded again by the next Generate or live edit.
 #include <catch2/catch.hpp>
 
 #include <QCryptographicHash>
@@ -246,6 +246,46 @@ TEST_CASE("The panel's LoRAs and reference images go with the edit and the engin
     CHECK(other.get_template(reference_id).id == reference_id);
     CHECK(window.controller()->parameters().references == QStringList{sha256_of(dusk)});
     CHECK(panel->params().references == QStringList{sha256_of(dusk)});  // the strip is unchanged
+  }
+
+  // The live path: the engine evicts the reference again, and a live edit (a mask edit in live
+  // mode) is refused the same way; the editor uploads the image again and submits the newest
+  // live edit once more. Its result keeps everything outside the mask, and the engine knows
+  // the image again.
+  {
+    infill::client::ClientOptions o;
+    o.endpoint = window.engine()->endpoint().toStdString();
+    infill::client::Client other(o);
+    const std::string reference_id = sha256_of(dusk).toStdString();
+    const std::string picture_id = window.controller()->templateId().toStdString();
+    const std::string picture_file =
+        source_path(QStringLiteral("tests/data/golden/hills_128.png")).toStdString();
+    REQUIRE(other.upload_template_file(picture_file).id == picture_id);
+    (void)other.upload_template_file(source_path(QStringLiteral("resources/jobs/hills_256.png")).toStdString());
+    REQUIRE_THROWS(other.get_template(reference_id));
+    REQUIRE(other.upload_template_file(picture_file).id == picture_id);
+    QStringList said;
+    const auto watch = QObject::connect(window.controller(), &infill::ui::EditController::message,
+                                        [&](const QString& m, bool) { said << m; });
+    const QImage mask_before = window.maskDocument()->mask().copy();
+    results.clear();
+    window.controller()->setLiveMode(true);
+    window.maskDocument()->fillRect(QRectF(96, 40, 16, 16));  // next to the rectangle: a new live edit
+    QImage live_reach = window.maskDocument()->mask().copy();
+    infill::ui::grow_mask(live_reach, static_cast<int>(std::ceil(3 * window.parameters()->params().feather_px)) + 1);
+    wait_until([&] { return !results.empty(); }, 180000);
+    window.controller()->setLiveMode(false);
+    QObject::disconnect(watch);
+    INFO(said.join(QLatin1Char('\n')).toStdString());
+    REQUIRE(results.size() == 1);
+    CHECK(results[0].live);
+    CHECK(said.filter(QStringLiteral("uploading the images again")).size() == 1);
+    CHECK(said.filter(QStringLiteral("refused")).isEmpty());
+    CHECK(changes(picture, results[0].image, live_reach).outside == 0);
+    CHECK(other.get_template(reference_id).id == reference_id);
+    CHECK(window.controller()->parameters().references == QStringList{sha256_of(dusk)});
+    window.maskDocument()->undoStack()->undo();  // the mask of the edits below
+    REQUIRE(window.maskDocument()->mask() == mask_before);
   }
 
   // Files the model cannot use: refused by the engine, the row removed, a message naming them.
