@@ -122,4 +122,24 @@ at::Tensor flux2_forward_segment_per_rank(const Flux2Transformer& model, std::sp
   return all_gather_rows(group, mine, rows).to(at::kCPU, at::kFloat);
 }
 
+at::Tensor flux2_forward_halves_sequence_parallel(const Flux2Transformer& model, std::span<const Flux2Segment> segments,
+                                                  SequenceGroup& whole, SequenceGroup& half) {
+  c10::InferenceMode guard;
+  const int P = whole.size(), d = P / 2;
+  TORCH_CHECK(segments.size() == 2 && P >= 2 && P % 2 == 0 && half.size() == d, "FLUX.2 halves in sequence parallel: ",
+              segments.size(), " segments over ", P, " ranks in halves of ", half.size(),
+              ", expected 2 segments over an even number of ranks in two halves");
+  const int mine = whole.rank() < d ? 0 : 1;
+  TORCH_CHECK(half.rank() == whole.rank() - mine * d, "FLUX.2 halves in sequence parallel: rank ", whole.rank(),
+              " of the whole is rank ", half.rank(), " of its half, expected ", whole.rank() - mine * d);
+  const at::Tensor rows = flux2_forward_sequence_parallel(model, segments[static_cast<size_t>(mine)], half);
+  // Every rank of a half holds the half's whole prediction: each trades it with its peer alone.
+  const int peer = (whole.rank() + d) % P;
+  std::vector<int64_t> send_rows(static_cast<size_t>(P), 0), recv_rows(static_cast<size_t>(P), 0);
+  send_rows[static_cast<size_t>(peer)] = rows.size(0);
+  recv_rows[static_cast<size_t>(peer)] = segments[static_cast<size_t>(1 - mine)].img.size(0);
+  const at::Tensor other = whole.all_to_all(rows.to(whole.device()).contiguous(), send_rows, recv_rows).to(at::kCPU, at::kFloat);
+  return mine == 0 ? at::cat({rows, other}, 0) : at::cat({other, rows}, 0);
+}
+
 }  // namespace infill

@@ -61,4 +61,15 @@ at::Tensor flux2_forward_sequence_parallel(const Flux2Transformer& model, const 
 at::Tensor flux2_forward_segment_per_rank(const Flux2Transformer& model, std::span<Flux2Segment> segments,
                                           SequenceGroup& group);
 
+/// Both: a guided step's two segments at once, each in Ulysses sequence parallel over its own
+/// half of the ranks (xDiT's CFG parallelism times Ulysses). `whole` holds every rank, the
+/// prompted half's first: its ranks [0, P/2) run segments[0] over `half` (their own group),
+/// ranks [P/2, P) run segments[1]; then each rank trades its half's prediction with its peer
+/// in the other half (rank i with i + P/2, over `whole`), so every rank gets both halves' rows
+/// in segment order, as flux2_forward_segment_per_rank gives them. Each segment is as
+/// flux2_forward_sequence_parallel takes it (a masked one with this rank's own KvSource).
+/// Precondition: two segments, `whole` of an even size, `half` of half its size.
+at::Tensor flux2_forward_halves_sequence_parallel(const Flux2Transformer& model, std::span<const Flux2Segment> segments,
+                                                  SequenceGroup& whole, SequenceGroup& half);
+
 }  // namespace infill

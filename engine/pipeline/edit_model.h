@@ -73,6 +73,13 @@ class StepSession {
   /// As parallel_step, for a group of two ranks: rank 0 computes the prompted half, rank 1
   /// the null-prompt half; each gets both halves' rows. Precondition: splits_halves().
   virtual ParallelForward halves_step() { return {}; }
+  /// Both at once: each half of the next step in sequence parallel over its own half of a
+  /// group's ranks, run by every rank with the whole group's member (the prompted half's ranks
+  /// first), its half's member and the model as loaded on its own device; each gets both
+  /// halves' rows. Precondition: splits_halves() and parallel_heads() > 0.
+  using HalvesForward =
+      std::function<at::Tensor(SequenceGroup& whole, SequenceGroup& half, const EditModel& model_here)>;
+  virtual HalvesForward halves_parallel_step() { return {}; }
 };
 
 /// A template's prepare run, sliced one step at a time by the worker.

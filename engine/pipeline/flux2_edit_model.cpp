@@ -69,6 +69,21 @@ class Flux2StepSession final : public StepSession {
       return flux2_forward_segment_per_rank(*here.parts().transformer, segments, member);
     };
   }
+  HalvesForward halves_parallel_step() override {
+    std::span<Flux2Segment> built = s_->segments();
+    // As parallel_step: every rank reads the entries through readers of its own.
+    return [segments = std::vector<Flux2Segment>(built.begin(), built.end()),
+            readers = s_->segment_readers()](SequenceGroup& whole, SequenceGroup& half, const EditModel& model_here) {
+      const auto& here = static_cast<const Flux2EditModel&>(model_here);
+      std::vector<Flux2Segment> mine = segments;
+      std::vector<std::unique_ptr<EntryKvSource>> kept;
+      for (size_t i = 0; i < mine.size(); ++i) {
+        kept.push_back(readers[i] ? readers[i]->another_reader() : nullptr);
+        mine[i].kv = kept.back().get();
+      }
+      return flux2_forward_halves_sequence_parallel(*here.parts().transformer, mine, whole, half);
+    };
+  }
   Result<EditOutput> finish() const override {
     INFILL_ASSIGN_OR_RETURN(EditOutput out, s_->finish());
     out.prompt_truncated = prompt_truncated_;

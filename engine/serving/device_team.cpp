@@ -118,6 +118,16 @@ DeviceTeam::Metrics DeviceTeam::metrics() const {
 
 DeviceTeam::Lease::~Lease() { team_.release(*this); }
 
+SequenceGroup* DeviceTeam::Lease::half_member(int rank) const {
+  for (const Group* half : halves_) {
+    if (half == nullptr) continue;
+    for (size_t i = 0; i < half->ranks.size(); ++i) {
+      if (half->ranks[i] == rank) return half->members[i].get();
+    }
+  }
+  return nullptr;
+}
+
 void DeviceTeam::release(const Lease& lease) {
   std::lock_guard lock(mu_);
   for (int r : lease.ranks()) ranks_[static_cast<size_t>(r)].engaged = false;
@@ -149,8 +159,16 @@ std::unique_ptr<DeviceTeam::Lease> DeviceTeam::lease(int leader, const TeamAsk& 
   // Engaged, so no other lease takes these ranks while their group is made (outside mu_:
   // a Gloo group connects its members, which takes a while).
   Group* group = group_of(decision.ranks);
-  std::unique_ptr<Lease> lease(new Lease(*this, leader, std::move(decision), group));
+  const bool halves = decision.split && decision.degree > 1;
+  std::unique_ptr<Lease> lease(new Lease(*this, leader, decision, group));
   if (group == nullptr) return nullptr;  // released as `lease` goes: the step runs alone
+  if (halves) {
+    // Each half's ranks (the prompted half's the lower) run its forward over a group of their own.
+    const auto middle = decision.ranks.begin() + decision.degree;
+    lease->halves_[0] = group_of(std::vector<int>(decision.ranks.begin(), middle));
+    lease->halves_[1] = group_of(std::vector<int>(middle, decision.ranks.end()));
+    if (lease->halves_[0] == nullptr || lease->halves_[1] == nullptr) return nullptr;
+  }
   return lease;
 }
 

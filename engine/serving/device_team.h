@@ -69,10 +69,14 @@ class DeviceTeam {
     /// Ascending, the leader among them.
     const std::vector<int>& ranks() const { return decision_.ranks; }
     int size() const { return static_cast<int>(decision_.ranks.size()); }
-    /// Ulysses degree of each forward; 1 with split().
+    /// Ulysses degree of each forward (with split(): of each half's).
     int degree() const { return decision_.degree; }
-    /// A guided step's halves, one per rank (StepSession::halves_step).
+    /// A guided step's halves at once: one per rank (StepSession::halves_step) at degree 1,
+    /// else each in sequence parallel over half of the ranks, the prompted half's the lower
+    /// (StepSession::halves_parallel_step).
     bool split() const { return decision_.split; }
+    /// With split() at a degree above 1: `rank`'s member of its half's group; else null.
+    SequenceGroup* half_member(int rank) const;
 
    private:
     friend class DeviceTeam;
@@ -82,6 +86,7 @@ class DeviceTeam {
     int leader_;
     TeamDecision decision_;
     Group* group_;
+    Group* halves_[2] = {nullptr, nullptr};  // split at a degree above 1: each half's group
   };
   /// A lease for rank `leader`'s next step of `ask`, as the planner decides it; null when the
   /// step runs on the leader alone (the planner says so, the team is out of use, the leader

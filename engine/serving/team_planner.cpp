@@ -22,8 +22,8 @@ TeamPlanner::TeamPlanner(TeamPlannerOptions options) : options_(std::move(option
 }
 
 std::string TeamPlanner::mode_key(int degree, bool split) {
-  if (split) return "split";
-  std::string key = "d";
+  if (split && degree <= 1) return "split";
+  std::string key = split ? "split_d" : "d";
   key += std::to_string(degree);
   return key;
 }
@@ -124,7 +124,7 @@ std::optional<RoundPlan> TeamPlanner::plan(double now_ms, std::span<const TeamRa
   o.devices = n;
   o.round_ms = options_.round_ms;
   o.heads = 1;  // every request brings its own
-  o.max_split_degree = 1;
+  o.max_split_degree = std::max(1, n / 2);  // each half over up to half of the ranks
   for (int rank = 0; rank < n; ++rank) {
     const TeamRankState s = states[static_cast<size_t>(rank)];
     if (claimed[static_cast<size_t>(rank)] >= 0) continue;
@@ -208,20 +208,23 @@ TeamDecision TeamPlanner::decide(int rank, const TeamAsk& ask, double now_ms, st
       // largest degree the rest allows, nearest the asker first.
       metrics_.short_of_plan += 1;
       std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return std::abs(a - rank) < std::abs(b - rank); });
+      // A split step keeps its halves split over what is free (each half at the largest
+      // degree that fits), else runs alone.
+      const int free = static_cast<int>(ranks.size());
       int degree = 1;
-      if (!mine->split) {
-        for (int k = static_cast<int>(ranks.size()); k >= 1; --k) {
-          if (ask.heads > 0 && ask.heads % k == 0) {
-            degree = k;
-            break;
-          }
+      bool split = false;
+      for (int k = mine->split ? free / 2 : free; k >= 1; --k) {
+        if (k == 1 || (ask.heads > 0 && ask.heads % k == 0)) {
+          degree = k;
+          split = mine->split && free >= 2;
+          break;
         }
       }
-      ranks.resize(static_cast<size_t>(degree));
+      ranks.resize(static_cast<size_t>(split ? 2 * degree : degree));
       std::sort(ranks.begin(), ranks.end());
       d.ranks = ranks;
       d.degree = degree;
-      d.split = false;
+      d.split = split;
     }
   }
   d.predicted_ms = predict_ms(ask, d.degree, d.split);

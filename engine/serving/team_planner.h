@@ -21,8 +21,9 @@
 /// link slower than assumed (Gloo over loopback, two "devices" sharing the same cores) turns
 /// the planner back to fewer devices.
 ///
-/// The engine's split step runs each half on one device (StepSession::halves_step): splits
-/// are planned at degree 1 only (RoundPlannerOptions::max_split_degree 1).
+/// A split step runs each half on one device (StepSession::halves_step), or each in sequence
+/// parallel over half of its ranks (StepSession::halves_parallel_step): splits are planned up
+/// to half the ranks per half (RoundPlannerOptions::max_split_degree).
 ///
 /// A contender leaves when its rank asks for another request, when told (`withdraw`), when
 /// its rank is free (its worker holds nothing), or when it has not asked for four rounds and
@@ -88,8 +89,8 @@ enum class TeamRankState {
 
 /// The planner's answer to one ask.
 struct TeamDecision {
-  int degree = 1;          ///< Ulysses degree of each forward
-  bool split = false;      ///< guided: the halves on two ranks, one each
+  int degree = 1;          ///< Ulysses degree of each forward (split: of each half's)
+  bool split = false;      ///< guided: the halves at once, each on `degree` of the ranks
   std::vector<int> ranks;  ///< ascending, the asker among them; one rank: run alone
   double predicted_ms = 0; ///< the step's predicted time so (its correction included)
   double correction = 1;   ///< the measured-over-predicted factor in predicted_ms
@@ -104,8 +105,9 @@ struct TeamPlannerMetrics {
   uint64_t alone = 0;          ///< answered with the asker alone
   uint64_t split = 0;          ///< answered with the halves split
   uint64_t short_of_plan = 0;  ///< answered with fewer ranks than planned (some busy by then)
-  std::map<int, uint64_t> by_degree;  ///< answered Ulysses degree -> count (split counted at 1)
-  /// Measured over predicted parallel steps, per "d<degree>" or "split": the correction.
+  std::map<int, uint64_t> by_degree;  ///< answered Ulysses degree -> count (split: each half's)
+  /// Measured over predicted parallel steps, per "d<degree>", "split" (halves one per rank) or
+  /// "split_d<degree>" (each half over `degree` ranks): the correction.
   std::map<std::string, double> correction;
   std::string last_error;      ///< the last plan the round planner refused (then: alone)
 };

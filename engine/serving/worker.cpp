@@ -805,13 +805,23 @@ at::Tensor Worker::forward_in_team(const ServedModel* served, std::span<const st
   if (r.steps_left <= 1) team->withdraw(options_.team_rank);  // its last step: it asks no more
   if (!lease) return {};
   const bool halves = lease->split();
+  const bool halves_parallel = halves && lease->degree() > 1;  // each half over its own ranks
   const size_t slot = static_cast<size_t>(served - models_.data());
-  const StepSession::ParallelForward share = halves ? session.halves_step() : session.parallel_step();
+  const StepSession::ParallelForward share =
+      halves_parallel ? nullptr : halves ? session.halves_step() : session.parallel_step();
+  const StepSession::HalvesForward both = halves_parallel ? session.halves_parallel_step() : nullptr;
   at::Tensor mine;
   const Status ran = team->run(*lease, [&](SequenceGroup& member, int rank) {
     const std::shared_ptr<const EditModel> here = team->model(rank, slot);
     TORCH_CHECK(here != nullptr, "rank ", rank, " of the device team serves no model ", slot);
-    at::Tensor out = share(member, *here);
+    at::Tensor out;
+    if (halves_parallel) {
+      SequenceGroup* half = lease->half_member(rank);
+      TORCH_CHECK(half != nullptr, "rank ", rank, " of the device team is in neither half of the step");
+      out = both(member, *half, *here);
+    } else {
+      out = share(member, *here);
+    }
     if (rank == options_.team_rank) mine = std::move(out);
   });
   if (!ran.ok()) throw std::runtime_error(ran.message());

@@ -216,7 +216,7 @@ TEST_CASE("The Ulysses FLUX.2 forward over 2, 3 and 4 Gloo ranks equals the forw
   }
 }
 
-TEST_CASE("A masked step in Ulysses over 2 and 4 Gloo ranks, reading cached K/V, equals the masked forward on one device", "[model][parallel]") {
+TEST_CASE("A masked step in Ulysses over 2 and 4 Gloo ranks reading cached K/V equals the masked forward on one device", "[model][parallel]") {
   c10::InferenceMode guard;
   test::TempDir dir;
   const Flux2Config cfg = heads24_config(/*guidance=*/true);
@@ -324,6 +324,57 @@ TEST_CASE("A guided step's two halves on two Gloo ranks equal both packed on one
     REQUIRE(errors[r].empty());
     REQUIRE(got[r].sizes() == expected.sizes());
     CHECK(relative(got[r], expected) <= 1e-5);
+  }
+}
+
+TEST_CASE("A guided step's halves each in Ulysses over two of four Gloo ranks equal both packed on one device", "[model][parallel]") {
+  c10::InferenceMode guard;
+  test::TempDir dir;
+  const Flux2Config cfg = heads24_config(/*guidance=*/true);
+  const Flux2Transformer model = test::attentive_flux2(cfg, 16, dir.file("t.safetensors"));
+  // A cache of the template for the masked halves (each rank reads its own copy of it).
+  const test::Request recorded = test::make_request(cfg, 6, 4, 5, /*reference=*/true, 41);
+  test::MemoryKv cache(/*slabs=*/true);
+  Flux2Segment record = test::full_segment(recorded, 0.5, 3.5);
+  record.sink = &cache;
+  (void)test::forward_one(model, record);
+  test::Request edit = recorded;
+  edit.img = recorded.img.clone();
+  const at::Tensor masked = at::arange(2, 14, at::kLong);
+  edit.img.index_copy_(0, masked, at::randn({12, cfg.input_channels()}, at::make_generator<at::CPUGeneratorImpl>(5)));
+  test::Request null_edit = edit;
+  null_edit.txt = at::zeros_like(edit.txt);  // the null prompt's rows stand in for the unconditional half
+
+  for (bool cached : {false, true}) {
+    INFO((cached ? "masked halves reading the cache" : "whole halves"));
+    std::vector<test::MemoryKv> sources(4, cache);  // each rank's own (the same K/V)
+    auto halves = [&](test::MemoryKv* kv) {
+      if (!cached) return std::vector<Flux2Segment>{test::full_segment(edit, 0.5, 3.5), test::full_segment(null_edit, 0.5, 3.5)};
+      const at::Tensor text = at::arange(6, at::kLong);
+      return std::vector<Flux2Segment>{test::masked_segment(edit, text, masked, 0.5, kv, 3.5),
+                                       test::masked_segment(null_edit, text, masked, 0.5, kv, 3.5)};
+    };
+    std::vector<Flux2Segment> packed = halves(&cache);
+    const at::Tensor expected = model.forward(packed);
+    auto whole = test::cpu_group_or_skip(4);
+    auto first = test::cpu_group_or_skip(2), second = test::cpu_group_or_skip(2);
+    std::vector<at::Tensor> got(4);
+    const auto errors = test::on_every_rank(4, [&](int r) {
+      const std::vector<Flux2Segment> segments = halves(&sources[static_cast<size_t>(r)]);
+      SequenceGroup& half = r < 2 ? *first[static_cast<size_t>(r)] : *second[static_cast<size_t>(r - 2)];
+      got[static_cast<size_t>(r)] = flux2_forward_halves_sequence_parallel(model, segments, *whole[static_cast<size_t>(r)], half);
+    });
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r);
+      REQUIRE(errors[static_cast<size_t>(r)].empty());
+      REQUIRE(got[static_cast<size_t>(r)].sizes() == expected.sizes());
+      CHECK(relative(got[static_cast<size_t>(r)], expected) <= 1e-5);
+      CHECK(whole[static_cast<size_t>(r)]->collectives() == 1);  // the trade with its peer
+    }
+    for (int r = 0; r < 2; ++r) {
+      CHECK(first[static_cast<size_t>(r)]->collectives() == static_cast<uint64_t>(2 * cfg.depth() + 1));
+      CHECK(second[static_cast<size_t>(r)]->collectives() == static_cast<uint64_t>(2 * cfg.depth() + 1));
+    }
   }
 }
 

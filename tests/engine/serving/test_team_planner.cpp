@@ -3,6 +3,7 @@
 // step times, round after round.
 #include "support/catch.h"
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -154,4 +155,35 @@ TEST_CASE("a guided step's halves split over two free ranks, and a step that can
   CHECK(d.ranks == std::vector<int>{0});
   CHECK_FALSE(d.split);
   CHECK(d.predicted_ms == Approx(lone.single_ms));
+}
+
+TEST_CASE("a guided step on four free ranks splits its halves each over two where that is fastest",
+          "[serving][team_planner]") {
+  // Two heads (the degree is at most 2): packed, the step runs at degree 2 at best; split,
+  // each half runs at degree 2 on two ranks of its own, at once.
+  TeamPlanner planner(four_ranks());
+  TeamAsk guided = ask_of(7, std::numeric_limits<double>::infinity(), 4);
+  guided.heads = 2;
+  guided.guided = true;
+  guided.may_split = true;
+  guided.single_ms = 195;
+  const double packed = planner.predict_ms(guided, 2, false), halves = planner.predict_ms(guided, 2, true);
+  REQUIRE(halves < packed);
+  REQUIRE(halves < planner.predict_ms(guided, 1, true));
+  TeamDecision d = planner.decide(1, guided, 0.0, std::vector<S>{S::kFree, S::kBusy, S::kFree, S::kFree});
+  CHECK(d.split);
+  CHECK(d.degree == 2);
+  CHECK(d.ranks == std::vector<int>{0, 1, 2, 3});
+  CHECK(d.predicted_ms == Approx(halves));
+  CHECK(planner.metrics().by_degree.at(2) == 1);
+
+  // The next step finds rank 3 busy (its worker took an edit of its own): a new plan over the
+  // three free ranks, two of them (the asker's among them), split one per rank or packed at
+  // degree 2, whichever is predicted faster.
+  d = planner.decide(1, guided, 1.0, std::vector<S>{S::kFree, S::kBusy, S::kFree, S::kBusy});
+  CHECK(d.new_round);
+  CHECK(d.ranks.size() == 2);
+  CHECK(std::find(d.ranks.begin(), d.ranks.end(), 1) != d.ranks.end());
+  CHECK(std::find(d.ranks.begin(), d.ranks.end(), 3) == d.ranks.end());
+  CHECK(d.predicted_ms == Approx(std::min(planner.predict_ms(guided, 1, true), packed)));
 }

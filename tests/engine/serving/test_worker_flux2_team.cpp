@@ -204,7 +204,7 @@ TEST_CASE("A guided FLUX.2 edit runs its two halves at once on two CPU devices a
   CHECK(worst <= 1);  // one entry; each half's forward computed alone equals it packed to 1e-5
 }
 
-TEST_CASE("A large mask's steps run in sequence parallel over two CPU devices, a small mask's stay on one, both as on one device",
+TEST_CASE("A large mask's steps run in sequence parallel over two CPU devices and a small mask's stay on one and both equal the edit on one device",
           "[flux2-serving][parallel]") {
   Flux2Serving f;
   // The template is 4 x 3 tokens of 16 pixels; no halo, so that the masks' tokens are exact:
@@ -299,6 +299,45 @@ TEST_CASE("With three CPU devices, one serving an edit, a prepare runs over the 
   CHECK(team->planner.by_degree.at(2) >= 3);
   hold.release();
   CHECK(first.get().state == RequestState::kDone);
+}
+
+TEST_CASE("On four CPU devices a guided edit's halves each run in sequence parallel over two and equal it on one",
+          "[flux2-serving][parallel]") {
+  // xDiT's CFG parallelism times Ulysses: the prompted half over two devices, the null-prompt
+  // half over the other two, at once (the tiny model's 2 heads allow degree 2 at most, so
+  // this is the fastest the planner can find on four idle devices).
+  Flux2Serving f;
+  EditParams p = f.params("make the cup red", 13);
+  p.guidance_scale = 3.0;
+  for (bool cached : {false, true}) {  // a full recompute's halves, then masked halves on the entry
+    INFO((cached ? "masked halves" : "full halves"));
+    p.cache = cached ? CacheMode::kUse : CacheMode::kOff;
+    auto one = f.runtime();
+    const RequestResult alone = submit(*one, 1, f.tmpl, p).get();
+    REQUIRE(alone.state == RequestState::kDone);
+    RuntimeOptions o;
+    o.team_link = TeamLink{0.0, 1e12, 2};
+    o.team_planning.learn = false;
+    auto rt = cpu_devices(f, 4, std::move(o));
+    const RequestResult r = submit(*rt, 2, f.tmpl, p).get();
+    INFO(r.status.to_string());
+    REQUIRE(r.state == RequestState::kDone);
+    CHECK(r.output.cache_mode == (cached ? "template_keyed" : "off"));
+    const auto workers = rt->worker_metrics();
+    CHECK(total(workers, &WorkerMetrics::steps_halves_split) == 3);
+    CHECK(total(workers, &WorkerMetrics::team_shares) == 3 * 3);  // three helpers a step
+    const auto team = rt->team_metrics();
+    REQUIRE(team.has_value());
+    CHECK(team->planner.split == 3);
+    CHECK(team->planner.by_degree.count(2) == 1);
+    CHECK(team->group_failures == 0);
+    REQUIRE(alone.output.image.data.size() == r.output.image.data.size());
+    CHECK(outside_identical(alone.output.image, r.output.image, p.mask));
+    int worst = 0;
+    for (size_t i = 0; i < alone.output.image.data.size(); ++i)
+      worst = std::max(worst, std::abs(int(alone.output.image.data[i]) - int(r.output.image.data[i])));
+    CHECK(worst <= 3);
+  }
 }
 
 TEST_CASE("A link the planner predicts too slow keeps every step of a prepare on its own device",
