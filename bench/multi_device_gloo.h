@@ -5,10 +5,13 @@
 // ranks (threads of this process), the cores split between the ranks. Per degree: the median
 // step time over repeats, and the share of it the ranks spent in collectives; the two
 // predictions are compared (max |diff| / max |reference|); the simulator's cost model, fitted
-// on these runs, predicts the two-rank steps. On a 2-core machine this shows correctness and
+// on these runs, predicts the two-rank steps. Then the same for a masked step of a large mask
+// (half the image rows computed, every other row's K/V read from the template's fp16 cache),
+// each rank reading the cache through a source of its own. On a 2-core machine this shows correctness and
 // overhead, not speedup: both degrees share the same two cores.
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +25,7 @@
 #include "model/device_group.h"
 #include "model/flux2_sequence_parallel.h"
 #include "model/flux2_transformer.h"
+#include "model/kv_io.h"
 #include "serving/sequence_parallel_cost_model.h"
 
 namespace infill::bench {
@@ -61,6 +65,32 @@ inline Flux2Segment gloo_bench_segment(const Flux2Config& cfg, int64_t text, int
   return s;
 }
 
+// A template's K/V as the activation cache keeps them (fp16, on the host), recorded by a full
+// forward and read back as slabs. Copies share the tensors: one per rank.
+class SlabCache final : public KvSink, public KvSource {
+ public:
+  void store(int block, const at::Tensor& k, const at::Tensor& v) override {
+    if (static_cast<int>(k_.size()) <= block) {
+      k_.resize(static_cast<size_t>(block) + 1);
+      v_.resize(static_cast<size_t>(block) + 1);
+    }
+    k_[static_cast<size_t>(block)] = k.to(at::kCPU, at::kHalf).contiguous();
+    v_[static_cast<size_t>(block)] = v.to(at::kCPU, at::kHalf).contiguous();
+  }
+  void fetch(int block, at::Tensor& k, at::Tensor& v) override {
+    k.copy_(k_.at(static_cast<size_t>(block)));
+    v.copy_(v_.at(static_cast<size_t>(block)));
+  }
+  bool fp16_slabs(int block, const uint16_t** k, const uint16_t** v) override {
+    *k = reinterpret_cast<const uint16_t*>(k_.at(static_cast<size_t>(block)).data_ptr<at::Half>());
+    *v = reinterpret_cast<const uint16_t*>(v_.at(static_cast<size_t>(block)).data_ptr<at::Half>());
+    return true;
+  }
+
+ private:
+  std::vector<at::Tensor> k_, v_;
+};
+
 inline double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -91,6 +121,29 @@ inline nlohmann::json bench_gloo(const GlooBenchOptions& o) {
     int64_t sequence = 0;
     double one_device_per_rank_threads_ms = 0, one_device_all_threads_ms = 0, two_ranks_ms = 0;
     double collective_ms = 0, max_rel_diff = 0;
+    // A masked step of a large mask: half the image rows.
+    int64_t masked_rows = 0;
+    double masked_one_device_ms = 0, masked_two_ranks_ms = 0, masked_collective_ms = 0, masked_max_rel_diff = 0;
+  };
+  // Every rank's run of `share(rank)` at once, a thread each with its share of the cores; the
+  // mean time the ranks spent in collectives is added to `collective`.
+  auto on_ranks = [&](const std::function<at::Tensor(int rank)>& share, std::vector<double>& collective) {
+    std::vector<double> before(ranks);
+    for (int k = 0; k < ranks; ++k) before[k] = (*group)[k]->collective_seconds();
+    std::vector<at::Tensor> got(ranks);
+    std::vector<std::thread> threads;
+    for (int k = 0; k < ranks; ++k) {
+      threads.emplace_back([&, k] {
+        c10::InferenceMode rank_guard;
+        at::set_num_threads(per_rank);
+        got[k] = share(k);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    double spent = 0;
+    for (int k = 0; k < ranks; ++k) spent += (*group)[k]->collective_seconds() - before[k];
+    collective.push_back(spent / ranks * 1000.0);
+    return got[0];
   };
   std::vector<Measured> measured;
   for (int64_t image : o.image_tokens) {
@@ -109,25 +162,45 @@ inline nlohmann::json bench_gloo(const GlooBenchOptions& o) {
     m.one_device_all_threads_ms = timed_median_ms(o.repeats, one_device);
     std::vector<double> collective;
     m.two_ranks_ms = timed_median_ms(o.repeats, [&] {
-      std::vector<double> before(ranks);
-      for (int k = 0; k < ranks; ++k) before[k] = (*group)[k]->collective_seconds();
-      std::vector<at::Tensor> got(ranks);
-      std::vector<std::thread> threads;
-      for (int k = 0; k < ranks; ++k) {
-        threads.emplace_back([&, k] {
-          c10::InferenceMode rank_guard;
-          at::set_num_threads(per_rank);
-          got[k] = flux2_forward_sequence_parallel(model, whole, *(*group)[k]);
-        });
-      }
-      for (std::thread& t : threads) t.join();
-      parallel = got[0];
-      double spent = 0;
-      for (int k = 0; k < ranks; ++k) spent += (*group)[k]->collective_seconds() - before[k];
-      collective.push_back(spent / ranks * 1000.0);
+      parallel = on_ranks([&](int k) { return flux2_forward_sequence_parallel(model, whole, *(*group)[k]); }, collective);
     });
     m.collective_ms = median_of(collective);
     m.max_rel_diff = (parallel - reference).abs().max().item<double>() / reference.abs().max().item<double>();
+
+    // The large mask: the template's K/V recorded (untimed), then the masked step computing
+    // the text and the middle half of the image rows, as a template-keyed edit does.
+    SlabCache cache;
+    {
+      Flux2Segment record = whole;
+      record.sink = &cache;
+      (void)model.forward(std::span<Flux2Segment>(&record, 1));
+    }
+    m.masked_rows = image / 2;
+    const int64_t first = image / 4;
+    Flux2Segment masked = whole;
+    masked.img = whole.img.narrow(0, first, m.masked_rows);
+    masked.img_ids = whole.img_ids.narrow(0, first, m.masked_rows);
+    masked.positions = at::cat({at::arange(o.text_tokens, at::kLong),
+                                at::arange(o.text_tokens + first, o.text_tokens + first + m.masked_rows, at::kLong)});
+    masked.sequence_length = o.text_tokens + image;
+    masked.kv = &cache;
+    m.masked_one_device_ms = timed_median_ms(o.repeats, [&] {
+      Flux2Segment s = masked;
+      reference = model.forward(std::span<Flux2Segment>(&s, 1));
+    });
+    std::vector<SlabCache> sources(static_cast<size_t>(ranks), cache);  // each rank's own reader
+    std::vector<double> masked_collective;
+    m.masked_two_ranks_ms = timed_median_ms(o.repeats, [&] {
+      parallel = on_ranks(
+          [&](int k) {
+            Flux2Segment s = masked;
+            s.kv = &sources[static_cast<size_t>(k)];
+            return flux2_forward_sequence_parallel(model, s, *(*group)[k]);
+          },
+          masked_collective);
+    });
+    m.masked_collective_ms = median_of(masked_collective);
+    m.masked_max_rel_diff = (parallel - reference).abs().max().item<double>() / reference.abs().max().item<double>();
     measured.push_back(m);
   }
 
@@ -182,7 +255,15 @@ inline nlohmann::json bench_gloo(const GlooBenchOptions& o) {
                      {"degree_2_over_degree_1_same_cores", m.two_ranks_ms / m.one_device_all_threads_ms},
                      {"degree_2_collective_ms", m.collective_ms},
                      {"degree_2_collective_share", m.collective_ms / m.two_ranks_ms},
-                     {"degree_2_max_rel_diff", m.max_rel_diff}});
+                     {"degree_2_max_rel_diff", m.max_rel_diff},
+                     {"large_mask",
+                      {{"masked_rows", m.masked_rows},
+                       {"degree_1_ms", m.masked_one_device_ms},
+                       {"degree_2_ms", m.masked_two_ranks_ms},
+                       {"degree_2_over_degree_1_same_cores", m.masked_two_ranks_ms / m.masked_one_device_ms},
+                       {"degree_2_collective_ms", m.masked_collective_ms},
+                       {"degree_2_collective_share", m.masked_collective_ms / m.masked_two_ranks_ms},
+                       {"degree_2_max_rel_diff", m.masked_max_rel_diff}}}});
   }
   return {{"backend", (*group)[0]->backend()},
           {"model", {{"hidden", cfg.hidden_size}, {"heads", cfg.num_heads}, {"double_blocks", cfg.double_blocks},
@@ -191,7 +272,9 @@ inline nlohmann::json bench_gloo(const GlooBenchOptions& o) {
           {"repeats", o.repeats},
           {"note", "degree 2 = Ulysses over 2 Gloo ranks (threads of one process, " + std::to_string(per_rank) +
                        " compute thread(s) each); degree 1 on one rank's threads and on all of them. This machine's ranks "
-                       "share its cores: it shows correctness and the collectives' cost, not a speedup"},
+                       "share its cores: it shows correctness and the collectives' cost, not a speedup. large_mask: a "
+                       "masked step computing the text and half the image rows, every other row's K/V read from the "
+                       "template's fp16 cache (each rank reads its heads' columns), degree 1 on all threads"},
           {"sizes", sizes},
           {"cost_model_check", check}};
 }
