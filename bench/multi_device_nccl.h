@@ -2,10 +2,13 @@
 // bench_multi_device's "nccl" section: the Ulysses forward of multi_device_gloo.h at FLUX.2
 // [klein] 4B sizes (random bf16 weights, the file bench_flux2 generates) on the GPUs present,
 // over NCCL at every degree that divides klein's 24 heads and fits them (1, 2, 3, 4, 6, 8),
-// against the plain forward on one GPU: step time, the share in collectives, the difference.
+// against the plain forward on one GPU: step time, the share in collectives, the difference;
+// then the same for a masked step of a large mask (half the image rows, the rest's K/V read
+// from the template's fp16 cache in host memory).
 // A degree-1 group still runs its collectives through NCCL. Where no GPU is present the
 // section says so and measures nothing.
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -55,14 +58,10 @@ inline nlohmann::json bench_nccl(const NcclBenchOptions& o) {
     if (Status moved = loaded->to_device(device); !moved.ok()) return {{"error", moved.to_string()}};
     models.push_back(std::make_unique<Flux2Transformer>(std::move(*loaded)));
   }
-  nlohmann::json sizes = nlohmann::json::array();
-  for (int64_t image : o.image_tokens) {
-    const Flux2Segment whole = gloo_bench_segment(cfg, o.text_tokens, image, 7);
-    at::Tensor reference;
-    const double plain_ms = timed_median_ms(o.repeats, [&] {
-      Flux2Segment s = whole;
-      reference = models[0]->forward(std::span<Flux2Segment>(&s, 1));
-    });
+  // Every degree's step of `segment_for(rank)` (the same segment on every rank, a masked one
+  // with that rank's own source) against `reference`, the plain forward on GPU 0.
+  auto by_degree_of = [&](const std::function<Flux2Segment(int rank)>& segment_for, const at::Tensor& reference,
+                          double plain_ms) {
     nlohmann::json by_degree = nlohmann::json::array();
     for (int d : degrees) {
       std::vector<ComputeDevice> devices;
@@ -84,7 +83,7 @@ inline nlohmann::json bench_nccl(const NcclBenchOptions& o) {
           threads.emplace_back([&, k] {
             c10::InferenceMode rank_guard;
             try {
-              got[k] = flux2_forward_sequence_parallel(*models[k], whole, *(*group)[k]);
+              got[k] = flux2_forward_sequence_parallel(*models[k], segment_for(k), *(*group)[k]);
             } catch (const std::exception& e) {
               errors[k] = e.what();
             }
@@ -105,7 +104,52 @@ inline nlohmann::json bench_nccl(const NcclBenchOptions& o) {
                            {"max_rel_diff", (parallel - reference).abs().max().item<double>() /
                                                 reference.abs().max().item<double>()}});
     }
-    sizes.push_back({{"sequence_tokens", image + o.text_tokens}, {"plain_ms", plain_ms}, {"degrees", by_degree}});
+    return by_degree;
+  };
+  nlohmann::json sizes = nlohmann::json::array();
+  for (int64_t image : o.image_tokens) {
+    const Flux2Segment whole = gloo_bench_segment(cfg, o.text_tokens, image, 7);
+    at::Tensor reference;
+    const double plain_ms = timed_median_ms(o.repeats, [&] {
+      Flux2Segment s = whole;
+      reference = models[0]->forward(std::span<Flux2Segment>(&s, 1));
+    });
+    const nlohmann::json by_degree = by_degree_of([&](int) { return whole; }, reference, plain_ms);
+
+    // A large mask: the text and the middle half of the image rows computed, every other
+    // row's K/V read from the template's fp16 cache in host memory (the RAM tier), each rank
+    // through a source of its own, copying its heads' columns to its GPU.
+    SlabCache cache;
+    {
+      Flux2Segment record = whole;
+      record.sink = &cache;
+      (void)models[0]->forward(std::span<Flux2Segment>(&record, 1));
+    }
+    const int64_t rows = image / 2, first = image / 4;
+    Flux2Segment masked = whole;
+    masked.img = whole.img.narrow(0, first, rows);
+    masked.img_ids = whole.img_ids.narrow(0, first, rows);
+    masked.positions = at::cat({at::arange(o.text_tokens, at::kLong),
+                                at::arange(o.text_tokens + first, o.text_tokens + first + rows, at::kLong)});
+    masked.sequence_length = o.text_tokens + image;
+    masked.kv = &cache;
+    at::Tensor masked_reference;
+    const double masked_plain_ms = timed_median_ms(o.repeats, [&] {
+      Flux2Segment s = masked;
+      masked_reference = models[0]->forward(std::span<Flux2Segment>(&s, 1));
+    });
+    std::vector<SlabCache> sources(static_cast<size_t>(degrees.back()), cache);
+    const nlohmann::json masked_by_degree = by_degree_of(
+        [&](int k) {
+          Flux2Segment s = masked;
+          s.kv = &sources[static_cast<size_t>(k)];
+          return s;
+        },
+        masked_reference, masked_plain_ms);
+    sizes.push_back({{"sequence_tokens", image + o.text_tokens},
+                     {"plain_ms", plain_ms},
+                     {"degrees", by_degree},
+                     {"large_mask", {{"masked_rows", rows}, {"plain_ms", masked_plain_ms}, {"degrees", masked_by_degree}}}});
   }
   nlohmann::json devices = nlohmann::json::array();
   for (int g = 0; g < gpus; ++g) devices.push_back(describe_compute_device({true, g}));
