@@ -208,31 +208,31 @@ TEST_CASE("The panel's LoRAs and reference images go with the edit and the engin
   CHECK(c.outside == 0);
   CHECK(c.inside > 0);
 
-  // The engine evicts the reference image behind the editor's back (another client's uploads
-  // fill its template store; an engine restarted between two edits is the same to an edit): the
-  // next Generate is refused with template_not_found naming references[0], and the editor
-  // uploads the image again, replaces its id and submits once more. The result is the
-  // reference's, and the engine knows the image again.
-  {
-    infill::client::ClientOptions o;
-    o.endpoint = window.engine()->endpoint().toStdString();
-    infill::client::Client other(o);
-    const std::string reference_id = sha256_of(dusk).toStdString();
+  // Another client of the engine evicts the reference image behind the editor's back (its
+  // uploads fill the template store; an engine restarted between two edits is the same to an
+  // edit): the picture used last, so that the least recently used template is the reference,
+  // then a filler; then the picture again, so that the reference's upload evicts the filler.
+  infill::client::ClientOptions other_options;
+  other_options.endpoint = window.engine()->endpoint().toStdString();
+  infill::client::Client other(other_options);
+  const std::string reference_id = sha256_of(dusk).toStdString();
+  const std::string picture_file = source_path(QStringLiteral("tests/data/golden/hills_128.png")).toStdString();
+  const auto evict_reference = [&] {
     const std::string picture_id = window.controller()->templateId().toStdString();
-    const std::string picture_file =
-        source_path(QStringLiteral("tests/data/golden/hills_128.png")).toStdString();
-    // The picture used last, so that the store's least recently used template is the reference.
     REQUIRE(other.upload_template_file(picture_file).id == picture_id);
     const std::string filler =
-        other
-            .upload_template_file(
-                source_path(QStringLiteral("resources/jobs/hills_256.png")).toStdString())
-            .id;
+        other.upload_template_file(source_path(QStringLiteral("resources/jobs/hills_256.png")).toStdString()).id;
     CHECK(filler != picture_id);
     REQUIRE(other.get_template(picture_id).id == picture_id);
     REQUIRE_THROWS(other.get_template(reference_id));
-    // The picture again: the reference's upload evicts the filler, not the picture.
     REQUIRE(other.upload_template_file(picture_file).id == picture_id);
+  };
+
+  // Evicted, the next Generate is refused with template_not_found naming references[0], and
+  // the editor uploads the image again, replaces its id and submits once more. The result is
+  // the reference's, and the engine knows the image again.
+  {
+    evict_reference();
     QStringList said;
     const auto watch = QObject::connect(window.controller(), &infill::ui::EditController::message,
                                         [&](const QString& m, bool) { said << m; });
@@ -248,22 +248,11 @@ TEST_CASE("The panel's LoRAs and reference images go with the edit and the engin
     CHECK(panel->params().references == QStringList{sha256_of(dusk)});  // the strip is unchanged
   }
 
-  // The live path: the engine evicts the reference again, and a live edit (a mask edit in live
-  // mode) is refused the same way; the editor uploads the image again and submits the newest
-  // live edit once more. Its result keeps everything outside the mask, and the engine knows
-  // the image again.
+  // The live path: evicted again, a live edit (a mask edit in live mode) is refused the same
+  // way; the editor uploads the image again and submits the newest live edit once more. Its
+  // result keeps everything outside the mask, and the engine knows the image again.
   {
-    infill::client::ClientOptions o;
-    o.endpoint = window.engine()->endpoint().toStdString();
-    infill::client::Client other(o);
-    const std::string reference_id = sha256_of(dusk).toStdString();
-    const std::string picture_id = window.controller()->templateId().toStdString();
-    const std::string picture_file =
-        source_path(QStringLiteral("tests/data/golden/hills_128.png")).toStdString();
-    REQUIRE(other.upload_template_file(picture_file).id == picture_id);
-    (void)other.upload_template_file(source_path(QStringLiteral("resources/jobs/hills_256.png")).toStdString());
-    REQUIRE_THROWS(other.get_template(reference_id));
-    REQUIRE(other.upload_template_file(picture_file).id == picture_id);
+    evict_reference();
     QStringList said;
     const auto watch = QObject::connect(window.controller(), &infill::ui::EditController::message,
                                         [&](const QString& m, bool) { said << m; });

@@ -81,6 +81,24 @@ class KeptKv final : public KvSink {
   std::vector<at::Tensor> k, v;
 };
 
+// The template's K/V as a full forward of `r` at time `t` records them (fp16, as the
+// activation cache keeps them).
+test::MemoryKv recorded_cache(const Flux2Transformer& model, const test::Request& r, double t) {
+  test::MemoryKv cache(/*slabs=*/true);
+  Flux2Segment record = test::full_segment(r, t, 3.5);
+  record.sink = &cache;
+  (void)test::forward_one(model, record);
+  return cache;
+}
+
+// `r` with the image rows `rows` given new content (the sampler's, in an edit).
+test::Request with_new_rows(const Flux2Config& cfg, const test::Request& r, const at::Tensor& rows, uint64_t seed) {
+  test::Request edit = r;
+  edit.img = r.img.clone();
+  edit.img.index_copy_(0, rows, at::randn({rows.size(0), cfg.input_channels()}, at::make_generator<at::CPUGeneratorImpl>(seed)));
+  return edit;
+}
+
 }  // namespace
 
 TEST_CASE("A Gloo device group trades rows among its ranks, uneven counts included", "[model][parallel]") {
@@ -223,17 +241,12 @@ TEST_CASE("A masked step in Ulysses over 2 and 4 Gloo ranks reading cached K/V e
   const Flux2Transformer model = test::attentive_flux2(cfg, 15, dir.file("t.safetensors"));
   // klein's editing layout: 6 text rows, a 5 x 6 image, the same grid again as reference rows.
   const test::Request recorded = test::make_request(cfg, 6, 5, 6, /*reference=*/true, 31);
-  test::MemoryKv cache(/*slabs=*/true);
-  Flux2Segment record = test::full_segment(recorded, 0.6, 3.5);
-  record.sink = &cache;
-  (void)test::forward_one(model, record);
+  test::MemoryKv cache = recorded_cache(model, recorded, 0.6);
   REQUIRE(cache.blocks() == static_cast<size_t>(cfg.depth()));
   // The edit: 17 of the 30 image rows masked, their content new (the sampler's), every other
   // row's K/V read from the cache.
-  test::Request edit = recorded;
-  edit.img = recorded.img.clone();
   const at::Tensor masked = at::arange(3, 20, at::kLong);
-  edit.img.index_copy_(0, masked, at::randn({17, cfg.input_channels()}, at::make_generator<at::CPUGeneratorImpl>(4)));
+  const test::Request edit = with_new_rows(cfg, recorded, masked, 4);
 
   for (bool with_text : {true, false}) {  // template-keyed (the text computed) and prompt-keyed
     const at::Tensor text_rows = with_text ? at::arange(6, at::kLong) : at::empty({0}, at::kLong);
@@ -241,10 +254,7 @@ TEST_CASE("A masked step in Ulysses over 2 and 4 Gloo ranks reading cached K/V e
     const at::Tensor expected = test::forward_one(model, one);
     REQUIRE(expected.size(0) == 17);
     // The cached rows matter: the same rows over a cache of another template differ.
-    test::MemoryKv other(true);
-    Flux2Segment other_record = test::full_segment(test::make_request(cfg, 6, 5, 6, true, 32), 0.6, 3.5);
-    other_record.sink = &other;
-    (void)test::forward_one(model, other_record);
+    test::MemoryKv other = recorded_cache(model, test::make_request(cfg, 6, 5, 6, true, 32), 0.6);
     REQUIRE(relative(test::forward_one(model, test::masked_segment(edit, text_rows, masked, 0.6, &other, 3.5)),
                      expected) > 1e-2);
     for (int ranks : {2, 4}) {
@@ -334,14 +344,9 @@ TEST_CASE("A guided step's halves each in Ulysses over two of four Gloo ranks eq
   const Flux2Transformer model = test::attentive_flux2(cfg, 16, dir.file("t.safetensors"));
   // A cache of the template for the masked halves (each rank reads its own copy of it).
   const test::Request recorded = test::make_request(cfg, 6, 4, 5, /*reference=*/true, 41);
-  test::MemoryKv cache(/*slabs=*/true);
-  Flux2Segment record = test::full_segment(recorded, 0.5, 3.5);
-  record.sink = &cache;
-  (void)test::forward_one(model, record);
-  test::Request edit = recorded;
-  edit.img = recorded.img.clone();
+  test::MemoryKv cache = recorded_cache(model, recorded, 0.5);
   const at::Tensor masked = at::arange(2, 14, at::kLong);
-  edit.img.index_copy_(0, masked, at::randn({12, cfg.input_channels()}, at::make_generator<at::CPUGeneratorImpl>(5)));
+  const test::Request edit = with_new_rows(cfg, recorded, masked, 5);
   test::Request null_edit = edit;
   null_edit.txt = at::zeros_like(edit.txt);  // the null prompt's rows stand in for the unconditional half
 
