@@ -19,7 +19,7 @@ enum class Ev { kStepEnd = 0, kArrive = 1, kRound = 2 };  // at one instant: ste
 struct Event {
   double t;
   Ev kind;
-  size_t who;  // request index (kRound: unused)
+  size_t who;  // request index (kRound: the round's generation, or kArrivalRound)
   uint64_t seq;
   bool operator>(const Event& o) const {
     if (t != o.t) return t > o.t;
@@ -28,6 +28,10 @@ struct Event {
   }
 };
 using EventQueue = std::priority_queue<Event, std::vector<Event>, std::greater<>>;
+
+// A round started by an arrival (plan_on_arrival): it always runs. A round scheduled by the
+// round before carries that round's generation and is dropped when another round ran since.
+constexpr size_t kArrivalRound = std::numeric_limits<size_t>::max();
 
 // Per request, while it runs.
 struct Live {
@@ -236,11 +240,16 @@ class RoundPlannerSim {
     }
     if (n == 0) return report_;
     const double first = trace_[arrivals_.front()].arrival_ms;
-    schedule_round_for_arrival(first);
+    if (o_.plan_on_arrival) {
+      for (size_t i : arrivals_) events_.push({trace_[i].arrival_ms, Ev::kRound, kArrivalRound, seq_++});
+    } else {
+      schedule_round_for_arrival(first);
+    }
     while (!events_.empty()) {
       const Event e = events_.top();
       events_.pop();
       if (e.kind == Ev::kRound) {
+        if (e.who != kArrivalRound && e.who != generation_) continue;  // another round ran since
         INFILL_RETURN_IF_ERROR(round(e.t));
       } else {
         INFILL_RETURN_IF_ERROR(step_end(e.who, e.t));
@@ -269,10 +278,11 @@ class RoundPlannerSim {
   // are counted in steps.
   void schedule_round_for_arrival(double t) {
     const double at = o_.round_steps > 0 ? t : std::ceil(t / o_.round_ms) * o_.round_ms;
-    events_.push({at, Ev::kRound, 0, seq_++});
+    events_.push({at, Ev::kRound, generation_, seq_++});
   }
 
   Status round(double now) {
+    ++generation_;
     while (next_arrival_ < arrivals_.size() && trace_[arrivals_[next_arrival_]].arrival_ms <= now) {
       const size_t i = arrivals_[next_arrival_++];
       live_[i].arrived = true;
@@ -282,7 +292,7 @@ class RoundPlannerSim {
     std::erase_if(active_, [&](size_t i) { return live_[i].done; });
     std::vector<bool> contends(live_.size(), true);
     std::vector<int> unavailable;
-    if (o_.bind_to_home) choose_contenders(contends, unavailable);
+    if (o_.bind_to_home) choose_contenders(contends, unavailable, now);
 
     std::vector<PlannerRequest> requests;
     std::vector<size_t> index;
@@ -397,8 +407,8 @@ class RoundPlannerSim {
         }
         next = now + last_round_ms_;
       }
-      events_.push({next, Ev::kRound, 0, seq_++});
-    } else if (next_arrival_ < arrivals_.size()) {
+      events_.push({next, Ev::kRound, generation_, seq_++});
+    } else if (!o_.plan_on_arrival && next_arrival_ < arrivals_.size()) {
       schedule_round_for_arrival(trace_[arrivals_[next_arrival_]].arrival_ms);
     }
     return Status::success();
@@ -427,9 +437,17 @@ class RoundPlannerSim {
     return static_cast<int>(std::min_element(bound.begin(), bound.end()) - bound.begin());
   }
 
+  // Late even if it ran every step left on its device alone from now: what the worker's step
+  // scheduler calls hopeless (step_scheduler.h), judged with its step on one device.
+  bool late_alone(size_t i, double now) const {
+    const Live& l = live_[i];
+    return now + double(l.steps_left) * step_(trace_[i], 1, false) > l.deadline;
+  }
+
   // Per device, the one request that goes to the planner: the one whose step is in flight,
-  // else the earliest deadline; a device whose request runs its last step is unavailable.
-  void choose_contenders(std::vector<bool>& contends, std::vector<int>& unavailable) const {
+  // else the earliest deadline among those still on time alone (late_alone), else the
+  // earliest deadline; a device whose request runs its last step is unavailable.
+  void choose_contenders(std::vector<bool>& contends, std::vector<int>& unavailable, double now) const {
     std::vector<int> pick(static_cast<size_t>(o_.devices), -1);
     std::vector<bool> last_step(static_cast<size_t>(o_.devices), false);
     for (size_t i : active_) {
@@ -447,7 +465,16 @@ class RoundPlannerSim {
       }
       const Live& q = live_[static_cast<size_t>(p)];
       if (q.in_step) continue;
-      if (l.in_step || l.deadline < q.deadline) p = static_cast<int>(i);
+      if (l.in_step) {
+        p = static_cast<int>(i);
+        continue;
+      }
+      const bool l_late = late_alone(i, now), q_late = late_alone(static_cast<size_t>(p), now);
+      if (l_late != q_late) {
+        if (!l_late) p = static_cast<int>(i);  // work still on time goes first
+        continue;
+      }
+      if (l.deadline < q.deadline) p = static_cast<int>(i);
     }
     for (int d = 0; d < o_.devices; ++d) {
       const int p = pick[static_cast<size_t>(d)];
@@ -527,6 +554,7 @@ class RoundPlannerSim {
   EventQueue events_;
   uint64_t seq_ = 0;
   double last_round_ms_ = 0;
+  size_t generation_ = 0;  // rounds run so far
   SpSimReport report_;
 };
 

@@ -15,7 +15,8 @@
 ///   to back at its planned degree on its planned devices. Steps are not preempted: a request
 ///   whose plan changed moves when its step in flight ends, and a device passes to its new
 ///   holder when its old holder's step on it ends. Requests arriving in a round wait for the
-///   next one.
+///   next one, unless `plan_on_arrival`: then an arrival starts a new round at once (the next
+///   one round_ms later), as the engine's device team plans when an unknown request asks.
 /// - Fixed degree D (xDiT's serving, the baseline): the devices form devices / D groups of D
 ///   contiguous devices; a request takes the lowest free group when it arrives, or waits in
 ///   one first-come-first-served queue, and runs all its steps at D there. No rounds.
@@ -31,7 +32,9 @@
 /// Bound to a home (`bind_to_home`, the engine's device team: serving/team_planner.h): each
 /// request is bound at arrival to the device with the fewest unfinished requests bound to it
 /// (the engine's router hands it to one worker, which holds its state). A device runs one of
-/// its requests at a time (the one whose step is in flight, else the earliest deadline); that
+/// its requests at a time (the one whose step is in flight, else the earliest deadline among
+/// those still on time if run alone on the device from now, else the earliest deadline: late
+/// work yields, as the worker's step scheduler lets it, step_scheduler.h); that
 /// request goes to the planner with the device as its home (it never waits and runs on devices
 /// including it), its device's other requests wait, and devices whose only request runs its
 /// last step are unavailable. Devices with nothing bound are what the planner grants.
@@ -80,6 +83,10 @@ struct SpSimOptions {
   bool split_guidance = true;
   /// kRoundPlanner: every request bound to a home device (see "Bound to a home").
   bool bind_to_home = false;
+  /// kRoundPlanner: an arrival starts a new round at once, restarting the round clock (the
+  /// engine's team plans as soon as an unknown request asks: serving/team_planner.h); false,
+  /// TetriServe's rounds: arrivals wait for the next round boundary.
+  bool plan_on_arrival = false;
   /// kFixedDegree: guided requests' halves split over the two halves of each group (at
   /// fixed_degree / 2 each; fixed_degree must be even); false packs them on the group.
   bool fixed_split_guidance = false;
