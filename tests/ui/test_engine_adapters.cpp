@@ -16,6 +16,7 @@
 #include <QMimeData>
 #include <QProcess>
 #include <QSpinBox>
+#include <QThread>
 #include <QTemporaryDir>
 #include <QUrl>
 
@@ -275,6 +276,65 @@ TEST_CASE("The panel's LoRAs and reference images go with the edit and the engin
     CHECK(window.controller()->parameters().references == QStringList{sha256_of(dusk)});
     window.maskDocument()->undoStack()->undo();  // the mask of the edits below
     REQUIRE(window.maskDocument()->mask() == mask_before);
+  }
+
+  // Refused twice: the image is evicted again between the editor's upload and its second
+  // submission. The editor's "uploading again" message holds its GUI thread while another
+  // client waits for that upload to land in the engine (the upload runs off the GUI thread)
+  // and evicts the image; only then can the editor see the upload answered and submit. The
+  // second refusal is not retried: its message names the image, no result arrives, the
+  // editor is idle with its parameters kept, and the next Generate recovers as above.
+  {
+    const QImage known = generate();  // the edit with the image known (the canvas holds the live result)
+    evict_reference();
+    QStringList said;
+    bool landed = false, evicted = false;
+    const auto watch = QObject::connect(window.controller(), &infill::ui::EditController::message, [&](const QString& m, bool) {
+      said << m;
+      if (!m.contains(QStringLiteral("uploading the images again")) || landed) return;
+      for (int tries = 0; tries < 6000 && !landed; ++tries) {
+        try {
+          landed = other.get_template(reference_id).id == reference_id;
+        } catch (const std::exception&) {
+          QThread::msleep(10);  // not there yet: the upload is still on its way
+        }
+      }
+      if (!landed) return;
+      try {
+        evict_reference();  // a failed check in it is recorded before it throws
+        evicted = true;
+      } catch (...) {
+      }
+    });
+    results.clear();
+    window.action(QStringLiteral("generate"))->trigger();
+    const auto refused_twice = [&] { return !said.filter(QStringLiteral("Edit refused")).isEmpty(); };
+    wait_until([&] { return refused_twice() || !results.empty(); }, 180000);
+    QObject::disconnect(watch);
+    INFO(said.join(QLatin1Char('\n')).toStdString());
+    REQUIRE(landed);
+    REQUIRE(evicted);
+    REQUIRE(refused_twice());
+    CHECK(said.filter(QStringLiteral("uploading the images again")).size() == 1);
+    const QString refusal = said.filter(QStringLiteral("Edit refused")).constFirst();
+    CHECK(refusal.contains(QStringLiteral("reference image dusk_256.png is not known to the engine")));
+    CHECK(results.empty());
+    CHECK_FALSE(window.controller()->busy());
+    CHECK(window.controller()->parameters().references == QStringList{sha256_of(dusk)});
+    CHECK(panel->params().references == QStringList{sha256_of(dusk)});
+    CHECK_THROWS(other.get_template(reference_id));  // no third upload behind the refusal
+
+    QStringList after;
+    const auto watch_after = QObject::connect(window.controller(), &infill::ui::EditController::message,
+                                              [&](const QString& m, bool) { after << m; });
+    const QImage recovered = generate();
+    QObject::disconnect(watch_after);
+    INFO(after.join(QLatin1Char('\n')).toStdString());
+    CHECK(after.filter(QStringLiteral("uploading the images again")).size() == 1);
+    CHECK(after.filter(QStringLiteral("refused")).isEmpty());
+    CHECK(changes(known, recovered, reach).inside == 0);
+    CHECK(changes(known, recovered, reach).outside == 0);
+    CHECK(other.get_template(reference_id).id == reference_id);
   }
 
   // Files the model cannot use: refused by the engine, the row removed, a message naming them.
