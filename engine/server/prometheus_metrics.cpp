@@ -131,6 +131,9 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
                            Counter{"infill_worker_team_shares_total",
                                    "Shares of other workers' sequence-parallel steps this worker's device ran.",
                                    &WorkerMetrics::team_shares},
+                           Counter{"infill_worker_team_holds_total",
+                                   "Steps the device team held back a round while this worker's device served another's step.",
+                                   &WorkerMetrics::team_holds},
                            Counter{"infill_worker_requests_advanced_total", "Request-steps run (sum of batch sizes).",
                                    &WorkerMetrics::requests_advanced}}) {
     w.family(c.name, "counter", c.help);
@@ -291,6 +294,9 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
     w.family("infill_team_short_of_plan_total", "counter",
              "Steps that ran on fewer devices than planned (a planned device still busy).");
     w.sample("infill_team_short_of_plan_total", {}, double(p.short_of_plan));
+    w.family("infill_team_held_total", "counter",
+             "Steps the planner held back a round, their device given to another request's step.");
+    w.sample("infill_team_held_total", {}, double(p.held));
     if (!p.correction.empty()) {
       w.family("infill_team_step_correction", "gauge",
                "Measured over predicted time of the team's shared steps, by mode (d<degree> or split).");

@@ -135,24 +135,35 @@ void DeviceTeam::release(const Lease& lease) {
 
 void DeviceTeam::withdraw(int leader) {
   std::lock_guard lock(mu_);
-  if (leader >= 0 && leader < size_) planner_->withdraw(leader);
+  if (leader < 0 || leader >= size_) return;
+  planner_->withdraw(leader);
+  ranks_[static_cast<size_t>(leader)].yielding_until_ms = 0;
 }
 
-std::unique_ptr<DeviceTeam::Lease> DeviceTeam::lease(int leader, const TeamAsk& ask) {
+std::unique_ptr<DeviceTeam::Lease> DeviceTeam::lease(int leader, const TeamAsk& ask, double* hold_ms) {
+  if (hold_ms != nullptr) *hold_ms = 0;
   TeamDecision decision;
   {
     std::lock_guard lock(mu_);
     if (!failure_.empty() || leader < 0 || leader >= size_ || ranks_[leader].engaged || !ranks_[leader].post) return nullptr;
+    ranks_[static_cast<size_t>(leader)].yielding_until_ms = 0;  // it asks: not held any more
+    const double now = clock_ms();
     std::vector<TeamRankState> states(static_cast<size_t>(size_));
     for (int r = 0; r < size_; ++r) {
       const Rank& rank = ranks_[static_cast<size_t>(r)];
-      states[static_cast<size_t>(r)] = r == leader   ? TeamRankState::kBusy
-                                       : !rank.post  ? TeamRankState::kAbsent
-                                       : rank.engaged ? TeamRankState::kEngaged
-                                       : rank.idle && rank.idle() ? TeamRankState::kFree
-                                                                  : TeamRankState::kBusy;
+      states[static_cast<size_t>(r)] = r == leader                    ? TeamRankState::kBusy
+                                       : !rank.post                   ? TeamRankState::kAbsent
+                                       : rank.engaged                 ? TeamRankState::kEngaged
+                                       : rank.yielding_until_ms > now ? TeamRankState::kYielding
+                                       : rank.idle && rank.idle()     ? TeamRankState::kFree
+                                                                      : TeamRankState::kBusy;
     }
-    decision = planner_->decide(leader, ask, clock_ms(), states);
+    decision = planner_->decide(leader, ask, now, states);
+    if (decision.hold_ms > 0 && hold_ms != nullptr) {
+      *hold_ms = decision.hold_ms;
+      ranks_[static_cast<size_t>(leader)].yielding_until_ms = now + decision.hold_ms;
+      return nullptr;
+    }
     if (decision.ranks.size() <= 1) return nullptr;
     for (int r : decision.ranks) ranks_[static_cast<size_t>(r)].engaged = true;
   }

@@ -90,8 +90,12 @@ class DeviceTeam {
   };
   /// A lease for rank `leader`'s next step of `ask`, as the planner decides it; null when the
   /// step runs on the leader alone (the planner says so, the team is out of use, the leader
-  /// is in another's lease, or the group of the planned ranks could not be made).
-  std::unique_ptr<Lease> lease(int leader, const TeamAsk& ask);
+  /// is in another's lease, or the group of the planned ranks could not be made), or when it
+  /// is held. Held (TeamDecision::hold_ms; only when `hold_ms` is given, else it runs alone):
+  /// the planner has the request wait this round while its rank serves another's step; `*hold_ms`
+  /// says how long the worker holds the step back before asking again, and the rank counts as
+  /// kYielding (given as a free one) until then or until it asks or withdraws.
+  std::unique_ptr<Lease> lease(int leader, const TeamAsk& ask, double* hold_ms = nullptr);
   /// `leader`'s request no longer asks (it ended or runs its last step): the planner forgets it.
   void withdraw(int leader);
 
@@ -116,6 +120,7 @@ class DeviceTeam {
     Idle idle;
     std::vector<std::shared_ptr<const EditModel>> models;
     bool engaged = false;
+    double yielding_until_ms = 0;  // clock_ms(): its request is held back until then
   };
   void release(const Lease& lease);
   // The group of `ranks` (ascending), made now if there is none; null if it cannot be.

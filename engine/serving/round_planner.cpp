@@ -392,7 +392,8 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
       continue;
     }
     // Waiting: on time if the mode it would take now (the least GPU time on time) is still
-    // on time from the next round. A request with a home does not wait (see "Homes").
+    // on time from the next round; for a request with a home, if its home alone (modes[i][0],
+    // one device) is (see "Homes"). Without homes_may_wait a request with a home does not wait.
     const double start = std::max(now_ms, r.ready_ms);
     const double start_next = std::max(now_ms + o.round_ms, r.ready_ms);
     double cheapest = kInfinity, cheapest_on_time = kInfinity;
@@ -406,9 +407,10 @@ Result<RoundPlan> plan_round(std::span<const PlannerRequest> requests, double no
         m_on_time = m;
       }
     }
-    if (r.home >= 0) {
+    if (r.home >= 0 && !o.homes_may_wait) {
       // no waiting option
-    } else if (m_on_time < ms.size() && start_next + steps * ms[m_on_time].step_ms <= r.deadline_ms) {
+    } else if (m_on_time < ms.size() &&
+               start_next + steps * ms[r.home >= 0 ? 0 : m_on_time].step_ms <= r.deadline_ms) {
       opts.push_back({-1, 0, 1, cheapest_on_time});
     } else {
       opts.push_back({-1, 0, 0, cheapest});

@@ -367,6 +367,7 @@ class RoundPlannerSim {
     po.grant_idle_devices = o_.grant_idle_devices;
     po.split_guidance = o_.split_guidance;
     po.unavailable = unavailable;
+    po.homes_may_wait = o_.bound_may_yield;
     Result<RoundPlan> plan = plan_round(requests, now, step_.step_ms, step_.guided_step_ms, po);
     if (!plan.ok()) return plan.status();
     if (!requests.empty()) ++report_.rounds;

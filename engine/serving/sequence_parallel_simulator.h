@@ -87,6 +87,9 @@ struct SpSimOptions {
   /// engine's team plans as soon as an unknown request asks: serving/team_planner.h); false,
   /// TetriServe's rounds: arrivals wait for the next round boundary.
   bool plan_on_arrival = false;
+  /// kRoundPlanner with bind_to_home: a device's request may wait a round while others use
+  /// its device (RoundPlannerOptions::homes_may_wait); false, it always runs on its device.
+  bool bound_may_yield = false;
   /// kFixedDegree: guided requests' halves split over the two halves of each group (at
   /// fixed_degree / 2 each; fixed_degree must be even); false packs them on the group.
   bool fixed_split_guidance = false;

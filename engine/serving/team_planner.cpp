@@ -100,7 +100,8 @@ std::optional<RoundPlan> TeamPlanner::plan(double now_ms, std::span<const TeamRa
     bool whole = true;
     for (int rank : c.ranks) {
       const TeamRankState s = states[static_cast<size_t>(rank)];
-      const bool usable = rank == home || ((s == TeamRankState::kFree || s == TeamRankState::kEngaged) &&
+      const bool usable = rank == home || ((s == TeamRankState::kFree || s == TeamRankState::kEngaged ||
+                                            s == TeamRankState::kYielding) &&
                                            claimed[static_cast<size_t>(rank)] < 0);
       if (!usable) {
         whole = false;
@@ -125,6 +126,7 @@ std::optional<RoundPlan> TeamPlanner::plan(double now_ms, std::span<const TeamRa
   o.round_ms = options_.round_ms;
   o.heads = 1;  // every request brings its own
   o.max_split_degree = std::max(1, n / 2);  // each half over up to half of the ranks
+  o.homes_may_wait = options_.yield;
   for (int rank = 0; rank < n; ++rank) {
     const TeamRankState s = states[static_cast<size_t>(rank)];
     if (claimed[static_cast<size_t>(rank)] >= 0) continue;
@@ -176,7 +178,10 @@ TeamDecision TeamPlanner::decide(int rank, const TeamAsk& ask, double now_ms, st
   me.ready_ms = now_ms;  // it asks between steps: nothing of its own is in flight
   me.asked_ms = now_ms;
 
-  const auto usable = [&](int r) { return r == rank || states[static_cast<size_t>(r)] == TeamRankState::kFree; };
+  const auto usable = [&](int r) {
+    const TeamRankState s = states[static_cast<size_t>(r)];
+    return r == rank || s == TeamRankState::kFree || s == TeamRankState::kYielding;
+  };
   const auto planned = [&]() -> const PlannedRequest* {
     if (!plan_) return nullptr;
     const auto at = plan_index_.find(ask.id);
@@ -193,6 +198,19 @@ TeamDecision TeamPlanner::decide(int rank, const TeamAsk& ask, double now_ms, st
   }
   TeamDecision d = alone;
   d.new_round = fresh;
+  if (mine != nullptr && mine->degree == 0 && options_.yield) {
+    // Planned to wait (its rank goes to another's step): held back to the round's end.
+    const double left = round_start_ms_ + options_.round_ms - now_ms;
+    if (left > 0) {
+      d.hold_ms = left;
+      d.predicted_ms = 0;
+      me.ranks.clear();
+      me.split = false;
+      me.ready_ms = now_ms;
+      metrics_.held += 1;
+      return d;
+    }
+  }
   if (mine != nullptr && mine->degree >= 1 && std::find(mine->devices.begin(), mine->devices.end(), rank) != mine->devices.end()) {
     std::vector<int> ranks;
     for (int r : mine->devices) {

@@ -29,6 +29,13 @@
 /// its rank is free (its worker holds nothing), or when it has not asked for four rounds and
 /// four of its steps (its request ended without a word).
 ///
+/// Yielding (`yield`): a contender may be planned to wait a round, its rank given to another
+/// request whose deadline needs it, where it can still finish alone on its own rank from the
+/// next round (round_planner.h, "Homes"). Its ask is then answered with `hold_ms` (to the
+/// round's end): its worker holds the step back and its rank is kYielding, which the planner
+/// gives as a free one. A rank planned to yield whose worker has not asked since is still
+/// kBusy: the request given it runs short of its plan until then (`short_of_plan`).
+///
 /// Threading: not thread-safe; the team calls it under its lock.
 
 #include <cstdint>
@@ -77,6 +84,10 @@ struct TeamPlannerOptions {
   /// Correct predictions from measured parallel steps (off: the link's figures alone, for
   /// tests that need the same decision at every step).
   bool learn = true;
+  /// A contender may wait a round while its rank serves another's step (it yields:
+  /// RoundPlannerOptions::homes_may_wait), where it can still finish alone on its rank from
+  /// the next round; false, every contender steps at every ask.
+  bool yield = true;
 };
 
 /// What a rank is doing when another asks.
@@ -85,6 +96,9 @@ enum class TeamRankState {
   kBusy,     ///< holds requests of its own (a contender, or masked edits)
   kEngaged,  ///< in a lease now (a step in flight)
   kAbsent,   ///< not attached (its worker stopped)
+  /// Holds a contender the planner told to wait this round (TeamDecision::hold_ms): its
+  /// worker holds the step back, so the planner may give the rank as if it were free.
+  kYielding,
 };
 
 /// The planner's answer to one ask.
@@ -95,6 +109,9 @@ struct TeamDecision {
   double predicted_ms = 0; ///< the step's predicted time so (its correction included)
   double correction = 1;   ///< the measured-over-predicted factor in predicted_ms
   bool new_round = false;  ///< this ask planned a new round
+  /// > 0: the plan has the asker's request wait this round (its rank serves another's step):
+  /// hold the step back this long, then ask again. `ranks` is the asker alone then, unused.
+  double hold_ms = 0;
 };
 
 struct TeamPlannerMetrics {
@@ -105,6 +122,7 @@ struct TeamPlannerMetrics {
   uint64_t alone = 0;          ///< answered with the asker alone
   uint64_t split = 0;          ///< answered with the halves split
   uint64_t short_of_plan = 0;  ///< answered with fewer ranks than planned (some busy by then)
+  uint64_t held = 0;           ///< answered with a hold: the asker's request waits the round
   std::map<int, uint64_t> by_degree;  ///< answered Ulysses degree -> count (split: each half's)
   /// Measured over predicted parallel steps, per "d<degree>", "split" (halves one per rank) or
   /// "split_d<degree>" (each half over `degree` ranks): the correction.

@@ -87,6 +87,8 @@ struct Worker::Record {
   std::atomic<double> remaining_work_ms{0.0};
   uint64_t ready_seq = 0;
   double last_advance_ms = 0;
+  // The device team has it wait until then (now_ms()): its rank serves another's step.
+  double team_hold_until_ms = 0;
   bool finishing = false;  // handed to the pool for post-processing
 
   // Callbacks to the client (progress, preview, completion) run on the pool but strictly in
@@ -103,6 +105,7 @@ struct Worker::PrepareJob {
   int steps_run = 0;
   double step_work_ms = 0;
   double deadline_abs_ms = 0;
+  double team_hold_until_ms = 0;  // as Record's
   bool background = false;  // a prompt-keyed prepare nobody waits for (see worker.h)
   std::vector<std::shared_ptr<Record>> waiting;
 };
@@ -616,9 +619,12 @@ void Worker::loop() {
       std::unique_lock lock(inbox_mu_);
       const auto woken = [&] { return stop_ || !inbox_.empty() || runnable_; };
       // Work waiting only for adapters being read on the pool: looked at again every few ms
-      // (a read takes far longer), not spun on.
+      // (a read takes far longer), not spun on. Work the device team holds back: looked at
+      // again when its hold ends (or a message, such as the team's share, comes first).
       if (waiting_for_adapters_) {
         inbox_cv_.wait_for(lock, std::chrono::milliseconds(5), woken);
+      } else if (std::isfinite(held_until_ms_)) {
+        inbox_cv_.wait_for(lock, std::chrono::duration<double, std::milli>(std::max(0.0, held_until_ms_ - now_ms())), woken);
       } else {
         inbox_cv_.wait(lock, woken);
       }
@@ -629,12 +635,20 @@ void Worker::loop() {
     if (!in_service_.load()) fail_all_out_of_service();
     retire_inactive();
     size_t ready = 0, waiting = 0;
+    const double now = now_ms();
+    held_until_ms_ = std::numeric_limits<double>::infinity();
+    const auto held = [&](double until) {
+      if (until <= now) return false;
+      held_until_ms_ = std::min(held_until_ms_, until);
+      return true;
+    };
     for (const auto& r : active_) {
-      if (r->finishing) continue;
+      if (r->finishing || held(r->team_hold_until_ms)) continue;
       ++(r->session->waiting_for_adapters() ? waiting : ready);
     }
     bool have_prepares = false;
     for (const auto& [key, job] : prepares_) {
+      if (held(job->team_hold_until_ms)) continue;
       const bool waits = job->run->waiting_for_adapters();
       waiting += waits;
       have_prepares = have_prepares || !waits;
@@ -779,7 +793,8 @@ TeamAsk Worker::team_ask(const ServedModel* served, uint64_t id, int64_t tokens,
 }
 
 at::Tensor Worker::forward_in_team(const ServedModel* served, std::span<const std::shared_ptr<Record>> records,
-                                   std::span<StepSession* const> sessions) {
+                                   std::span<StepSession* const> sessions, bool& held) {
+  held = false;
   DeviceTeam* team = options_.team.get();
   if (team == nullptr || sessions.size() != 1 || records.size() != 1) return {};
   // A guided step's halves on two devices, one each, or a whole-sequence step (or a large
@@ -787,7 +802,7 @@ at::Tensor Worker::forward_in_team(const ServedModel* served, std::span<const st
   // and predicted step.
   // Either runs alone: packed with other requests' rows it would wait on the slowest.
   StepSession& session = *sessions[0];
-  const Record& r = *records[0];
+  Record& r = *records[0];
   // A masked step of a small mask stays here: splitting its few rows buys less than the
   // collectives cost, and the devices it would take serve masked edits of their own.
   const bool small_mask = session.reads_cached_kv() &&
@@ -801,7 +816,17 @@ at::Tensor Worker::forward_in_team(const ServedModel* served, std::span<const st
   ask.heads = heads;
   ask.guided = session.guided();
   ask.may_split = may_split;
-  const std::unique_ptr<DeviceTeam::Lease> lease = team->lease(options_.team_rank, ask);
+  double hold_ms = 0;
+  const std::unique_ptr<DeviceTeam::Lease> lease = team->lease(options_.team_rank, ask, &hold_ms);
+  if (hold_ms > 0) {
+    // Its rank serves another's step this round: it waits (the planner found it still on time
+    // alone from the next round) and asks again when the hold ends.
+    r.team_hold_until_ms = now_ms() + hold_ms;
+    held = true;
+    std::lock_guard lock(metrics_mu_);
+    metrics_.team_holds += 1;
+    return {};
+  }
   if (r.steps_left <= 1) team->withdraw(options_.team_rank);  // its last step: it asks no more
   if (!lease) return {};
   const bool halves = lease->split();
@@ -831,17 +856,24 @@ at::Tensor Worker::forward_in_team(const ServedModel* served, std::span<const st
   return mine;
 }
 
-bool Worker::run_prepare_step_in_team(PrepareJob& job) {
+Worker::TeamStep Worker::run_prepare_step_in_team(PrepareJob& job) {
   DeviceTeam* team = options_.team.get();
   const int heads = team != nullptr && job.served != nullptr ? job.run->parallel_heads() : 0;
-  if (heads <= 0) return false;
+  if (heads <= 0) return TeamStep::kAlone;
   // A prepare job's id: apart from every request's (the top bit) and every other rank's.
   const uint64_t id = (uint64_t{1} << 63) | (uint64_t(options_.team_rank) << 48) | job.serial;
   TeamAsk ask = team_ask(job.served, id, job.run->tokens(), std::max(1, job.run->steps() - job.steps_run),
                          job.deadline_abs_ms, job.step_work_ms);
   ask.heads = heads;
-  const std::unique_ptr<DeviceTeam::Lease> lease = team->lease(options_.team_rank, ask);
-  if (!lease) return false;
+  double hold_ms = 0;
+  const std::unique_ptr<DeviceTeam::Lease> lease = team->lease(options_.team_rank, ask, &hold_ms);
+  if (hold_ms > 0) {
+    job.team_hold_until_ms = now_ms() + hold_ms;
+    std::lock_guard lock(metrics_mu_);
+    metrics_.team_holds += 1;
+    return TeamStep::kHeld;
+  }
+  if (!lease) return TeamStep::kAlone;
   const size_t slot = static_cast<size_t>(job.served - models_.data());
   const StepPrepare::ParallelShare share = job.run->parallel_step();
   const Status ran = team->run(*lease, [&](SequenceGroup& member, int rank) {
@@ -851,15 +883,16 @@ bool Worker::run_prepare_step_in_team(PrepareJob& job) {
   });
   if (!ran.ok()) throw std::runtime_error(ran.message());
   job.run->parallel_step_done();
-  return true;
+  return TeamStep::kParallel;
 }
 
 void Worker::run_prepare_slice() {
   // Earliest deadline first among jobs that can run (retire_inactive dropped those nobody
   // waits for).
   auto best = prepares_.end();
+  const double now = now_ms();
   for (auto it = prepares_.begin(); it != prepares_.end(); ++it) {
-    if (it->second->run->waiting_for_adapters()) continue;
+    if (it->second->run->waiting_for_adapters() || it->second->team_hold_until_ms > now) continue;
     if (best == prepares_.end() || it->second->deadline_abs_ms < best->second->deadline_abs_ms) best = it;
   }
   if (best == prepares_.end()) return;
@@ -868,7 +901,9 @@ void Worker::run_prepare_slice() {
   bool failed = false, parallel = false;
   std::string error;
   try {
-    parallel = run_prepare_step_in_team(job);
+    const TeamStep how = run_prepare_step_in_team(job);
+    if (how == TeamStep::kHeld) return;  // its rank serves another's step this round
+    parallel = how == TeamStep::kParallel;
     if (!parallel) job.run->run_step();
   } catch (...) {
     failed = true;
@@ -978,7 +1013,7 @@ void Worker::run_step() {
   std::map<const ServedModel*, ModelShare> shares;
   double candidate_tokens = 0;
   for (const auto& r : active_) {
-    if (r->finishing || r->session->waiting_for_adapters()) continue;
+    if (r->finishing || r->session->waiting_for_adapters() || r->team_hold_until_ms > now) continue;
     SchedCandidate c;
     c.id = r->req.id;
     c.tokens = r->tokens * (r->session->guided() ? 2 : 1);
@@ -1049,13 +1084,24 @@ void Worker::run_step() {
     bool failed = false;
     std::string error;
     at::Tensor rows;
+    bool held = false;
     try {
       if (options_.before_step) options_.before_step(g.ids);
-      rows = forward_in_team(g.served, g.records, g.sessions);
-      if (!rows.defined()) rows = g.served->model->forward(g.sessions);
+      rows = forward_in_team(g.served, g.records, g.sessions, held);
+      if (!rows.defined() && !held) rows = g.served->model->forward(g.sessions);
     } catch (...) {
       failed = true;
       error = exception_text(std::current_exception());
+    }
+    if (held) {
+      // Not stepped: the device team holds it back (forward_in_team); it stays as it was.
+      for (const auto& r : g.records) {
+        const int64_t tokens = r->tokens * (r->session->guided() ? 2 : 1);
+        step_tokens -= tokens;
+        step_attention -= double(tokens) * double(r->total_tokens);
+        --batch_size;
+      }
+      continue;
     }
     if (failed && !any_failed) {
       // Counted before apply_rows fails the requests: whoever is told of the failure (a

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <memory>
@@ -197,15 +198,20 @@ class Worker {
   void adopt_session(const std::shared_ptr<Record>& r, Result<std::unique_ptr<StepSession>> session);
   void start_prepare(const std::shared_ptr<Record>& r, std::shared_ptr<const TemplateImage> tmpl);
   void run_prepare_slice();
-  /// Runs the next step of `job` over the devices the team leases to it; false when it has
-  /// none (the caller runs the step here alone). Throws what a failed step throws.
-  bool run_prepare_step_in_team(PrepareJob& job);
+  /// How a step went to the device team: run here alone, run over the leased devices, or held
+  /// back (the team's planner has it wait this round while its rank serves another's step).
+  enum class TeamStep { kAlone, kParallel, kHeld };
+  /// Runs the next step of `job` over the devices the team leases to it; kAlone when it has
+  /// none (the caller runs the step here alone), kHeld when the team holds it back (the
+  /// caller runs nothing of it now). Throws what a failed step throws.
+  TeamStep run_prepare_step_in_team(PrepareJob& job);
   /// The one session of `sessions` (of `records`) stepped over the devices the team leases to
   /// it: a guided step's halves on two devices, or a whole sequence (a full recompute) or a
   /// large mask's rows in sequence parallel; its prediction rows; undefined when there is no such session or no
-  /// lease (the caller runs the model's forward here).
+  /// lease (the caller runs the model's forward here), or when the team holds the step back
+  /// (`held` set: the caller runs nothing of it now; its record's team_hold_until_ms says until when).
   at::Tensor forward_in_team(const ServedModel* served, std::span<const std::shared_ptr<Record>> records,
-                             std::span<StepSession* const> sessions);
+                             std::span<StepSession* const> sessions, bool& held);
   /// What the team's planner is told of a request of `served` (device_team.h).
   TeamAsk team_ask(const ServedModel* served, uint64_t id, int64_t tokens, int steps_left, double deadline_abs_ms,
                    double single_ms) const;
@@ -269,6 +275,8 @@ class Worker {
   // Loop thread only: a step or a prepare slice can run now; some wait for adapters being read.
   bool runnable_ = false;
   bool waiting_for_adapters_ = false;
+  // Loop thread only: the earliest end of a hold of the device team (now_ms()); infinity: none.
+  double held_until_ms_ = std::numeric_limits<double>::infinity();
 
   // Load reported to the router.
   std::atomic<int> requests_{0};

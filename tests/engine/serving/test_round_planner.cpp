@@ -64,9 +64,11 @@ Objective evaluate(const std::vector<PlannerRequest>& rs, const std::vector<int>
         d_star = d;
       }
     }
+    // A request with a home (waiting only under homes_may_wait) counts on its home alone.
+    const int resume = r.home >= 0 ? 1 : d_star;
     const bool on_time =
         d_star > 0 &&
-        std::max(now + round_ms, r.ready_ms) + steps * step(r.tokens, d_star) <= r.deadline_ms;
+        std::max(now + round_ms, r.ready_ms) + steps * step(r.tokens, resume) <= r.deadline_ms;
     obj.value += on_time ? 1 : 0;
     obj.gpu_ms += on_time ? cheapest_on_time : cheapest;
   }
@@ -75,11 +77,11 @@ Objective evaluate(const std::vector<PlannerRequest>& rs, const std::vector<int>
 
 // Every assignment of {0} + allowed degrees with at most `devices` in all: the best value,
 // and the least GPU time among the assignments of that value.
-// A request with a home never waits while it has steps left; `devices` is the capacity (the
-// devices less the unavailable ones).
+// A request with a home never waits while it has steps left unless `homes_may_wait`;
+// `devices` is the capacity (the devices less the unavailable ones).
 Objective brute_force(const std::vector<PlannerRequest>& rs, int devices, double now,
                       double round_ms, const std::vector<int>& allowed,
-                      const StepMsFunction& step) {
+                      const StepMsFunction& step, bool homes_may_wait = false) {
   std::vector<int> choices{0};
   choices.insert(choices.end(), allowed.begin(), allowed.end());
   std::vector<int> degree(rs.size(), 0);
@@ -92,7 +94,7 @@ Objective brute_force(const std::vector<PlannerRequest>& rs, int devices, double
     }
     for (int d : choices) {
       if (used + d > devices || (d > 0 && rs[i].steps_left == 0)) continue;
-      if (d == 0 && rs[i].home >= 0 && rs[i].steps_left > 0) continue;
+      if (d == 0 && rs[i].home >= 0 && rs[i].steps_left > 0 && !homes_may_wait) continue;
       if (pinned(rs[i], now, round_ms) && d != static_cast<int>(rs[i].placement.size())) continue;
       degree[i] = d;
       walk(i + 1, used + d);
@@ -810,8 +812,8 @@ TEST_CASE("with homes and unavailable devices the packing equals a brute-force s
   // worker holds it, and devices serving masked edits are nobody's to give.
   std::mt19937_64 rng(1141);
   std::uniform_real_distribution<double> u(0, 1);
-  int grown = 0, with_unavailable = 0, shrunk_around_home = 0;
-  for (int c = 0; c < 200; ++c) {
+  int grown = 0, with_unavailable = 0, shrunk_around_home = 0, yielded = 0;
+  for (int c = 0; c < 400; ++c) {
     const int devices = std::uniform_int_distribution<int>(2, 8)(rng);
     const int count = std::uniform_int_distribution<int>(1, std::min(4, devices))(rng);
     const int heads = c % 2 == 0 ? 24 : 12;
@@ -840,6 +842,7 @@ TEST_CASE("with homes and unavailable devices the packing equals a brute-force s
     o.heads = heads;
     o.round_ms = 5 + 200 * u(rng);
     o.grant_idle_devices = c % 3 != 0;
+    o.homes_may_wait = c % 4 >= 2;
     for (int d : spare) {
       if (u(rng) < 0.4) o.unavailable.push_back(d);
     }
@@ -851,7 +854,7 @@ TEST_CASE("with homes and unavailable devices the packing equals a brute-force s
     const Result<RoundPlan> plan = plan_round(rs, now, step, o);
     REQUIRE(plan.ok());
     if (!o.grant_idle_devices) {
-      const Objective best = brute_force(rs, capacity, now, o.round_ms, allowed, step);
+      const Objective best = brute_force(rs, capacity, now, o.round_ms, allowed, step, o.homes_may_wait);
       CHECK(plan->predicted_on_time == best.value);
       CHECK(plan->packing_gpu_ms == Approx(best.gpu_ms).epsilon(1e-7));
     }
@@ -864,6 +867,10 @@ TEST_CASE("with homes and unavailable devices the packing equals a brute-force s
         CHECK(std::find(o.unavailable.begin(), o.unavailable.end(), d) == o.unavailable.end());
       }
       if (rs[i].home < 0 || rs[i].steps_left == 0) continue;
+      if (o.homes_may_wait && p.degree == 0) {
+        ++yielded;
+        continue;
+      }
       CHECK(p.degree >= 1);
       CHECK(std::find(p.devices.begin(), p.devices.end(), rs[i].home) != p.devices.end());
       if (p.degree > 1) ++grown;
@@ -873,6 +880,7 @@ TEST_CASE("with homes and unavailable devices the packing equals a brute-force s
   CHECK(grown > 20);
   CHECK(with_unavailable > 20);
   CHECK(shrunk_around_home > 5);
+  CHECK(yielded > 5);
 }
 
 TEST_CASE("a home request grows around its home, and requests price themselves", "[serving][round_planner]") {
@@ -918,6 +926,34 @@ TEST_CASE("a home request grows around its home, and requests price themselves",
   REQUIRE(plan.ok());
   CHECK(plan->requests[0].degree == 1);
   CHECK(plan->requests[0].devices == std::vector<int>{0});
+  // With homes_may_wait a home request may wait a round, its home then given to another. The
+  // slack one (home 0) can still finish alone from the next round, so it yields device 0 to
+  // the urgent one, which needs three devices (no device 1) to be on time.
+  {
+    RoundPlannerOptions yield = o;
+    yield.homes_may_wait = true;
+    std::vector<PlannerRequest> tight = rs;
+    tight[1].home = 2;
+    tight[1].deadline_ms = 10 * 40.0;  // 1010 ms at degree 1, 510 at 2, 343 at 3 (device 1 out)
+    tight[1].step_ms = [](int64_t, int d) { return 100.0 / d + 1.0; };
+    RoundPlannerOptions three = yield;
+    three.heads = 3;
+    plan = plan_round(tight, 0.0, unused, three);
+    REQUIRE(plan.ok());
+    CHECK(plan->predicted_on_time == 2);
+    CHECK(plan->requests[0].degree == 0);  // waits: its home is given away
+    CHECK(plan->requests[1].degree == 3);
+    CHECK(plan->requests[1].devices == std::vector<int>{0, 2, 3});
+    // Where its home alone would be late from the next round, it does not count on waiting:
+    // it keeps its device and the urgent one misses.
+    tight[0].deadline_ms = 10 * 11.0 + 5;  // 110 ms alone from now, 120 from the next round
+    plan = plan_round(tight, 0.0, unused, three);
+    REQUIRE(plan.ok());
+    CHECK(plan->requests[0].degree >= 1);
+    CHECK(plan->requests[0].on_time);
+    three.homes_may_wait = false;  // never waiting: the same here
+    CHECK(plan_round(tight, 0.0, unused, three)->requests[0].degree >= 1);
+  }
   // A shrink keeps the part around the home: holding {0, 1, 2, 3} where degree 4 is slow, the
   // request drops to degree 2 and keeps {0, 1}, its home 0 among them.
   RoundPlannerOptions four = o;

@@ -388,6 +388,27 @@ TEST_CASE("bound to their devices, as in the engine, requests still share idle d
     CHECK(rep.busy_device_ms <= 8 * rep.makespan_ms * (1 + 1e-9));
   }
 
+  SECTION("a bound request with time to spare yields its device to an urgent one") {
+    // Bound to devices 0 and 1: the first needs both at once, the second can wait for it and
+    // still finish on its own device. Never yielding, each runs alone and the first is late.
+    const double s1 = flux().step_ms(4096, 1), s2 = flux().step_ms(4096, 2);
+    const std::vector<SpSimRequest> trace{request(1, 0, 4096, 10, 10 * s2 + 10),
+                                          request(2, 0, 4096, 10, 10 * s2 + 2 * o.round_ms + 10 * s1 + 100)};
+    o.devices = 2;
+    o.plan_on_arrival = true;
+    const SpSimReport stays = run(trace, o);
+    CHECK_FALSE(stays.requests[0].deadline_met);
+    CHECK(stays.requests[0].mean_degree == 1);
+    CHECK(stays.requests[1].deadline_met);
+    o.bound_may_yield = true;
+    const SpSimReport yields = run(trace, o);
+    CHECK(yields.slo_attainment == 1.0);
+    CHECK(yields.requests[0].latency_ms == Approx(10 * s2));
+    CHECK(yields.requests[0].mean_degree == 2);
+    CHECK(yields.requests[1].latency_ms > 10 * s2);  // it waited for the first
+    CHECK(yields.busy_device_ms <= 2 * yields.makespan_ms * (1 + 1e-9));
+  }
+
   SECTION("late work on a device yields to work that can still be on time") {
     // Both bound to the one device: the first's deadline is earlier but already out of reach,
     // so the second, on time alone, runs first.

@@ -187,3 +187,62 @@ TEST_CASE("a guided step on four free ranks splits its halves each over two wher
   CHECK(std::find(d.ranks.begin(), d.ranks.end(), 3) == d.ranks.end());
   CHECK(d.predicted_ms == Approx(std::min(planner.predict_ms(guided, 1, true), packed)));
 }
+
+TEST_CASE("a slack request yields its rank a round to an urgent one and is held back", "[serving][team_planner]") {
+  const constexpr double kNever = std::numeric_limits<double>::infinity();
+  for (const bool yield : {true, false}) {
+    INFO("yield " << yield);
+    TeamPlannerOptions o = four_ranks();
+    o.ranks = 2;
+    o.yield = yield;
+    TeamPlanner planner(o);
+    // Rank 0 steps a request nobody waits for; rank 1 gets an edit that needs both ranks for
+    // its deadline (10 steps of 100 ms alone, about 53 at degree 2).
+    const TeamAsk slack = ask_of(1, kNever, 10);
+    TeamAsk urgent = ask_of(2, 600.0, 10);
+    TeamDecision s = planner.decide(0, slack, 0.0, std::vector<S>{S::kBusy, S::kBusy});
+    CHECK(s.ranks == std::vector<int>{0});
+    CHECK(s.hold_ms == 0);
+
+    // t = 1: the urgent one's plan has the slack one wait (it finishes alone from the next
+    // round all the same) and takes both ranks; rank 0 is still in its step: alone for now.
+    TeamDecision u = planner.decide(1, urgent, 1.0, std::vector<S>{S::kBusy, S::kBusy});
+    CHECK(u.new_round);
+    CHECK(u.ranks == std::vector<int>{1});
+    CHECK(u.hold_ms == 0);
+
+    // t = 37: the slack one asks again within the round.
+    TeamAsk slack_later = slack;
+    slack_later.steps_left = 9;
+    s = planner.decide(0, slack_later, 37.0, std::vector<S>{S::kBusy, S::kBusy});
+    CHECK_FALSE(s.new_round);
+    if (!yield) {
+      // Never yielding, it keeps its rank and the urgent one never gets it.
+      CHECK(s.hold_ms == 0);
+      CHECK(s.ranks == std::vector<int>{0});
+      CHECK(planner.metrics().held == 0);
+      continue;
+    }
+    CHECK(s.hold_ms == Approx(1.0 + o.round_ms - 37.0));  // to the round's end
+    CHECK(planner.metrics().held == 1);
+
+    // t = 38: rank 0 holds its step back (kYielding): the urgent one's next step takes it.
+    urgent.steps_left = 9;
+    u = planner.decide(1, urgent, 38.0, std::vector<S>{S::kYielding, S::kBusy});
+    CHECK_FALSE(u.new_round);
+    CHECK(u.ranks == std::vector<int>{0, 1});
+    CHECK(u.degree == 2);
+    CHECK(u.hold_ms == 0);
+
+    // After the round the slack one asks again: still a contender, planned anew; while the
+    // urgent one needs both ranks it keeps waiting.
+    s = planner.decide(0, slack_later, 52.0, std::vector<S>{S::kBusy, S::kEngaged});
+    CHECK(s.new_round);
+    CHECK(s.hold_ms > 0);
+    CHECK(planner.metrics().held == 2);
+    // Once the urgent one is gone (its rank free), the slack one takes both.
+    s = planner.decide(0, slack_later, 700.0, std::vector<S>{S::kBusy, S::kFree});
+    CHECK(s.hold_ms == 0);
+    CHECK(s.ranks == std::vector<int>{0, 1});
+  }
+}

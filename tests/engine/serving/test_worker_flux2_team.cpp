@@ -13,6 +13,8 @@
 #include <functional>
 #include <mutex>
 #include <span>
+#include <thread>
+#include <atomic>
 
 #include <ATen/ATen.h>
 
@@ -413,4 +415,124 @@ TEST_CASE("Mixed edits at once on four CPU devices shared wherever a device is i
   CHECK(team->planner.decisions > 0);
   CHECK(team->group_failures == 0);
   CHECK(team->planner.last_error.empty());
+}
+
+TEST_CASE("A slack edit holds its steps back while its device serves an urgent edit that needs both and both equal the edit on one device",
+          "[flux2-serving][parallel]") {
+  // Worker 0 gets the urgent edit (2), worker 1 the slack one (1): full recomputes of 6 steps.
+  // The cost model predicts a second per row of a step, so that the deadlines below hold
+  // whatever this machine's speed: the urgent edit is late alone and on time over both
+  // devices; the slack one, with a day to go, can wait a round and still finish alone. The
+  // seam orders the asks: the slack edit steps once alone, the urgent one asks (its plan has
+  // the slack one wait, but its device is busy: alone), the slack one asks and is held, and
+  // only then the urgent one steps again, now over both devices.
+  Flux2Serving f;
+  EditParams p = f.params("make the cup red", 31);
+  p.cache = CacheMode::kOff;
+  p.schedule.steps = 6;
+  auto probe = f.model->create_session(f.tmpl, p, nullptr, nullptr);
+  REQUIRE(probe.ok());
+  const double rows = double((*probe)->tokens().count());
+  std::vector<StepSample> samples;
+  for (double t : {4.0, 16.0, 64.0})
+    for (double b : {1.0, 2.0, 4.0})
+      for (double a : {50.0, 500.0, 4000.0}) samples.push_back({t, b, a, 1.0 + 1000.0 * t});
+  auto fitted = StepCostModel::fit(samples);
+  REQUIRE(fitted.ok());
+  const auto cost = std::make_shared<const StepCostModel>(*fitted);
+  const double alone_ms = cost->predict_ms(rows, 1.0, rows * rows);
+  REQUIRE(alone_ms == Approx(1.0 + 1000.0 * rows).epsilon(1e-3));
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool urgent_go = false, slack_go = false;
+  int urgent_steps = 0, slack_steps = 0;
+  ServingRuntime* runtime = nullptr;
+  const auto planner = [&]() { return runtime->team_metrics().value().planner; };
+  // Waits for a condition the other worker's progress makes true (polled: the team's
+  // metrics have no event to wait on), at most five minutes.
+  const auto await = [&](const std::function<bool()>& ready) {
+    for (int i = 0; i < 30000 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return ready();
+  };
+  std::atomic<bool> order_kept{true};
+  RuntimeOptions o;
+  o.team_link = TeamLink{0.0, 1e12, 2};
+  o.team_planning.learn = false;
+  o.worker.scheduler.allow_step_reduction = false;  // the urgent edit runs its 6 steps, late or not
+  o.worker.before_step = [&](std::span<const uint64_t> ids) {
+    if (ids.empty()) return;
+    std::unique_lock lock(mu);
+    if (ids[0] == 2) {
+      ++urgent_steps;
+      cv.notify_all();
+      if (urgent_steps == 1) cv.wait(lock, [&] { return urgent_go; });
+      if (urgent_steps == 2) {
+        lock.unlock();
+        if (!await([&] { return planner().held >= 1; })) order_kept = false;
+      }
+    } else if (ids[0] == 1) {
+      ++slack_steps;
+      cv.notify_all();
+      if (slack_steps == 2) cv.wait(lock, [&] { return slack_go; });
+    }
+  };
+  std::vector<RuntimeDevice> devices(2);
+  for (RuntimeDevice& d : devices) d.models = {ServedModel{f.model, cost}};
+  auto made = ServingRuntime::create(std::move(devices), f.store, std::move(o));
+  REQUIRE(made.ok());
+  runtime = made->get();
+  if (!runtime->team_status().ok()) {
+    REQUIRE_THAT(runtime->team_status().message(), Catch::Contains("no Gloo"));
+    std::exit(4);
+  }
+  auto urgent = submit(*runtime, 2, f.tmpl, p, RequestClass::kInteractive, 4 * alone_ms);
+  {
+    std::unique_lock lock(mu);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(300), [&] { return urgent_steps == 1; }));
+  }
+  EditParams slack_params = f.params("a dark blue patch", 32);
+  slack_params.cache = CacheMode::kOff;
+  slack_params.schedule.steps = 6;
+  auto slack = submit(*runtime, 1, f.tmpl, slack_params, RequestClass::kBatch, 86400.0 * 1000);
+  {
+    std::unique_lock lock(mu);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(300), [&] { return slack_steps == 2; }));
+    urgent_go = true;
+  }
+  cv.notify_all();
+  REQUIRE(await([&] { return planner().decisions >= 2; }));  // the slack edit's first, the urgent one's
+  {
+    std::lock_guard lock(mu);
+    slack_go = true;
+  }
+  cv.notify_all();
+  const RequestResult u = urgent.get();
+  const RequestResult s = slack.get();
+  INFO(u.status.to_string() << " / " << s.status.to_string());
+  REQUIRE(u.state == RequestState::kDone);
+  REQUIRE(s.state == RequestState::kDone);
+  CHECK(order_kept);
+  const auto workers = runtime->worker_metrics();
+  const auto team = runtime->team_metrics();
+  REQUIRE(team.has_value());
+  CHECK(team->planner.held >= 1);
+  CHECK(workers[1].team_holds >= 1);   // the slack edit held back ...
+  CHECK(workers[0].team_holds == 0);
+  CHECK(workers[0].steps_parallel >= 1);  // ... while the urgent one ran over both devices
+  CHECK(workers[1].team_shares >= 1);
+  CHECK(workers[0].steps + workers[1].steps == 12);  // every step ran once; a hold is none
+
+  // Both equal the same edits on one device.
+  auto one = f.runtime();
+  const RequestResult u1 = submit(*one, 3, f.tmpl, p).get();
+  const RequestResult s1 = submit(*one, 4, f.tmpl, slack_params).get();
+  REQUIRE(u1.state == RequestState::kDone);
+  REQUIRE(s1.state == RequestState::kDone);
+  CHECK(outside_identical(u1.output.image, u.output.image, p.mask));
+  CHECK(outside_identical(s1.output.image, s.output.image, slack_params.mask));
+  int worst = 0;
+  for (size_t i = 0; i < u1.output.image.data.size(); ++i)
+    worst = std::max(worst, std::abs(int(u1.output.image.data[i]) - int(u.output.image.data[i])));
+  CHECK(worst <= 1);
 }
