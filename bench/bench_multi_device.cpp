@@ -156,7 +156,10 @@ std::vector<Policy> policies() {
   planner.plan_on_arrival = true;
   out.push_back({"round_planner_on_arrival", planner});
   planner.bind_to_home = true;
+  planner.bound_may_yield = true;
   out.push_back({"round_planner_bound", planner});
+  planner.bound_may_yield = false;
+  out.push_back({"round_planner_bound_never_yield", planner});
   planner.bind_to_home = false;
   planner.plan_on_arrival = false;
   planner.grant_idle_devices = false;
@@ -433,7 +436,10 @@ json simulator_section(const Args& args) {
        "the engine's device team (serving/team_planner): the planner on arrival with every request "
        "bound at arrival to the device with the fewest requests bound to it, one request per "
        "device at a time (earliest deadline among those still on time alone; late work yields as "
-       "in the worker's step scheduler), idle devices granted"},
+       "in the worker's step scheduler), idle devices granted, and a bound request yields its "
+       "device a round to another's step where it can still finish alone from the next round "
+       "(the team's hold)"},
+      {"round_planner_bound_never_yield", "the same without yielding"},
       {"round_planner_no_grants", "the same without granting idle devices"},
       {"fixed_D",
        "xDiT-like: 8 / D groups of D devices, first come first served, a request starts on arrival "

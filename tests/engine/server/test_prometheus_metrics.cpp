@@ -210,6 +210,7 @@ TEST_CASE("the device team's planner is reported: rounds, degrees, corrections a
   team.planner.alone = 5;
   team.planner.split = 2;
   team.planner.short_of_plan = 1;
+  team.planner.held = 3;
   team.planner.by_degree = {{1, 5}, {2, 4}, {3, 3}};
   team.planner.correction = {{"d2", 1.75}, {"split", 0.5}};
   team.groups = 4;
@@ -221,11 +222,13 @@ TEST_CASE("the device team's planner is reported: rounds, degrees, corrections a
   CHECK(sample_value(text, R"(infill_team_decisions_total{degree="3"})") == 3);
   CHECK(sample_value(text, R"(infill_team_step_correction{mode="d2"})") == 1.75);
   CHECK(sample_value(text, "infill_team_split_decisions_total") == 2);
+  CHECK(sample_value(text, "infill_team_held_total") == 3);
   CHECK(sample_value(text, "infill_team_groups") == 4);
   const nlohmann::json j = service_metrics_json(m);
   CHECK(j["device_team"]["by_degree"]["2"] == 4);
   CHECK(j["device_team"]["correction"]["split"] == 0.5);
   CHECK(j["device_team"]["groups_made_later"] == 1);
+  CHECK(j["device_team"]["held"] == 3);
   // Without a team: no family, and null in the JSON.
   ServiceMetrics none;
   CHECK(prometheus_metrics_text(none).find("infill_team_") == std::string::npos);
