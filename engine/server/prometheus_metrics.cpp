@@ -297,6 +297,12 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
     w.family("infill_team_held_total", "counter",
              "Steps the planner held back a round, their device given to another request's step.");
     w.sample("infill_team_held_total", {}, double(p.held));
+    w.family("infill_team_awaited_total", "counter",
+             "Steps held until their planned devices ended others' steps (sooner than running on fewer).");
+    w.sample("infill_team_awaited_total", {}, double(p.awaited));
+    w.family("infill_team_wakes_total", "counter",
+             "Such waits ended early: their planned devices came free before the predicted time.");
+    w.sample("infill_team_wakes_total", {}, double(m.team->wakes));
     if (!p.correction.empty()) {
       w.family("infill_team_step_correction", "gauge",
                "Measured over predicted time of the team's shared steps, by mode (d<degree> or split).");

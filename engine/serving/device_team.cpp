@@ -1,5 +1,6 @@
 #include "serving/device_team.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <latch>
@@ -76,18 +77,41 @@ DeviceTeam::Group* DeviceTeam::group_of(const std::vector<int>& ranks) {
   return groups_.emplace(ranks, std::move(g)).first->second.get();
 }
 
-void DeviceTeam::attach(int rank, Post post, Idle idle, std::vector<std::shared_ptr<const EditModel>> models) {
+void DeviceTeam::attach(int rank, Post post, Idle idle, std::vector<std::shared_ptr<const EditModel>> models,
+                        Wake wake) {
   std::lock_guard lock(mu_);
   ranks_.at(rank).post = std::move(post);
   ranks_.at(rank).idle = std::move(idle);
   ranks_.at(rank).models = std::move(models);
+  ranks_.at(rank).wake = std::move(wake);
 }
 
 void DeviceTeam::detach(int rank) {
   std::lock_guard lock(mu_);
   ranks_.at(rank).post = nullptr;
   ranks_.at(rank).idle = nullptr;
+  ranks_.at(rank).wake = nullptr;
+  ranks_.at(rank).awaiting.clear();
   planner_->withdraw(rank);
+}
+
+std::vector<DeviceTeam::Wake> DeviceTeam::wakes_due() {
+  std::vector<Wake> due;
+  const double now = clock_ms();
+  for (int a = 0; a < size_; ++a) {
+    Rank& waiter = ranks_[static_cast<size_t>(a)];
+    if (waiter.awaiting.empty()) continue;
+    const bool all_free = std::all_of(waiter.awaiting.begin(), waiter.awaiting.end(), [&](int r) {
+      const Rank& rank = ranks_[static_cast<size_t>(r)];
+      return r == a || (rank.post && !rank.engaged && (rank.yielding_until_ms > now || (rank.idle && rank.idle())));
+    });
+    if (!all_free) continue;
+    waiter.awaiting.clear();
+    if (!waiter.wake) continue;
+    due.push_back(waiter.wake);
+    wakes_ += 1;
+  }
+  return due;
 }
 
 std::shared_ptr<const EditModel> DeviceTeam::model(int rank, size_t slot) const {
@@ -107,6 +131,7 @@ DeviceTeam::Metrics DeviceTeam::metrics() const {
   {
     std::lock_guard lock(mu_);
     m.planner = planner_->metrics();
+    m.wakes = wakes_;
   }
   std::lock_guard lock(groups_mu_);
   m.groups = groups_.size();
@@ -129,8 +154,13 @@ SequenceGroup* DeviceTeam::Lease::half_member(int rank) const {
 }
 
 void DeviceTeam::release(const Lease& lease) {
-  std::lock_guard lock(mu_);
-  for (int r : lease.ranks()) ranks_[static_cast<size_t>(r)].engaged = false;
+  std::vector<Wake> wakes;
+  {
+    std::lock_guard lock(mu_);
+    for (int r : lease.ranks()) ranks_[static_cast<size_t>(r)].engaged = false;
+    wakes = wakes_due();
+  }
+  for (const Wake& wake : wakes) wake();
 }
 
 void DeviceTeam::withdraw(int leader) {
@@ -143,10 +173,19 @@ void DeviceTeam::withdraw(int leader) {
 std::unique_ptr<DeviceTeam::Lease> DeviceTeam::lease(int leader, const TeamAsk& ask, double* hold_ms) {
   if (hold_ms != nullptr) *hold_ms = 0;
   TeamDecision decision;
+  std::vector<Wake> wakes;
+  // Wakes those whose awaited ranks this ask left free (a yield), once mu_ is released.
+  struct WakeAfter {
+    std::vector<Wake>& wakes;
+    ~WakeAfter() {
+      for (const Wake& wake : wakes) wake();
+    }
+  } wake_after{wakes};
   {
     std::lock_guard lock(mu_);
     if (!failure_.empty() || leader < 0 || leader >= size_ || ranks_[leader].engaged || !ranks_[leader].post) return nullptr;
     ranks_[static_cast<size_t>(leader)].yielding_until_ms = 0;  // it asks: not held any more
+    ranks_[static_cast<size_t>(leader)].awaiting.clear();
     const double now = clock_ms();
     std::vector<TeamRankState> states(static_cast<size_t>(size_));
     for (int r = 0; r < size_; ++r) {
@@ -161,7 +200,16 @@ std::unique_ptr<DeviceTeam::Lease> DeviceTeam::lease(int leader, const TeamAsk& 
     decision = planner_->decide(leader, ask, now, states);
     if (decision.hold_ms > 0 && hold_ms != nullptr) {
       *hold_ms = decision.hold_ms;
-      ranks_[static_cast<size_t>(leader)].yielding_until_ms = now + decision.hold_ms;
+      if (decision.awaits) {
+        ranks_[static_cast<size_t>(leader)].awaiting = decision.awaited;
+      } else {
+        // kYielding past the hold until its worker asks again (at the step boundary after the
+        // hold ends: a share it runs first delays that ask, and the rank must not look busy
+        // meanwhile), but four rounds at most: a request cancelled while held asks no more.
+        ranks_[static_cast<size_t>(leader)].yielding_until_ms =
+            now + decision.hold_ms + 4 * planner_->metrics().round_ms;
+        wakes = wakes_due();
+      }
       return nullptr;
     }
     if (decision.ranks.size() <= 1) return nullptr;

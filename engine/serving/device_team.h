@@ -43,6 +43,8 @@ class DeviceTeam {
   using Post = std::function<void(std::function<void()> task)>;
   /// Whether a rank's worker holds no request now.
   using Idle = std::function<bool()>;
+  /// Ends the holds of a rank's worker at once (it asks again at its next step boundary).
+  using Wake = std::function<void()>;
 
   /// The team of `devices` (at least 2, all CPUs or all GPUs), its groups of aligned runs made
   /// now; errors as DeviceGroup::create. `planning.ranks` is set to the devices.
@@ -52,8 +54,10 @@ class DeviceTeam {
   int size() const { return size_; }
   /// Wires `rank` to its worker, whose step loop computes on the rank's device with `models`
   /// (the engine's models as loaded there, in the runtime's order); ranks not attached are
-  /// never leased.
-  void attach(int rank, Post post, Idle idle, std::vector<std::shared_ptr<const EditModel>> models);
+  /// never leased. `wake` ends a wait for ranks (TeamDecision::awaits) once they are free;
+  /// without it the worker asks again when its hold ends.
+  void attach(int rank, Post post, Idle idle, std::vector<std::shared_ptr<const EditModel>> models,
+              Wake wake = nullptr);
   /// Model `slot` as loaded on `rank`'s device (null when not attached).
   std::shared_ptr<const EditModel> model(int rank, size_t slot) const;
   /// Unwires `rank` (its worker stops): it is leased no more.
@@ -94,7 +98,11 @@ class DeviceTeam {
   /// is held. Held (TeamDecision::hold_ms; only when `hold_ms` is given, else it runs alone):
   /// the planner has the request wait this round while its rank serves another's step; `*hold_ms`
   /// says how long the worker holds the step back before asking again, and the rank counts as
-  /// kYielding (given as a free one) until then or until it asks or withdraws.
+  /// kYielding (given as a free one) until it asks again or withdraws (four rounds past the
+  /// hold at most). A hold may
+  /// instead wait for the planned ranks, still in others' steps (TeamDecision::awaits): the
+  /// leader's rank stays its own, and the team wakes it (attach's `wake`) once a rank's
+  /// yield or a lease's end leaves them all free.
   std::unique_ptr<Lease> lease(int leader, const TeamAsk& ask, double* hold_ms = nullptr);
   /// `leader`'s request no longer asks (it ended or runs its last step): the planner forgets it.
   void withdraw(int leader);
@@ -120,9 +128,16 @@ class DeviceTeam {
     Idle idle;
     std::vector<std::shared_ptr<const EditModel>> models;
     bool engaged = false;
-    double yielding_until_ms = 0;  // clock_ms(): its request is held back until then
+    // clock_ms(): its request is held back, its rank given as free, until it asks again or
+    // until then (lease())
+    double yielding_until_ms = 0;
+    Wake wake;
+    std::vector<int> awaiting;  // the ranks its held request waits for (TeamDecision::awaits)
   };
   void release(const Lease& lease);
+  // The wakes of ranks whose awaited ranks are all free now (their waits cleared); called
+  // under mu_, run after it.
+  std::vector<Wake> wakes_due();
   // The group of `ranks` (ascending), made now if there is none; null if it cannot be.
   Group* group_of(const std::vector<int>& ranks);
 
@@ -136,6 +151,7 @@ class DeviceTeam {
   mutable std::mutex mu_;  // guards ranks_, planner_ and failure_; never held while computing
   std::vector<Rank> ranks_;
   std::unique_ptr<TeamPlanner> planner_;
+  uint64_t wakes_ = 0;
   std::string failure_;
 };
 

@@ -110,7 +110,7 @@ Result<std::unique_ptr<ServingRuntime>> ServingRuntime::create(std::vector<Runti
         for (const ServedModel& m : devices[d].models) models.push_back(m.model);
         rt->team_->attach(
             static_cast<int>(d), [worker](std::function<void()> task) { worker->run_on_loop(std::move(task)); },
-            [worker] { return worker->idle(); }, std::move(models));
+            [worker] { return worker->idle(); }, std::move(models), [worker] { worker->end_team_holds(); });
       }
     }
   }

@@ -147,6 +147,31 @@ std::optional<RoundPlan> TeamPlanner::plan(double now_ms, std::span<const TeamRa
   return plan_;
 }
 
+double TeamPlanner::planned_ranks_free_at(const PlannedRequest& planned, int asker, double now_ms,
+                                          std::span<const TeamRankState> states) const {
+  constexpr double kUnknown = std::numeric_limits<double>::infinity();
+  double free_at = now_ms;
+  for (int r : planned.devices) {
+    const TeamRankState s = states[static_cast<size_t>(r)];
+    if (r == asker || s == TeamRankState::kFree || s == TeamRankState::kYielding) continue;
+    // Whose step holds it: the contender at home there (kBusy: its own step in flight, the
+    // plan having it wait), or the one whose lease it is in (kEngaged). A rank busy with
+    // masked edits, or a step already past its predicted end, frees at a time nobody knows.
+    const Contender* holder = nullptr;
+    if (s == TeamRankState::kBusy) {
+      const auto home = contenders_.find(r);
+      if (home != contenders_.end()) holder = &home->second;
+    } else if (s == TeamRankState::kEngaged) {
+      for (const auto& [home, c] : contenders_) {
+        if (home != asker && std::find(c.ranks.begin(), c.ranks.end(), r) != c.ranks.end()) holder = &c;
+      }
+    }
+    if (holder == nullptr || !(holder->ready_ms > now_ms)) return kUnknown;
+    free_at = std::max(free_at, holder->ready_ms);
+  }
+  return free_at;
+}
+
 TeamDecision TeamPlanner::decide(int rank, const TeamAsk& ask, double now_ms, std::span<const TeamRankState> states) {
   metrics_.decisions += 1;
   TeamDecision alone;
@@ -223,8 +248,8 @@ TeamDecision TeamPlanner::decide(int rank, const TeamAsk& ask, double now_ms, st
       d.split = mine->split;
     } else {
       // Some planned rank is still busy (a step in flight that the plan handed on): the
-      // largest degree the rest allows, nearest the asker first.
-      metrics_.short_of_plan += 1;
+      // largest degree the rest allows, nearest the asker first; or, where that step ends
+      // soon enough, a wait for it (below).
       std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return std::abs(a - rank) < std::abs(b - rank); });
       // A split step keeps its halves split over what is free (each half at the largest
       // degree that fits), else runs alone.
@@ -240,6 +265,23 @@ TeamDecision TeamPlanner::decide(int rank, const TeamAsk& ask, double now_ms, st
       }
       ranks.resize(static_cast<size_t>(split ? 2 * degree : degree));
       std::sort(ranks.begin(), ranks.end());
+      // Waiting for the busy ranks' steps to end, then stepping as planned, ends this step
+      // sooner than stepping short of plan now: held until then (the team wakes it earlier
+      // when they come free), its own rank kept.
+      const double free_at = planned_ranks_free_at(*mine, rank, now_ms, states);
+      if (options_.await_ranks && free_at > now_ms &&
+          free_at - now_ms + predict_ms(ask, mine->degree, mine->split) < predict_ms(ask, degree, split)) {
+        d.hold_ms = free_at - now_ms;
+        d.awaits = true;
+        d.awaited = mine->devices;
+        d.predicted_ms = 0;
+        me.ranks.clear();
+        me.split = false;
+        me.ready_ms = now_ms;
+        metrics_.awaited += 1;
+        return d;
+      }
+      metrics_.short_of_plan += 1;
       d.ranks = ranks;
       d.degree = degree;
       d.split = split;

@@ -34,7 +34,10 @@
 /// next round (round_planner.h, "Homes"). Its ask is then answered with `hold_ms` (to the
 /// round's end): its worker holds the step back and its rank is kYielding, which the planner
 /// gives as a free one. A rank planned to yield whose worker has not asked since is still
-/// kBusy: the request given it runs short of its plan until then (`short_of_plan`).
+/// kBusy until its step in flight ends. The request given it then waits for that step
+/// (`awaits`, its own rank kept; `await_ranks`) where the step's predicted end plus its planned
+/// step ends sooner than a step on what is free now, else runs short of its plan
+/// (`short_of_plan`). The same holds for a planned rank still in another's lease.
 ///
 /// Threading: not thread-safe; the team calls it under its lock.
 
@@ -88,6 +91,10 @@ struct TeamPlannerOptions {
   /// RoundPlannerOptions::homes_may_wait), where it can still finish alone on its rank from
   /// the next round; false, every contender steps at every ask.
   bool yield = true;
+  /// An ask whose planned ranks are still in others' steps waits for them (TeamDecision::awaits)
+  /// where their predicted end plus the planned step ends sooner than a step on the ranks free
+  /// now; false, it always steps on what is free (`short_of_plan`).
+  bool await_ranks = true;
 };
 
 /// What a rank is doing when another asks.
@@ -112,6 +119,11 @@ struct TeamDecision {
   /// > 0: the plan has the asker's request wait this round (its rank serves another's step):
   /// hold the step back this long, then ask again. `ranks` is the asker alone then, unused.
   double hold_ms = 0;
+  /// With hold_ms: not a yield but a wait for `awaited` (the planned ranks), some of which are
+  /// still in others' steps predicted to end within hold_ms. The asker's rank is not given away
+  /// meanwhile; the team wakes the asker as soon as they are free (device_team.h).
+  bool awaits = false;
+  std::vector<int> awaited;
 };
 
 struct TeamPlannerMetrics {
@@ -123,6 +135,7 @@ struct TeamPlannerMetrics {
   uint64_t split = 0;          ///< answered with the halves split
   uint64_t short_of_plan = 0;  ///< answered with fewer ranks than planned (some busy by then)
   uint64_t held = 0;           ///< answered with a hold: the asker's request waits the round
+  uint64_t awaited = 0;        ///< answered with a wait for planned ranks still in others' steps
   std::map<int, uint64_t> by_degree;  ///< answered Ulysses degree -> count (split: each half's)
   /// Measured over predicted parallel steps, per "d<degree>", "split" (halves one per rank) or
   /// "split_d<degree>" (each half over `degree` ranks): the correction.
@@ -136,6 +149,9 @@ struct DeviceTeamMetrics {
   /// The share of the image a mask must cover for its masked steps to ask the team
   /// (WorkerOptions::team_masked_share), as the runtime set it.
   double masked_share = 0;
+  /// Waits for planned ranks (TeamDecision::awaits) the team ended before their hold, the
+  /// ranks having come free (a yield, a lease's end).
+  uint64_t wakes = 0;
   uint64_t groups = 0;             ///< process groups in use (aligned ones included)
   uint64_t groups_made_later = 0;  ///< made when a lease first named their ranks
   uint64_t group_failures = 0;     ///< groups that could not be made (the step ran alone)
@@ -170,6 +186,10 @@ class TeamPlanner {
   static std::string mode_key(int degree, bool split);
   double correction(int degree, bool split) const;
   std::optional<RoundPlan> plan(double now_ms, std::span<const TeamRankState> states);
+  // When every rank of `planned` is free for `asker` by the predicted end of the steps that
+  // hold them now; infinity when some rank's end is not known.
+  double planned_ranks_free_at(const PlannedRequest& planned, int asker, double now_ms,
+                               std::span<const TeamRankState> states) const;
 
   TeamPlannerOptions options_;
   std::map<int, Contender> contenders_;  // by rank

@@ -111,7 +111,16 @@ struct Worker::PrepareJob {
 };
 
 struct Worker::Message {
-  enum Kind { kReady, kNeedsPrepare, kCancel, kStored, kWantPromptPrepare, kBackgroundPrepare, kTask } kind = kReady;
+  enum Kind {
+    kReady,
+    kNeedsPrepare,
+    kCancel,
+    kStored,
+    kWantPromptPrepare,
+    kBackgroundPrepare,
+    kTask,
+    kEndTeamHolds
+  } kind = kReady;
   std::function<void()> task;             // kTask
   std::shared_ptr<Record> record;
   const ServedModel* served = nullptr;    // kWantPromptPrepare, kBackgroundPrepare
@@ -181,6 +190,12 @@ void Worker::run_on_loop(std::function<void()> task) {
   Message m;
   m.kind = Message::kTask;
   m.task = std::move(task);
+  post(std::move(m));
+}
+
+void Worker::end_team_holds() {
+  Message m;
+  m.kind = Message::kEndTeamHolds;
   post(std::move(m));
 }
 
@@ -709,13 +724,22 @@ void Worker::handle(Message& m) {
       break;  // the flag is set; retire_inactive() acts on it at this boundary
     case Message::kTask: {
       m.task();
-      m.task = nullptr;  // released now: whoever waits on it goes on (device_team.h)
-      std::lock_guard lock(metrics_mu_);
-      metrics_.team_shares += 1;
+      {
+        // Counted before the task is released: its leader goes on then (device_team.h), and
+        // whoever reads the metrics after the leader's request ends must see this share.
+        std::lock_guard lock(metrics_mu_);
+        metrics_.team_shares += 1;
+      }
+      m.task = nullptr;
       break;
     }
     case Message::kStored:
       recent_.erase(m.canonical);
+      break;
+    case Message::kEndTeamHolds:
+      // The ranks a held step waits for are free: it asks the team again now.
+      for (const auto& r : active_) r->team_hold_until_ms = 0;
+      for (const auto& [key, job] : prepares_) job->team_hold_until_ms = 0;
       break;
     case Message::kWantPromptPrepare: {
       if (prepares_.count(m.canonical) || recent_.count(m.canonical) || background_pending_.count(m.canonical)) break;

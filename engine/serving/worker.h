@@ -164,6 +164,9 @@ class Worker {
   /// Runs `task` on the step loop at its next step boundary (a rank's share of another
   /// worker's sequence-parallel step, device_team.h); dropped unrun when the worker stops.
   void run_on_loop(std::function<void()> task);
+  /// Ends the device team's holds on this worker's work at its next step boundary: what they
+  /// waited for is free (device_team.h), so it asks the team again.
+  void end_team_holds();
   /// No request and no prepare job (a background one included) here: a device team may lease
   /// this worker's device without waiting behind its own full forwards.
   bool idle() const;

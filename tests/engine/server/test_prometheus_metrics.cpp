@@ -211,9 +211,11 @@ TEST_CASE("the device team's planner is reported: rounds, degrees, corrections a
   team.planner.split = 2;
   team.planner.short_of_plan = 1;
   team.planner.held = 3;
+  team.planner.awaited = 6;
   team.planner.by_degree = {{1, 5}, {2, 4}, {3, 3}};
   team.planner.correction = {{"d2", 1.75}, {"split", 0.5}};
   team.groups = 4;
+  team.wakes = 2;
   team.groups_made_later = 1;
   team.group_failures = 0;
   m.team = team;
@@ -223,11 +225,15 @@ TEST_CASE("the device team's planner is reported: rounds, degrees, corrections a
   CHECK(sample_value(text, R"(infill_team_step_correction{mode="d2"})") == 1.75);
   CHECK(sample_value(text, "infill_team_split_decisions_total") == 2);
   CHECK(sample_value(text, "infill_team_held_total") == 3);
+  CHECK(sample_value(text, "infill_team_awaited_total") == 6);
+  CHECK(sample_value(text, "infill_team_wakes_total") == 2);
   CHECK(sample_value(text, "infill_team_groups") == 4);
   const nlohmann::json j = service_metrics_json(m);
   CHECK(j["device_team"]["by_degree"]["2"] == 4);
   CHECK(j["device_team"]["correction"]["split"] == 0.5);
   CHECK(j["device_team"]["groups_made_later"] == 1);
+  CHECK(j["device_team"]["awaited"] == 6);
+  CHECK(j["device_team"]["wakes"] == 2);
   CHECK(j["device_team"]["held"] == 3);
   // Without a team: no family, and null in the JSON.
   ServiceMetrics none;

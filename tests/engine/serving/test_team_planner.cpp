@@ -70,41 +70,100 @@ TEST_CASE("a step takes the free ranks, skipping one that serves edits of its ow
   CHECK(d.ranks == std::vector<int>{0, 1});
 }
 
-TEST_CASE("an urgent request gets the ranks a slack one held, once its step ends", "[serving][team_planner]") {
-  TeamPlanner planner(four_ranks());
+TEST_CASE("an urgent request gets the ranks a slack one held once its step ends and waits for it where that is sooner",
+          "[serving][team_planner]") {
   const constexpr double kNever = std::numeric_limits<double>::infinity();
-  // Rank 0 prepares a template nobody waits for (no deadline); rank 1 holds an edit that
-  // needs two devices or more for its deadline: 10 steps of 100 ms alone, 52.5 at degree 2.
-  const TeamAsk slack = ask_of(1, kNever, 10);
-  const TeamAsk urgent = ask_of(2, 600.0, 10);
+  for (const bool await_ranks : {false, true}) {
+    INFO("await_ranks " << await_ranks);
+    TeamPlannerOptions o = four_ranks();
+    o.await_ranks = await_ranks;
+    TeamPlanner planner(o);
+    // Rank 0 prepares a template nobody waits for (no deadline); rank 1 holds an edit that
+    // needs two devices or more for its deadline: 10 steps of 100 ms alone, 52.5 at degree 2.
+    const TeamAsk slack = ask_of(1, kNever, 10);
+    const TeamAsk urgent = ask_of(2, 600.0, 10);
 
-  // t = 0: the slack request asks first; rank 1 is busy (its edit is not yet a contender).
-  TeamDecision s = planner.decide(0, slack, 0.0, std::vector<S>{S::kBusy, S::kBusy, S::kFree, S::kFree});
-  CHECK(s.ranks == std::vector<int>{0, 2, 3});
-  CHECK(s.degree == 3);
+    // t = 0: the slack request asks first; rank 1 is busy (its edit is not yet a contender).
+    TeamDecision s = planner.decide(0, slack, 0.0, std::vector<S>{S::kBusy, S::kBusy, S::kFree, S::kFree});
+    CHECK(s.ranks == std::vector<int>{0, 2, 3});
+    CHECK(s.degree == 3);
+    const double slack_ends = s.predicted_ms;  // about 37 ms
 
-  // t = 1: the urgent one asks while the slack step runs on 0, 2 and 3. The new plan shrinks
-  // the slack request to its own rank and gives the urgent one 1, 2 and 3, but 2 and 3 are
-  // in the slack step still: it runs alone this step.
-  TeamDecision u = planner.decide(1, urgent, 1.0, std::vector<S>{S::kEngaged, S::kBusy, S::kEngaged, S::kEngaged});
-  CHECK(u.new_round);
+    // t = 1: the urgent one asks while the slack step runs on 0, 2 and 3. The new plan shrinks
+    // the slack request to its own rank and gives the urgent one 1, 2 and 3, but 2 and 3 are
+    // in the slack step still.
+    TeamDecision u = planner.decide(1, urgent, 1.0, std::vector<S>{S::kEngaged, S::kBusy, S::kEngaged, S::kEngaged});
+    CHECK(u.new_round);
+    CHECK(u.ranks == std::vector<int>{1});
+    if (!await_ranks) {
+      // Never waiting: it runs alone this step (100 ms, ending at 101).
+      CHECK(u.hold_ms == 0);
+      CHECK(planner.metrics().short_of_plan == 1);
+      CHECK(planner.metrics().awaited == 0);
+    } else {
+      // Waiting until the slack step's predicted end (36 ms) and then running on 1, 2 and 3
+      // (37 ms) ends its step at 74, not 101: held, its own rank kept, until then.
+      REQUIRE(slack_ends + planner.predict_ms(urgent, 3, false) < 1.0 + planner.predict_ms(urgent, 1, false));
+      CHECK(u.awaits);
+      CHECK(u.hold_ms == Approx(slack_ends - 1.0));
+      CHECK(u.awaited == std::vector<int>{1, 2, 3});
+      CHECK(planner.metrics().awaited == 1);
+      CHECK(planner.metrics().short_of_plan == 0);
+      CHECK(planner.metrics().held == 0);
+    }
+
+    // t = 37: the slack step ended; within the round the plan holds: it runs alone now.
+    s = planner.decide(0, slack, 37.0, std::vector<S>{S::kBusy, S::kBusy, S::kFree, S::kFree});
+    CHECK_FALSE(s.new_round);
+    CHECK(s.ranks == std::vector<int>{0});
+
+    TeamAsk later = urgent;
+    if (await_ranks) {
+      // t = 38: the urgent one asks again (the team woke it): its planned ranks are free, the
+      // round holds, it runs on all three.
+      u = planner.decide(1, urgent, 38.0, std::vector<S>{S::kBusy, S::kBusy, S::kFree, S::kFree});
+      CHECK_FALSE(u.new_round);
+      CHECK(u.ranks == std::vector<int>{1, 2, 3});
+      CHECK(u.degree == 3);
+      CHECK(u.hold_ms == 0);
+    }
+    // t = 101: the urgent one's next step, a new round: 2 and 3 free.
+    later.steps_left = await_ranks ? 8 : 9;
+    u = planner.decide(1, later, 101.0, std::vector<S>{S::kBusy, S::kBusy, S::kFree, S::kFree});
+    CHECK(u.new_round);
+    CHECK(u.ranks == std::vector<int>{1, 2, 3});
+    CHECK(u.degree == 3);
+    CHECK(planner.metrics().rounds == 3);
+    CHECK(planner.metrics().by_degree.at(3) == (await_ranks ? 3 : 2));
+  }
+}
+
+TEST_CASE("a wait for planned ranks needs to know when they come free", "[serving][team_planner]") {
+  const constexpr double kNever = std::numeric_limits<double>::infinity();
+  TeamPlanner planner(four_ranks());
+  // As above: the slack request steps on 0, 2 and 3; the urgent one, planned on 1, 2 and 3,
+  // waits for that step's predicted end.
+  TeamDecision s = planner.decide(0, ask_of(1, kNever, 10), 0.0, std::vector<S>{S::kBusy, S::kBusy, S::kFree, S::kFree});
+  REQUIRE(s.ranks == std::vector<int>{0, 2, 3});
+  TeamDecision u = planner.decide(1, ask_of(2, 600.0, 10), 1.0, std::vector<S>{S::kEngaged, S::kBusy, S::kEngaged, S::kEngaged});
+  REQUIRE(u.awaits);
+  // t = 45: past that end the slack step is still running (slower than predicted): when its
+  // ranks free is not known, so the urgent one runs on what is free now and waits no more.
+  u = planner.decide(1, ask_of(2, 600.0, 10), 45.0, std::vector<S>{S::kEngaged, S::kBusy, S::kEngaged, S::kEngaged});
+  CHECK(s.predicted_ms < 45.0);
+  CHECK_FALSE(u.awaits);
+  CHECK(u.hold_ms == 0);
   CHECK(u.ranks == std::vector<int>{1});
   CHECK(planner.metrics().short_of_plan == 1);
-
-  // t = 37: the slack step ended; within the round the plan holds: it runs alone now.
-  s = planner.decide(0, slack, 37.0, std::vector<S>{S::kBusy, S::kBusy, S::kFree, S::kFree});
-  CHECK_FALSE(s.new_round);
-  CHECK(s.ranks == std::vector<int>{0});
-
-  // t = 101: the urgent one's next step, a new round: 9 steps left, 2 and 3 free.
-  TeamAsk later = urgent;
-  later.steps_left = 9;
-  u = planner.decide(1, later, 101.0, std::vector<S>{S::kBusy, S::kBusy, S::kFree, S::kFree});
-  CHECK(u.new_round);
-  CHECK(u.ranks == std::vector<int>{1, 2, 3});
-  CHECK(u.degree == 3);
-  CHECK(planner.metrics().rounds == 3);
-  CHECK(planner.metrics().by_degree.at(3) == 2);
+  CHECK(planner.metrics().awaited == 1);
+  // A wait never names a rank that serves masked edits (nobody knows when it frees): such a
+  // rank is left out of the plan.
+  TeamPlanner other(four_ranks());
+  s = other.decide(0, ask_of(1, kNever, 10), 0.0, std::vector<S>{S::kBusy, S::kBusy, S::kFree, S::kBusy});
+  REQUIRE(s.ranks == std::vector<int>{0, 2});
+  u = other.decide(1, ask_of(2, 600.0, 10), 1.0, std::vector<S>{S::kEngaged, S::kBusy, S::kEngaged, S::kBusy});
+  for (int r : u.awaited) CHECK(r != 3);
+  for (int r : u.ranks) CHECK(r != 3);
 }
 
 TEST_CASE("measured parallel steps correct the predictions", "[serving][team_planner]") {
@@ -210,6 +269,9 @@ TEST_CASE("a slack request yields its rank a round to an urgent one and is held 
     CHECK(u.new_round);
     CHECK(u.ranks == std::vector<int>{1});
     CHECK(u.hold_ms == 0);
+    // Waiting for rank 0's step (its predicted end at 100) and then running on both would end
+    // this step later than running alone now: no wait.
+    CHECK(planner.metrics().awaited == 0);
 
     // t = 37: the slack one asks again within the round.
     TeamAsk slack_later = slack;

@@ -417,29 +417,45 @@ TEST_CASE("Mixed edits at once on four CPU devices shared wherever a device is i
   CHECK(team->planner.last_error.empty());
 }
 
-TEST_CASE("A slack edit holds its steps back while its device serves an urgent edit that needs both and both equal the edit on one device",
-          "[flux2-serving][parallel]") {
-  // Worker 0 gets the urgent edit (2), worker 1 the slack one (1): full recomputes of 6 steps.
-  // The cost model predicts a second per row of a step, so that the deadlines below hold
-  // whatever this machine's speed: the urgent edit is late alone and on time over both
-  // devices; the slack one, with a day to go, can wait a round and still finish alone. The
-  // seam orders the asks: the slack edit steps once alone, the urgent one asks (its plan has
-  // the slack one wait, but its device is busy: alone), the slack one asks and is held, and
-  // only then the urgent one steps again, now over both devices.
-  Flux2Serving f;
-  EditParams p = f.params("make the cup red", 31);
+namespace {
+
+// A step cost model predicting `ms_per_row` per row of a step (plus 1 ms), whatever this
+// machine's speed.
+std::shared_ptr<const StepCostModel> cost_per_row(double ms_per_row) {
+  std::vector<StepSample> samples;
+  for (double t : {4.0, 16.0, 64.0})
+    for (double b : {1.0, 2.0, 4.0})
+      for (double a : {50.0, 500.0, 4000.0}) samples.push_back({t, b, a, 1.0 + ms_per_row * t});
+  auto fitted = StepCostModel::fit(samples);
+  REQUIRE(fitted.ok());
+  return std::make_shared<const StepCostModel>(*fitted);
+}
+
+// Two full recomputes of 6 steps on two CPU devices: an urgent edit (2) on worker 0, whose
+// device's cost model predicts a second per row of a step, late alone and on time over both
+// devices; and a slack one (1) with a day to go on worker 1, whose cost model predicts
+// `slack_ms_per_row`: it can wait a round and still finish alone. The seam orders the asks:
+// the slack edit steps once alone, the urgent one asks (its plan has the slack one wait, but
+// the slack one's device is in its step), the slack one asks and is held, and only then the
+// urgent one steps again, now over both devices.
+struct SlackAndUrgent {
+  EditParams urgent_params, slack_params;
+  RequestResult urgent, slack;
+  std::vector<WorkerMetrics> workers;
+  DeviceTeamMetrics team;
+  bool order_kept = true;
+};
+
+SlackAndUrgent slack_and_urgent(const Flux2Serving& f, double slack_ms_per_row) {
+  SlackAndUrgent out;
+  EditParams& p = out.urgent_params;
+  p = f.params("make the cup red", 31);
   p.cache = CacheMode::kOff;
   p.schedule.steps = 6;
   auto probe = f.model->create_session(f.tmpl, p, nullptr, nullptr);
   REQUIRE(probe.ok());
   const double rows = double((*probe)->tokens().count());
-  std::vector<StepSample> samples;
-  for (double t : {4.0, 16.0, 64.0})
-    for (double b : {1.0, 2.0, 4.0})
-      for (double a : {50.0, 500.0, 4000.0}) samples.push_back({t, b, a, 1.0 + 1000.0 * t});
-  auto fitted = StepCostModel::fit(samples);
-  REQUIRE(fitted.ok());
-  const auto cost = std::make_shared<const StepCostModel>(*fitted);
+  const auto cost = cost_per_row(1000.0);
   const double alone_ms = cost->predict_ms(rows, 1.0, rows * rows);
   REQUIRE(alone_ms == Approx(1.0 + 1000.0 * rows).epsilon(1e-3));
 
@@ -460,6 +476,8 @@ TEST_CASE("A slack edit holds its steps back while its device serves an urgent e
   o.team_link = TeamLink{0.0, 1e12, 2};
   o.team_planning.learn = false;
   o.worker.scheduler.allow_step_reduction = false;  // the urgent edit runs its 6 steps, late or not
+  // The urgent edit to worker 0, the slack one to worker 1, whatever their cost models say.
+  o.routing = RoutingPolicy::kLeastRequests;
   o.worker.before_step = [&](std::span<const uint64_t> ids) {
     if (ids.empty()) return;
     std::unique_lock lock(mu);
@@ -478,7 +496,8 @@ TEST_CASE("A slack edit holds its steps back while its device serves an urgent e
     }
   };
   std::vector<RuntimeDevice> devices(2);
-  for (RuntimeDevice& d : devices) d.models = {ServedModel{f.model, cost}};
+  devices[0].models = {ServedModel{f.model, cost}};
+  devices[1].models = {ServedModel{f.model, cost_per_row(slack_ms_per_row)}};
   auto made = ServingRuntime::create(std::move(devices), f.store, std::move(o));
   REQUIRE(made.ok());
   runtime = made->get();
@@ -491,10 +510,10 @@ TEST_CASE("A slack edit holds its steps back while its device serves an urgent e
     std::unique_lock lock(mu);
     REQUIRE(cv.wait_for(lock, std::chrono::seconds(300), [&] { return urgent_steps == 1; }));
   }
-  EditParams slack_params = f.params("a dark blue patch", 32);
-  slack_params.cache = CacheMode::kOff;
-  slack_params.schedule.steps = 6;
-  auto slack = submit(*runtime, 1, f.tmpl, slack_params, RequestClass::kBatch, 86400.0 * 1000);
+  out.slack_params = f.params("a dark blue patch", 32);
+  out.slack_params.cache = CacheMode::kOff;
+  out.slack_params.schedule.steps = 6;
+  auto slack = submit(*runtime, 1, f.tmpl, out.slack_params, RequestClass::kBatch, 86400.0 * 1000);
   {
     std::unique_lock lock(mu);
     REQUIRE(cv.wait_for(lock, std::chrono::seconds(300), [&] { return slack_steps == 2; }));
@@ -507,32 +526,73 @@ TEST_CASE("A slack edit holds its steps back while its device serves an urgent e
     slack_go = true;
   }
   cv.notify_all();
-  const RequestResult u = urgent.get();
-  const RequestResult s = slack.get();
-  INFO(u.status.to_string() << " / " << s.status.to_string());
-  REQUIRE(u.state == RequestState::kDone);
-  REQUIRE(s.state == RequestState::kDone);
-  CHECK(order_kept);
-  const auto workers = runtime->worker_metrics();
-  const auto team = runtime->team_metrics();
-  REQUIRE(team.has_value());
-  CHECK(team->planner.held >= 1);
-  CHECK(workers[1].team_holds >= 1);   // the slack edit held back ...
-  CHECK(workers[0].team_holds == 0);
-  CHECK(workers[0].steps_parallel >= 1);  // ... while the urgent one ran over both devices
-  CHECK(workers[1].team_shares >= 1);
-  CHECK(workers[0].steps + workers[1].steps == 12);  // every step ran once; a hold is none
+  out.urgent = urgent.get();
+  out.slack = slack.get();
+  out.order_kept = order_kept;
+  out.workers = runtime->worker_metrics();
+  uint64_t routed_to_0 = 0;
+  for (const auto& [reason, count] : out.workers[0].routed) routed_to_0 += count;
+  REQUIRE(routed_to_0 == 1);  // the urgent edit alone
+  out.team = runtime->team_metrics().value();
+  return out;
+}
 
-  // Both equal the same edits on one device.
+// Both edits equal the same edits on one device: outside the mask byte for byte, inside
+// within one 8-bit level.
+void check_equal_to_one_device(const Flux2Serving& f, const SlackAndUrgent& run) {
+  INFO(run.urgent.status.to_string() << " / " << run.slack.status.to_string());
+  REQUIRE(run.urgent.state == RequestState::kDone);
+  REQUIRE(run.slack.state == RequestState::kDone);
   auto one = f.runtime();
-  const RequestResult u1 = submit(*one, 3, f.tmpl, p).get();
-  const RequestResult s1 = submit(*one, 4, f.tmpl, slack_params).get();
+  const RequestResult u1 = submit(*one, 3, f.tmpl, run.urgent_params).get();
+  const RequestResult s1 = submit(*one, 4, f.tmpl, run.slack_params).get();
   REQUIRE(u1.state == RequestState::kDone);
   REQUIRE(s1.state == RequestState::kDone);
-  CHECK(outside_identical(u1.output.image, u.output.image, p.mask));
-  CHECK(outside_identical(s1.output.image, s.output.image, slack_params.mask));
+  CHECK(outside_identical(u1.output.image, run.urgent.output.image, run.urgent_params.mask));
+  CHECK(outside_identical(s1.output.image, run.slack.output.image, run.slack_params.mask));
   int worst = 0;
   for (size_t i = 0; i < u1.output.image.data.size(); ++i)
-    worst = std::max(worst, std::abs(int(u1.output.image.data[i]) - int(u.output.image.data[i])));
+    worst = std::max(worst, std::abs(int(u1.output.image.data[i]) - int(run.urgent.output.image.data[i])));
   CHECK(worst <= 1);
+}
+
+}  // namespace
+
+TEST_CASE("A slack edit holds its steps back while its device serves an urgent edit that needs both and both equal the edit on one device",
+          "[flux2-serving][parallel]") {
+  // The slack edit's step is predicted as long as the urgent one's: waiting for it would end
+  // the urgent one's step later than running alone, so that step runs alone.
+  Flux2Serving f;
+  const SlackAndUrgent run = slack_and_urgent(f, 1000.0);
+  CHECK(run.order_kept);
+  CHECK(run.team.planner.held >= 1);
+  CHECK(run.team.planner.awaited == 0);
+  CHECK(run.team.planner.short_of_plan >= 1);
+  CHECK(run.workers[1].team_holds >= 1);  // the slack edit held back ...
+  CHECK(run.workers[0].team_holds == 0);
+  CHECK(run.workers[0].steps_parallel >= 1);  // ... while the urgent one ran over both devices
+  CHECK(run.workers[1].team_shares >= 1);
+  CHECK(run.workers[0].steps + run.workers[1].steps == 12);  // every step ran once; a hold is none
+  check_equal_to_one_device(f, run);
+}
+
+TEST_CASE("An urgent edit waits for the step its plan takes a device from and the team wakes it when the slack edit yields",
+          "[flux2-serving][parallel]") {
+  // The slack edit's step is predicted at a tenth of the urgent one's: waiting for it and then
+  // running over both devices ends the urgent step sooner than running alone, so the urgent
+  // edit's first step is held (its device kept), for seconds by the prediction. The slack
+  // edit's next ask is held (it yields its device) and the team wakes the urgent edit then,
+  // long before its hold would end.
+  Flux2Serving f;
+  const SlackAndUrgent run = slack_and_urgent(f, 100.0);
+  CHECK(run.order_kept);
+  CHECK(run.team.planner.awaited >= 1);
+  CHECK(run.team.wakes >= 1);
+  CHECK(run.team.planner.held >= 1);
+  CHECK(run.workers[0].team_holds >= 1);  // the urgent edit's wait
+  CHECK(run.workers[1].team_holds >= 1);  // the slack edit's yield
+  CHECK(run.workers[0].steps_parallel >= 1);
+  CHECK(run.workers[1].team_shares >= 1);
+  CHECK(run.workers[0].steps + run.workers[1].steps == 12);
+  check_equal_to_one_device(f, run);
 }
