@@ -432,9 +432,10 @@ std::shared_ptr<const StepCostModel> cost_per_row(double ms_per_row) {
 }
 
 // Two full recomputes of 6 steps on two CPU devices: an urgent edit (2) on worker 0, whose
-// device's cost model predicts a second per row of a step, late alone and on time over both
+// device's cost model predicts ten seconds per row of a step (two minutes a step), late alone and on time over both
 // devices; and a slack one (1) with a day to go on worker 1, whose cost model predicts
-// `slack_ms_per_row`: it can wait a round and still finish alone. The seam orders the asks:
+// `slack_ms_per_row`: it can wait a round and still finish alone. The predictions hold the
+// deadlines whatever this machine's speed. The seam orders the asks:
 // the slack edit steps once alone, the urgent one asks (its plan has the slack one wait, but
 // the slack one's device is in its step), the slack one asks and is held, and only then the
 // urgent one steps again, now over both devices.
@@ -455,9 +456,11 @@ SlackAndUrgent slack_and_urgent(const Flux2Serving& f, double slack_ms_per_row) 
   auto probe = f.model->create_session(f.tmpl, p, nullptr, nullptr);
   REQUIRE(probe.ok());
   const double rows = double((*probe)->tokens().count());
-  const auto cost = cost_per_row(1000.0);
+  const auto cost = cost_per_row(10000.0);
   const double alone_ms = cost->predict_ms(rows, 1.0, rows * rows);
-  REQUIRE(alone_ms == Approx(1.0 + 1000.0 * rows).epsilon(1e-3));
+  REQUIRE(alone_ms == Approx(1.0 + 10000.0 * rows).epsilon(1e-3));
+  const double slack_deadline_ms = 86400.0 * 1000;  // a day
+  REQUIRE(6 * (1.0 + slack_ms_per_row * rows) < 0.5 * slack_deadline_ms);  // on time alone with room to wait
 
   std::mutex mu;
   std::condition_variable cv;
@@ -513,7 +516,7 @@ SlackAndUrgent slack_and_urgent(const Flux2Serving& f, double slack_ms_per_row) 
   out.slack_params = f.params("a dark blue patch", 32);
   out.slack_params.cache = CacheMode::kOff;
   out.slack_params.schedule.steps = 6;
-  auto slack = submit(*runtime, 1, f.tmpl, out.slack_params, RequestClass::kBatch, 86400.0 * 1000);
+  auto slack = submit(*runtime, 1, f.tmpl, out.slack_params, RequestClass::kBatch, slack_deadline_ms);
   {
     std::unique_lock lock(mu);
     REQUIRE(cv.wait_for(lock, std::chrono::seconds(300), [&] { return slack_steps == 2; }));
@@ -560,10 +563,11 @@ void check_equal_to_one_device(const Flux2Serving& f, const SlackAndUrgent& run)
 
 TEST_CASE("A slack edit holds its steps back while its device serves an urgent edit that needs both and both equal the edit on one device",
           "[flux2-serving][parallel]") {
-  // The slack edit's step is predicted as long as the urgent one's: waiting for it would end
-  // the urgent one's step later than running alone, so that step runs alone.
+  // The slack edit's step is predicted at ten times the urgent one's: waiting for it would end
+  // the urgent one's step later than running alone however long the seams below take, so that
+  // step runs alone.
   Flux2Serving f;
-  const SlackAndUrgent run = slack_and_urgent(f, 1000.0);
+  const SlackAndUrgent run = slack_and_urgent(f, 100000.0);
   CHECK(run.order_kept);
   CHECK(run.team.planner.held >= 1);
   CHECK(run.team.planner.awaited == 0);
@@ -578,13 +582,14 @@ TEST_CASE("A slack edit holds its steps back while its device serves an urgent e
 
 TEST_CASE("An urgent edit waits for the step its plan takes a device from and the team wakes it when the slack edit yields",
           "[flux2-serving][parallel]") {
-  // The slack edit's step is predicted at a tenth of the urgent one's: waiting for it and then
-  // running over both devices ends the urgent step sooner than running alone, so the urgent
-  // edit's first step is held (its device kept), for seconds by the prediction. The slack
-  // edit's next ask is held (it yields its device) and the team wakes the urgent edit then,
-  // long before its hold would end.
+  // The slack edit's step is predicted at 0.3 of the urgent one's: waiting for what is left of
+  // it and then running over both devices ends the urgent step sooner than running alone, so
+  // the urgent edit's first step is held (its device kept), for up to half a minute by the
+  // prediction (a step past its predicted end would not be waited for: the margin keeps this
+  // so on a loaded machine). The slack edit's next ask is held (it yields its device) and the
+  // team wakes the urgent edit then, long before its hold would end.
   Flux2Serving f;
-  const SlackAndUrgent run = slack_and_urgent(f, 100.0);
+  const SlackAndUrgent run = slack_and_urgent(f, 3000.0);
   CHECK(run.order_kept);
   CHECK(run.team.planner.awaited >= 1);
   CHECK(run.team.wakes >= 1);
