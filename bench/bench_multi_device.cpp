@@ -157,9 +157,16 @@ std::vector<Policy> policies() {
   out.push_back({"round_planner_on_arrival", planner});
   planner.bind_to_home = true;
   planner.bound_may_yield = true;
+  planner.busy_devices = SpBusyDevices::kWaitWhenSooner;
   out.push_back({"round_planner_bound", planner});
+  planner.busy_devices = SpBusyDevices::kShortOfPlan;
+  out.push_back({"round_planner_bound_short_of_plan", planner});
+  planner.busy_devices = SpBusyDevices::kWait;
+  out.push_back({"round_planner_bound_always_wait", planner});
+  planner.busy_devices = SpBusyDevices::kWaitWhenSooner;
   planner.bound_may_yield = false;
   out.push_back({"round_planner_bound_never_yield", planner});
+  planner.busy_devices = SpBusyDevices::kWait;
   planner.bind_to_home = false;
   planner.plan_on_arrival = false;
   planner.grant_idle_devices = false;
@@ -438,8 +445,15 @@ json simulator_section(const Args& args) {
        "device at a time (earliest deadline among those still on time alone; late work yields as "
        "in the worker's step scheduler), idle devices granted, and a bound request yields its "
        "device a round to another's step where it can still finish alone from the next round "
-       "(the team's hold)"},
-      {"round_planner_bound_never_yield", "the same without yielding"},
+       "(the team's hold); a step whose planned devices are still in others' steps waits for "
+       "them where that ends it sooner than stepping on the free ones now (the team's await), "
+       "else steps short of plan"},
+      {"round_planner_bound_short_of_plan",
+       "the same, always stepping short of plan on the free devices (the team before it could "
+       "await)"},
+      {"round_planner_bound_always_wait",
+       "the same, always waiting for every planned device (as TetriServe's rounds do)"},
+      {"round_planner_bound_never_yield", "round_planner_bound without yielding"},
       {"round_planner_no_grants", "the same without granting idle devices"},
       {"fixed_D",
        "xDiT-like: 8 / D groups of D devices, first come first served, a request starts on arrival "

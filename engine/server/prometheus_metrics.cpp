@@ -132,7 +132,8 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
                                    "Shares of other workers' sequence-parallel steps this worker's device ran.",
                                    &WorkerMetrics::team_shares},
                            Counter{"infill_worker_team_holds_total",
-                                   "Steps the device team held back a round while this worker's device served another's step.",
+                                   "Steps the device team held back: a round while this worker's device served another's step, "
+                                   "or until the devices planned for the step ended others' steps.",
                                    &WorkerMetrics::team_holds},
                            Counter{"infill_worker_requests_advanced_total", "Request-steps run (sum of batch sizes).",
                                    &WorkerMetrics::requests_advanced}}) {

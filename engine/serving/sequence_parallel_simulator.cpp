@@ -66,6 +66,10 @@ Status check(std::span<const SpSimRequest> trace, const SpSimOptions& o,
   if (o.heads < 1)
     return invalid_argument("sequence-parallel simulation: heads is " + std::to_string(o.heads) +
                             ", expected >= 1");
+  if (o.busy_devices != SpBusyDevices::kWait && o.busy_devices != SpBusyDevices::kShortOfPlan &&
+      o.busy_devices != SpBusyDevices::kWaitWhenSooner)
+    return invalid_argument("sequence-parallel simulation: busy_devices is " +
+                            std::to_string(static_cast<int>(o.busy_devices)) + ", expected 1, 2 or 3");
   if (o.policy == SpPolicy::kFixedDegree) {
     if (o.fixed_degree < 1 || o.fixed_degree > o.devices || o.heads % o.fixed_degree != 0) {
       return invalid_argument("sequence-parallel simulation: fixed_degree is " +
@@ -501,6 +505,53 @@ class RoundPlannerSim {
     l.held = std::move(kept);
   }
 
+  // Request `i`'s planned devices are not all free: whether it steps now on the free ones
+  // (`devices` and `split` set to those it uses) or waits (false), per busy_devices.
+  bool short_of_plan(size_t i, double now, std::vector<int>& devices, bool& split) const {
+    if (o_.busy_devices == SpBusyDevices::kWait) return false;
+    const Live& l = live_[i];
+    std::vector<int> free;
+    double free_at = now;  // when the busy ones' steps end
+    bool known = true;
+    for (int d : l.target) {
+      const int h = holder_[static_cast<size_t>(d)];
+      if (h < 0 || h == static_cast<int>(i)) {
+        free.push_back(d);
+      } else if (live_[static_cast<size_t>(h)].in_step) {
+        free_at = std::max(free_at, live_[static_cast<size_t>(h)].step_end);
+      } else {
+        known = false;  // held by a request between steps: nobody knows until when
+      }
+    }
+    if (l.home >= 0) {
+      // Its own device first; in another's step, it cannot step at all.
+      const auto home = std::find(free.begin(), free.end(), l.home);
+      if (home == free.end()) return false;
+      std::rotate(free.begin(), home, home + 1);
+    }
+    if (free.empty()) return false;
+    // The largest degree the free devices allow (a split step: each half's), as the team's
+    // planner does.
+    const int n = static_cast<int>(free.size());
+    int degree = 1;
+    for (int k = l.target_split ? n / 2 : n; k >= 1; --k) {
+      if (k == 1 || o_.heads % k == 0) {
+        degree = k;
+        break;
+      }
+    }
+    const bool short_split = l.target_split && n >= 2;
+    free.resize(static_cast<size_t>(short_split ? 2 * degree : degree));
+    std::sort(free.begin(), free.end());
+    if (o_.busy_devices == SpBusyDevices::kWaitWhenSooner && known &&
+        free_at - now + step_(trace_[i], static_cast<int>(l.target.size()), l.target_split) <
+            step_(trace_[i], static_cast<int>(free.size()), short_split))
+      return false;
+    devices = std::move(free);
+    split = short_split;
+    return true;
+  }
+
   Status start_waiting(double now) {
     for (size_t i : active_) {
       Live& l = live_[i];
@@ -509,23 +560,27 @@ class RoundPlannerSim {
         const int h = holder_[static_cast<size_t>(d)];
         return h < 0 || h == static_cast<int>(i);
       });
-      if (!free) continue;
-      for (int d : l.target) holder_[static_cast<size_t>(d)] = static_cast<int>(i);
-      l.held = l.target;
-      const int degree = static_cast<int>(l.target.size());
-      const bool split = l.target_split;
+      std::vector<int> devices = l.target;
+      bool split = l.target_split;
+      if (!free) {
+        if (!short_of_plan(i, now, devices, split)) continue;
+        report_.short_of_plan_steps += 1;
+      }
+      for (int d : devices) holder_[static_cast<size_t>(d)] = static_cast<int>(i);
+      l.held = devices;
+      const int degree = static_cast<int>(devices.size());
       const double s = step_(trace_[i], degree, split);
       if (!std::isfinite(s) || s <= 0) return bad_step(trace_[i], degree, split, s);
       if (l.steps_run > 0) {
         if (degree != l.last_degree || split != l.last_split) {
           ++l.degree_changes;
-        } else if (l.target != l.last_devices) {
+        } else if (devices != l.last_devices) {
           ++l.moves;
         }
       }
       l.last_degree = degree;
       l.last_split = split;
-      l.last_devices = l.target;
+      l.last_devices = devices;
       if (trace_[i].guided) report_.guided_steps += 1;
       if (split) {
         report_.split_steps += 1;

@@ -66,6 +66,17 @@ struct SpSimRequest {
 /// Values only grow; 0 is not a policy.
 enum class SpPolicy { kRoundPlanner = 1, kFixedDegree = 2 };
 
+/// What a request whose planned devices are not all free yet (some still in another's step,
+/// the plan handing them on) does. Values only grow; 0 is not a choice.
+enum class SpBusyDevices {
+  kWait = 1,           ///< waits for all of them (TetriServe's rounds)
+  kShortOfPlan = 2,    ///< steps now on the free ones, at the largest degree they allow
+  /// waits where the busy ones' steps end soon enough that waiting and then stepping as
+  /// planned ends the step sooner than stepping short of plan now; else steps short (the
+  /// engine's device team: TeamPlannerOptions::await_ranks)
+  kWaitWhenSooner = 3,
+};
+
 struct SpSimOptions {
   int devices = 8;
   int heads = 24;  ///< attention heads: every degree divides them
@@ -90,6 +101,10 @@ struct SpSimOptions {
   /// kRoundPlanner with bind_to_home: a device's request may wait a round while others use
   /// its device (RoundPlannerOptions::homes_may_wait); false, it always runs on its device.
   bool bound_may_yield = false;
+  /// kRoundPlanner: a request whose planned devices are not all free yet (see SpBusyDevices).
+  /// Short steps keep the home device (bind_to_home: a request whose own device is in
+  /// another's step waits) and, guided and split, their halves split where two devices are free.
+  SpBusyDevices busy_devices = SpBusyDevices::kWait;
   /// kFixedDegree: guided requests' halves split over the two halves of each group (at
   /// fixed_degree / 2 each; fixed_degree must be even); false packs them on the group.
   bool fixed_split_guidance = false;
@@ -122,6 +137,7 @@ struct SpSimReport {
   std::vector<uint64_t> steps_by_degree;  ///< index: degree (devices)
   uint64_t guided_steps = 0;              ///< steps of guided requests
   uint64_t split_steps = 0;               ///< of those, run with the halves split
+  uint64_t short_of_plan_steps = 0;       ///< steps run on fewer devices than planned
 };
 
 /// Runs the trace to completion (requests in any order). Errors: options out of range

@@ -81,8 +81,9 @@ struct WorkerMetrics {
   /// and shares of other workers' such steps this worker's loop ran.
   uint64_t prepare_steps_parallel = 0;
   uint64_t team_shares = 0;
-  /// Steps (of a request or a prepare job) the device team held back a round while this
-  /// worker's device served another's step (TeamDecision::hold_ms).
+  /// Steps (of a request or a prepare job) the device team held back (TeamDecision::hold_ms):
+  /// a round while this worker's device served another's step, or until the devices planned
+  /// for the step ended others' steps (TeamDecision::awaits).
   uint64_t team_holds = 0;
   /// Batched steps of one edit run over several devices the same way: a whole sequence (a
   /// full recompute) in sequence parallel, or (steps_halves_split of them) a guided step's

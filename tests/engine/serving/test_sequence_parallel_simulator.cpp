@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "serving/sequence_parallel_simulator.h"
@@ -424,4 +425,76 @@ TEST_CASE("bound to their devices, as in the engine, requests still share idle d
     CHECK(rep.requests[0].latency_ms >= 20 * s1);
     CHECK(rep.requests[0].latency_ms <= 20 * s1 + o.round_ms);
   }
+}
+
+TEST_CASE("a step whose planned devices are still in another's step waits for them or runs short of plan",
+          "[serving][sp_simulator]") {
+  {
+    // Three devices, bound: a large slack request (home 0) and a one-step small one (home 1)
+    // at t = 0, the slack one granted device 2 as well; at 140 ms an urgent large one arrives
+    // (home 1), planned over devices its step needs while one of them is still in the slack
+    // step. Stepping short of plan at once (alone) makes it late; waiting for that step's end
+    // (a few ms) and then stepping as planned meets its deadline, as waiting always does here.
+    const double deadline = 10 * flux().step_ms(16384, 2) + 300;
+    const std::vector<SpSimRequest> three{request(1, 0, 16384, 10, 1e9), request(2, 0, 256, 1, 1e9),
+                                          request(3, 140, 16384, 10, deadline)};
+    SpSimOptions o;
+    o.devices = 3;
+    o.round_ms = 50;
+    o.bind_to_home = true;
+    o.plan_on_arrival = true;
+    o.bound_may_yield = true;
+    o.busy_devices = SpBusyDevices::kShortOfPlan;
+    const SpSimReport short_now = run(three, o);
+    CHECK(short_now.short_of_plan_steps >= 1);
+    CHECK_FALSE(short_now.requests[2].deadline_met);
+    o.busy_devices = SpBusyDevices::kWaitWhenSooner;
+    const SpSimReport waits = run(three, o);
+    CHECK(waits.short_of_plan_steps == 0);
+    CHECK(waits.requests[2].deadline_met);
+    CHECK(waits.requests[2].latency_ms < short_now.requests[2].latency_ms);
+    o.busy_devices = SpBusyDevices::kWait;
+    CHECK(run(three, o).requests[2].latency_ms == Approx(waits.requests[2].latency_ms));
+  }
+  // A Poisson trace of mixed sizes on eight devices, bound as in the engine, under each way of
+  // meeting busy planned devices: every request runs all its steps, no device is booked twice,
+  // and only the ways that may step short do so.
+  std::mt19937_64 rng(11);
+  std::exponential_distribution<double> gap(1.0 / 60.0);
+  std::uniform_int_distribution<int> pick(0, 3);
+  const int64_t sizes[] = {256, 1024, 4096, 16384};
+  std::vector<SpSimRequest> trace;
+  double t = 0;
+  uint64_t steps = 0;
+  for (uint64_t i = 0; i < 600; ++i) {
+    t += gap(rng);
+    const int64_t tokens = sizes[pick(rng)];
+    trace.push_back(request(i, t, tokens, 20, 1.0 * 20 * flux().step_ms(tokens, 1)));
+    steps += 20;
+  }
+  SpSimOptions o;
+  o.round_ms = 100;
+  o.bind_to_home = true;
+  o.plan_on_arrival = true;
+  o.bound_may_yield = true;
+  std::map<SpBusyDevices, SpSimReport> reports;
+  for (const SpBusyDevices busy : {SpBusyDevices::kWait, SpBusyDevices::kShortOfPlan, SpBusyDevices::kWaitWhenSooner}) {
+    INFO("busy_devices " << static_cast<int>(busy));
+    o.busy_devices = busy;
+    const SpSimReport rep = run(trace, o);
+    REQUIRE(rep.requests.size() == trace.size());
+    uint64_t ran = 0;
+    for (uint64_t n : rep.steps_by_degree) ran += n;
+    CHECK(ran == steps);
+    CHECK(rep.busy_device_ms <= 8 * rep.makespan_ms * (1 + 1e-9));
+    reports[busy] = rep;
+  }
+  CHECK(reports[SpBusyDevices::kWait].short_of_plan_steps == 0);
+  CHECK(reports[SpBusyDevices::kShortOfPlan].short_of_plan_steps > 0);
+  // Waiting where it is sooner steps short less often than stepping short always.
+  CHECK(reports[SpBusyDevices::kWaitWhenSooner].short_of_plan_steps < reports[SpBusyDevices::kShortOfPlan].short_of_plan_steps);
+  o.busy_devices = static_cast<SpBusyDevices>(7);
+  const Result<SpSimReport> bad = simulate_sequence_parallel(trace, flux().function(), o);
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("busy_devices is 7"));
 }
