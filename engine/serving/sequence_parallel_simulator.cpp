@@ -566,6 +566,11 @@ class RoundPlannerSim {
         if (!short_of_plan(i, now, devices, split)) continue;
         report_.short_of_plan_steps += 1;
       }
+      // A short step may leave out devices it held (a degree the free ones do not divide):
+      // they are free again.
+      for (int d : l.held) {
+        if (std::find(devices.begin(), devices.end(), d) == devices.end()) holder_[static_cast<size_t>(d)] = -1;
+      }
       for (int d : devices) holder_[static_cast<size_t>(d)] = static_cast<int>(i);
       l.held = devices;
       const int degree = static_cast<int>(devices.size());
