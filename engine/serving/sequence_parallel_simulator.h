@@ -39,6 +39,11 @@
 /// including it), its device's other requests wait, and devices whose only request runs its
 /// last step are unavailable. Devices with nothing bound are what the planner grants.
 ///
+/// Busy planned devices (`busy_devices`): a plan may give a request devices still in another's
+/// step (steps are not preempted). It waits for them all (TetriServe), steps now on the free
+/// ones at the largest degree they allow, or waits only where their steps end soon enough that
+/// waiting and then stepping as planned ends its step sooner (the engine's device team).
+///
 /// Not modelled: moving a request's latents between devices (free here), text encoding, VAE
 /// decode, the planner's own run time.
 ///
