@@ -223,17 +223,21 @@ TeamDecision TeamPlanner::decide(int rank, const TeamAsk& ask, double now_ms, st
   }
   TeamDecision d = alone;
   d.new_round = fresh;
+  // Answers the ask with a hold of `ms`: nothing of the asker's is in flight meanwhile.
+  const auto held_for = [&](double ms) {
+    d.hold_ms = ms;
+    d.predicted_ms = 0;
+    me.ranks.clear();
+    me.split = false;
+    me.ready_ms = now_ms;
+    return d;
+  };
   if (mine != nullptr && mine->degree == 0 && options_.yield) {
     // Planned to wait (its rank goes to another's step): held back to the round's end.
     const double left = round_start_ms_ + options_.round_ms - now_ms;
     if (left > 0) {
-      d.hold_ms = left;
-      d.predicted_ms = 0;
-      me.ranks.clear();
-      me.split = false;
-      me.ready_ms = now_ms;
       metrics_.held += 1;
-      return d;
+      return held_for(left);
     }
   }
   if (mine != nullptr && mine->degree >= 1 && std::find(mine->devices.begin(), mine->devices.end(), rank) != mine->devices.end()) {
@@ -271,15 +275,10 @@ TeamDecision TeamPlanner::decide(int rank, const TeamAsk& ask, double now_ms, st
       const double free_at = planned_ranks_free_at(*mine, rank, now_ms, states);
       if (options_.await_ranks && free_at > now_ms &&
           free_at - now_ms + predict_ms(ask, mine->degree, mine->split) < predict_ms(ask, degree, split)) {
-        d.hold_ms = free_at - now_ms;
         d.awaits = true;
         d.awaited = mine->devices;
-        d.predicted_ms = 0;
-        me.ranks.clear();
-        me.split = false;
-        me.ready_ms = now_ms;
         metrics_.awaited += 1;
-        return d;
+        return held_for(free_at - now_ms);
       }
       metrics_.short_of_plan += 1;
       d.ranks = ranks;
