@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
   std::shared_ptr<const infill::DeviceKvEntry> resident;
   std::unique_ptr<infill::DeviceKvSource> resident_source;
   if (device.cuda) {
-    auto uploaded = infill::DeviceKvEntry::upload(*entry, device);
+    auto uploaded = infill::DeviceKvEntry::upload(*entry, device, model.compute_dtype());
     if (!uploaded.ok()) {
       std::cerr << "bench_adapters: " << uploaded.status().to_string() << "\n";
       return 1;
@@ -282,7 +282,7 @@ int main(int argc, char** argv) {
     std::shared_ptr<const infill::DeviceKvEntry> ref_resident;
     std::unique_ptr<infill::DeviceKvSource> ref_device;
     if (device.cuda) {
-      auto uploaded = infill::DeviceKvEntry::upload(*ref_entry, device);
+      auto uploaded = infill::DeviceKvEntry::upload(*ref_entry, device, model.compute_dtype());
       if (!uploaded.ok()) {
         std::cerr << "bench_adapters: " << uploaded.status().to_string() << "\n";
         return 1;

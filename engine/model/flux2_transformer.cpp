@@ -11,6 +11,7 @@
 #include "common/shape_text.h"
 #include "kernels/masked_attention.h"
 #include "kernels/token_rows.h"
+#include "model/attention_over_cache.h"
 #include "model/flux2_checkpoint.h"
 #include "model/flux2_layers.h"
 #include "model/lora_round.h"
@@ -432,6 +433,13 @@ at::Tensor segment_attention(SegmentState& s, int block, const at::Tensor& q, co
     kernels::scatter_rows(s.v_buf, s.positions, v);
     return row_attention(q, s.k_buf, s.v_buf, heads, scale);
   }
+  if (!s.positions_device.defined()) s.positions_device = s.positions.to(q.device());
+  // Resident on the device in the compute dtype (the device tier): the fresh rows are swapped
+  // in for the attention and the cached ones back after, nothing else is copied.
+  at::Tensor cached_rows;
+  if (s.seg->kv->device_kv_rows(block, q.device(), &cached_rows) && cached_rows.scalar_type() == q.scalar_type()) {
+    return attention_with_rows_swapped_in(q, cached_rows, s.positions_device, k, v, heads, scale);
+  }
   // Another device or dtype: the cached rows travel as fp16 (half the bytes of float32) and
   // are widened to the compute dtype there; the fresh rows replace theirs on the device.
   at::Tensor keys, values;
@@ -445,7 +453,6 @@ at::Tensor segment_attention(SegmentState& s, int block, const at::Tensor& q, co
     keys = s.k_buf.to(q.device());
     values = s.v_buf.to(q.device());
   }
-  if (!s.positions_device.defined()) s.positions_device = s.positions.to(q.device());
   // Always a copy (copy=true): the fresh rows must never land in a resident tier's tensors.
   keys = keys.to(q.scalar_type(), false, true).index_copy_(0, s.positions_device, k);
   values = values.to(q.scalar_type(), false, true).index_copy_(0, s.positions_device, v);

@@ -21,13 +21,21 @@ class KvSource {
   /// it cannot (the caller then uses fetch). Lets the attention read the cache directly
   /// instead of through a float copy of all L rows.
   virtual bool fp16_slabs(int /*block*/, const uint16_t** /*k*/, const uint16_t** /*v*/) { return false; }
-  /// The cached K and V of `block` as fp16 tensors [L, H] already on `device` (a GPU's
-  /// resident tier), valid until the next call on this source; false when the source holds
+  /// The cached K and V of `block` as tensors [L, H] (fp16, or the resident tier's dtype;
+  /// rows may be strided) already on `device` (a GPU's resident tier), valid until the next call on this source; false when the source holds
   /// none there (the caller then copies slabs or fetches). Spares a GPU forward the host to
   /// device copy of every block.
   virtual bool device_tensors(int /*block*/, const at::Device& /*device*/, at::Tensor* /*k*/, at::Tensor* /*v*/) {
     return false;
   }
+  /// The cached K and V of `block` side by side, [L, 2 * H] (K in the first H columns), on
+  /// `device` in the source's dtype, for a forward there to swap its fresh rows into: the
+  /// caller may write rows of it if it writes back what it read before it returns (in stream
+  /// order on a GPU; model/attention_over_cache.h), so that a masked step touches its own rows
+  /// only instead of copying all L. Valid until the next call on this source; false when the
+  /// source holds no such tensor there (the caller then uses device_tensors and copies).
+  /// Only the thread that runs the forward on `device` reads these tensors meanwhile.
+  virtual bool device_kv_rows(int /*block*/, const at::Device& /*device*/, at::Tensor* /*kv*/) { return false; }
 };
 
 /// Receives the fresh K and V of all tokens of a request computed in full (the prepare job).

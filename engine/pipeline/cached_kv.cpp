@@ -52,8 +52,14 @@ bool EntryKvSource::fp16_slabs(int block, const uint16_t** k, const uint16_t** v
   return true;
 }
 
+bool EntryKvSource::device_kv_rows(int block, const at::Device& device, at::Tensor* kv) {
+  if (!resident_ || resident_->kv(step_, block_offset_ + block).device() != device) return false;
+  *kv = resident_->kv(step_, block_offset_ + block);
+  return true;
+}
+
 bool EntryKvSource::device_tensors(int block, const at::Device& device, at::Tensor* k, at::Tensor* v) {
-  if (resident_ && resident_->k(step_, block_offset_ + block).device() == device) {
+  if (resident_ && resident_->kv(step_, block_offset_ + block).device() == device) {
     *k = resident_->k(step_, block_offset_ + block);
     *v = resident_->v(step_, block_offset_ + block);
     return true;

@@ -27,6 +27,9 @@ class EntryKvSource final : public KvSource {
   void fetch(int block, at::Tensor& k, at::Tensor& v) override;
   bool fp16_slabs(int block, const uint16_t** k, const uint16_t** v) override;
   bool device_tensors(int block, const at::Device& device, at::Tensor* k, at::Tensor* v) override;
+  /// The resident copy's rows when it is on `device` (never the prefetched copies: they are
+  /// fp16, and a bf16 forward converts them anyway).
+  bool device_kv_rows(int block, const at::Device& device, at::Tensor* kv) override;
   /// The copies to a GPU so far (null before a forward on a GPU read a block it had no
   /// resident copy of).
   const DeviceKvPrefetch* prefetch() const { return prefetch_.get(); }

@@ -4,8 +4,8 @@
 
 namespace infill {
 
-DeviceKvTier::DeviceKvTier(ComputeDevice device, int64_t budget_bytes, Uploader uploader)
-    : device_(device), budget_bytes_(budget_bytes), upload_(std::move(uploader)) {}
+DeviceKvTier::DeviceKvTier(ComputeDevice device, int64_t budget_bytes, at::ScalarType dtype, Uploader uploader)
+    : device_(device), budget_bytes_(budget_bytes), dtype_(dtype), upload_(std::move(uploader)) {}
 
 DeviceKvTierStats DeviceKvTier::stats() const {
   std::lock_guard lock(mu_);
@@ -33,7 +33,7 @@ void DeviceKvTier::make_room(int64_t needed) {
 
 std::shared_ptr<const DeviceKvEntry> DeviceKvTier::get(const std::shared_ptr<const ActivationEntry>& entry) {
   if (!entry) return nullptr;
-  const int64_t bytes = static_cast<int64_t>(entry->bytes());
+  const int64_t bytes = device_kv_bytes(static_cast<int64_t>(entry->bytes()), dtype_);
   {
     std::lock_guard lock(mu_);
     for (auto it = lru_.begin(); it != lru_.end(); ++it) {
@@ -48,14 +48,14 @@ std::shared_ptr<const DeviceKvEntry> DeviceKvTier::get(const std::shared_ptr<con
   }
   // Copied outside the lock: a 3 GB entry takes a while, and other templates' sessions may
   // be set up meanwhile (two of the same entry may both upload; the second is dropped).
-  auto uploaded = upload_(*entry, device_);
+  auto uploaded = upload_(*entry, device_, dtype_);
   if (!uploaded.ok()) {
     // Out of device memory (or another failure): make room for the entry alone, once.
     {
       std::lock_guard lock(mu_);
       make_room(budget_bytes_);
     }
-    uploaded = upload_(*entry, device_);
+    uploaded = upload_(*entry, device_, dtype_);
   }
   std::lock_guard lock(mu_);
   if (!uploaded.ok()) {

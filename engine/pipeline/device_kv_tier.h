@@ -35,11 +35,15 @@ struct DeviceKvTierStats {
 
 class DeviceKvTier {
  public:
-  /// Copies an entry to the device; DeviceKvEntry::upload by default (a test seam).
-  using Uploader =
-      std::function<Result<std::shared_ptr<const DeviceKvEntry>>(const ActivationEntry&, const ComputeDevice&)>;
+  /// Copies an entry to the device in a dtype; DeviceKvEntry::upload by default (a test seam).
+  using Uploader = std::function<Result<std::shared_ptr<const DeviceKvEntry>>(
+      const ActivationEntry&, const ComputeDevice&, at::ScalarType)>;
 
-  DeviceKvTier(ComputeDevice device, int64_t budget_bytes, Uploader uploader = DeviceKvEntry::upload);
+  /// Entries are held in `dtype`: the compute dtype of the model reading them (a masked step
+  /// then swaps its rows into them instead of converting a copy; DeviceKvEntry). The budget
+  /// counts device bytes in that dtype.
+  DeviceKvTier(ComputeDevice device, int64_t budget_bytes, at::ScalarType dtype = at::kHalf,
+               Uploader uploader = DeviceKvEntry::upload);
 
   /// The device copy of `entry`, uploaded on first use; null when it is larger than the
   /// budget or the device has no room for it. Entries are told apart by identity (the store
@@ -48,6 +52,7 @@ class DeviceKvTier {
 
   const ComputeDevice& device() const { return device_; }
   int64_t budget_bytes() const { return budget_bytes_; }
+  at::ScalarType dtype() const { return dtype_; }
   DeviceKvTierStats stats() const;
 
  private:
@@ -61,6 +66,7 @@ class DeviceKvTier {
 
   const ComputeDevice device_;
   const int64_t budget_bytes_;
+  const at::ScalarType dtype_;
   const Uploader upload_;
   mutable std::mutex mu_;
   std::list<Slot> lru_;  // most recently used first

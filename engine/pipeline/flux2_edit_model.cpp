@@ -240,7 +240,8 @@ Result<std::shared_ptr<const Flux2EditModel>> Flux2EditModel::create(Flux2EditMo
   std::shared_ptr<Flux2EditModel> model(new Flux2EditModel(std::move(parts)));
   model->empty_prompt_ = std::move(empty);
   if (const ComputeDevice device = model->device(); device.cuda) {
-    model->device_tier_ = std::make_shared<DeviceKvTier>(device, model->parts_.device_cache_bytes);
+    model->device_tier_ = std::make_shared<DeviceKvTier>(device, model->parts_.device_cache_bytes,
+                                                         model->parts_.transformer->compute_dtype());
     if (model->parts_.host_to_device_bytes_per_ms <= 0) {
       try {
         model->parts_.host_to_device_bytes_per_ms = measure_host_to_device_bytes_per_ms(device.torch_device());

@@ -17,6 +17,7 @@
 
 #include "model/reference_check.h"
 #include "kernels/masked_attention.h"
+#include "model/attention_over_cache.h"
 #include "model/row_attention.h"
 
 using namespace infill::test;
@@ -146,5 +147,38 @@ TEST_CASE("row attention on CUDA equals plain matmul-softmax attention", "[cuda]
       CHECK(fast.scalar_type() == dtype);
       CHECK(rel_err(fast.to(at::kCPU, at::kFloat), ref.to(at::kCPU)) <= (dtype == at::kFloat ? 1e-4 : 2e-2));
     }
+  }
+}
+
+TEST_CASE("attention with fresh rows swapped into a device cache equals attention over a patched copy on CUDA",
+          "[cuda]") {
+  const infill::ComputeDevice cuda = require_cuda_or_skip();
+  c10::InferenceMode guard;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(23);
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const int64_t l = 2577, heads = 4, d = 128, h = heads * d;
+    const auto opts = at::TensorOptions().device(cuda.torch_device()).dtype(dtype);
+    const at::Tensor positions = at::randperm(l, gen).narrow(0, 0, 257).to(cuda.torch_device());
+    const int64_t r = positions.size(0);
+    const at::Tensor q = at::empty({r, h}).normal_(0, 1, gen).to(opts);
+    const at::Tensor k = at::empty({r, h}).normal_(0, 1, gen).to(opts);
+    const at::Tensor v = at::empty({r, h}).normal_(0, 1, gen).to(opts);
+    const at::Tensor kv = at::empty({l, 2 * h}).normal_(0, 1, gen).to(opts);
+    const at::Tensor before = kv.clone();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    const at::Tensor got = infill::attention_with_rows_swapped_in(q, kv, positions, k, v, heads, scale);
+    // The engine's path before: a contiguous copy of K and V with the fresh rows written in.
+    const at::Tensor keys = kv.narrow(1, 0, h).contiguous().index_copy_(0, positions, k);
+    const at::Tensor values = kv.narrow(1, h, h).contiguous().index_copy_(0, positions, v);
+    const at::Tensor copied = infill::row_attention(q, keys, values, heads, scale);
+    const at::Tensor ref = infill::kernels::masked_attention_reference(q.to(at::kFloat), keys.to(at::kFloat),
+                                                                       values.to(at::kFloat), heads, scale);
+    INFO(c10::toString(dtype));
+    CHECK(got.scalar_type() == dtype);
+    // The same kernel over the same values with K and V rows strided by 2H: equal up to the
+    // kernel's own rounding (bf16 output: 8 significant bits).
+    CHECK(rel_err(got.to(at::kFloat), copied.to(at::kFloat)) <= (dtype == at::kFloat ? 1e-6 : 1e-2));
+    CHECK(rel_err(got.to(at::kFloat), ref) <= (dtype == at::kFloat ? 1e-4 : 2e-2));
+    CHECK(at::equal(kv, before));  // restored in stream order
   }
 }

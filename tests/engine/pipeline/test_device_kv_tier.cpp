@@ -41,8 +41,8 @@ TEST_CASE("the device tier keeps recently used entries within its budget", "[cac
   auto ra = tier.get(a);
   REQUIRE(ra);
   // The copy holds the entry's bits.
-  CHECK(std::memcmp(ra->k(1, 2).data_ptr(), a->k(1, 2), a->layout().slab_elements() * 2) == 0);
-  CHECK(std::memcmp(ra->v(0, 1).data_ptr(), a->v(0, 1), a->layout().slab_elements() * 2) == 0);
+  CHECK(std::memcmp(ra->k(1, 2).contiguous().data_ptr(), a->k(1, 2), a->layout().slab_elements() * 2) == 0);
+  CHECK(std::memcmp(ra->v(0, 1).contiguous().data_ptr(), a->v(0, 1), a->layout().slab_elements() * 2) == 0);
   CHECK(tier.get(a) == ra);  // a hit: no second copy
   CHECK(tier.stats().hits == 1);
   CHECK(tier.stats().uploads == 1);
@@ -73,14 +73,14 @@ TEST_CASE("out of device memory in the tier evicts and retries, and never fails 
   const int64_t one = static_cast<int64_t>(a->bytes());
   int calls = 0;
   bool device_full = false;  // the next upload fails once, as cudaMalloc does when memory is short
-  DeviceKvTier tier(ComputeDevice{}, 10 * one,
-                    [&](const ActivationEntry& e, const ComputeDevice& d) -> Result<std::shared_ptr<const DeviceKvEntry>> {
+  DeviceKvTier tier(ComputeDevice{}, 10 * one, at::kHalf,
+                    [&](const ActivationEntry& e, const ComputeDevice& d, at::ScalarType t) -> Result<std::shared_ptr<const DeviceKvEntry>> {
                       ++calls;
                       if (device_full) {
                         device_full = false;
                         return Status(ErrorCode::kResourceExhausted, "cuda:0: CUDA out of memory (injected)");
                       }
-                      return DeviceKvEntry::upload(e, d);
+                      return DeviceKvEntry::upload(e, d, t);
                     });
   REQUIRE(tier.get(a));
   REQUIRE(tier.get(b));
@@ -90,11 +90,45 @@ TEST_CASE("out of device memory in the tier evicts and retries, and never fails 
   CHECK(tier.stats().entries == 1);
   CHECK(tier.stats().evictions == 2);
 
-  DeviceKvTier hopeless(ComputeDevice{}, 10 * one,
-                        [](const ActivationEntry&, const ComputeDevice&) -> Result<std::shared_ptr<const DeviceKvEntry>> {
+  DeviceKvTier hopeless(ComputeDevice{}, 10 * one, at::kHalf,
+                        [](const ActivationEntry&, const ComputeDevice&, at::ScalarType) -> Result<std::shared_ptr<const DeviceKvEntry>> {
                           return Status(ErrorCode::kResourceExhausted, "cuda:0: CUDA out of memory (injected)");
                         });
   CHECK(hopeless.get(a) == nullptr);  // the edit goes on reading the host entry
   CHECK(hopeless.stats().failed_uploads == 1);
   CHECK(hopeless.stats().entries == 0);
+}
+
+TEST_CASE("the device tier holds entries in the dtype it is given and budgets their bytes in it",
+          "[cache][device-tier]") {
+  auto a = entry_of(16, 1000), b = entry_of(16, 2000);
+  const int64_t one = static_cast<int64_t>(a->bytes());
+  const auto slab = [&](const uint16_t* data) {
+    return at::from_blob(const_cast<uint16_t*>(data), {16, 8}, at::kHalf);
+  };
+  // bf16: the size of fp16, each value as libtorch converts it (what a bf16 forward read
+  // from an fp16 copy before).
+  DeviceKvTier bf16(ComputeDevice{}, one + one / 2, at::kBFloat16);
+  CHECK(bf16.dtype() == at::kBFloat16);
+  auto ra = bf16.get(a);
+  REQUIRE(ra);
+  CHECK(ra->dtype() == at::kBFloat16);
+  CHECK(ra->kv(1, 2).sizes() == at::IntArrayRef({16, 16}));  // K | V side by side
+  CHECK(at::equal(ra->k(1, 2), slab(a->k(1, 2)).to(at::kBFloat16)));
+  CHECK(at::equal(ra->v(0, 1), slab(a->v(0, 1)).to(at::kBFloat16)));
+  CHECK(ra->bytes() == one);
+  CHECK(bf16.stats().bytes == one);
+  // float32 (a GPU model kept in float32): twice the bytes, so one entry fills a budget of 3.
+  DeviceKvTier f32(ComputeDevice{}, 3 * one, at::kFloat);
+  auto fa = f32.get(a);
+  REQUIRE(fa);
+  CHECK(fa->bytes() == 2 * one);
+  CHECK(at::equal(fa->k(0, 0), slab(a->k(0, 0)).to(at::kFloat)));
+  REQUIRE(f32.get(b));
+  CHECK(f32.stats().evictions == 1);
+  CHECK(f32.stats().bytes == 2 * one);
+  // Not a floating dtype: refused, naming it.
+  auto refused = DeviceKvEntry::upload(*a, ComputeDevice{}, at::kLong);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(), Catch::Contains("Long"));
 }
