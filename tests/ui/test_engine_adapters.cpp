@@ -20,6 +20,7 @@
 #include <QTemporaryDir>
 #include <QUrl>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -77,6 +78,29 @@ Changes changes(const QImage& a, const QImage& b, const QImage& reach) {
   }
   return c;
 }
+
+// The largest difference of one 8-bit channel between `a` and `b` inside `reach`.
+int max_level_inside(const QImage& a, const QImage& b, const QImage& reach) {
+  REQUIRE(a.size() == b.size());
+  int most = 0;
+  for (int y = 0; y < a.height(); ++y) {
+    for (int x = 0; x < a.width(); ++x) {
+      if (reach.constScanLine(y)[x] == 0) continue;
+      const QRgb pa = a.pixel(x, y), pb = b.pixel(x, y);
+      most = std::max({most, std::abs(qRed(pa) - qRed(pb)), std::abs(qGreen(pa) - qGreen(pb)),
+                       std::abs(qBlue(pa) - qBlue(pb))});
+    }
+  }
+  return most;
+}
+
+// The same edit submitted again after its LoRA or reference image was uploaded again: the
+// engine runs it template-keyed until the new prompt-keyed entry is prepared behind it, and
+// which of the two an edit gets depends on how busy the machine is. The two read the cached
+// K/V differently (fp16), so the results may differ inside the mask by a few 8-bit levels (2
+// seen beside three other engine tests; three is what the runtime tests allow), never outside.
+// An edit without the LoRA or the reference differs by far more (checked beside each use).
+constexpr int kCacheModeLevels = 3;
 
 }  // namespace
 
@@ -176,7 +200,8 @@ TEST_CASE("The panel's LoRAs and reference images go with the edit and the engin
     INFO(said.join(QLatin1Char('\n')).toStdString());
     CHECK(said.filter(QStringLiteral("uploading the files again")).size() == 1);
     CHECK(said.filter(QStringLiteral("refused")).isEmpty());
-    CHECK(changes(adapted, again, reach).inside == 0);
+    CHECK(max_level_inside(adapted, again, reach) <= kCacheModeLevels);
+    CHECK(max_level_inside(plain, again, reach) > kCacheModeLevels);  // the LoRA's result, not the plain one
     CHECK(changes(adapted, again, reach).outside == 0);
     CHECK(other.get_adapter(id).id == id);
     CHECK(panel->params().adapters == expected);  // the list itself is unchanged
@@ -242,7 +267,8 @@ TEST_CASE("The panel's LoRAs and reference images go with the edit and the engin
     INFO(said.join(QLatin1Char('\n')).toStdString());
     CHECK(said.filter(QStringLiteral("uploading the images again")).size() == 1);
     CHECK(said.filter(QStringLiteral("refused")).isEmpty());
-    CHECK(changes(referenced, again, reach).inside == 0);
+    CHECK(max_level_inside(referenced, again, reach) <= kCacheModeLevels);
+    CHECK(max_level_inside(subtracted, again, reach) > kCacheModeLevels);  // with the reference
     CHECK(changes(referenced, again, reach).outside == 0);
     CHECK(other.get_template(reference_id).id == reference_id);
     CHECK(window.controller()->parameters().references == QStringList{sha256_of(dusk)});
@@ -332,7 +358,8 @@ TEST_CASE("The panel's LoRAs and reference images go with the edit and the engin
     INFO(after.join(QLatin1Char('\n')).toStdString());
     CHECK(after.filter(QStringLiteral("uploading the images again")).size() == 1);
     CHECK(after.filter(QStringLiteral("refused")).isEmpty());
-    CHECK(changes(known, recovered, reach).inside == 0);
+    CHECK(max_level_inside(known, recovered, reach) <= kCacheModeLevels);
+    CHECK(max_level_inside(subtracted, recovered, reach) > kCacheModeLevels);  // with the reference
     CHECK(changes(known, recovered, reach).outside == 0);
     CHECK(other.get_template(reference_id).id == reference_id);
   }
@@ -356,5 +383,8 @@ TEST_CASE("The panel's LoRAs and reference images go with the edit and the engin
   strip->removeAt(0);
   CHECK(panel->params().adapters.isEmpty());
   CHECK(panel->params().references.isEmpty());
-  CHECK(changes(plain, generate(), reach).inside == 0);
+  const QImage plain_again = generate();
+  CHECK(changes(plain, plain_again, reach).outside == 0);
+  CHECK(max_level_inside(plain, plain_again, reach) <= kCacheModeLevels);
+  CHECK(max_level_inside(adapted, plain_again, reach) > kCacheModeLevels);  // without the LoRA
 }
