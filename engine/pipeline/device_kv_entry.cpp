@@ -19,7 +19,6 @@ Result<std::shared_ptr<const DeviceKvEntry>> DeviceKvEntry::upload(const Activat
   std::shared_ptr<DeviceKvEntry> out(new DeviceKvEntry());
   out->layout_ = layout;
   out->dtype_ = dtype;
-  out->bytes_ = device_kv_bytes(static_cast<int64_t>(layout.total_bytes()), dtype);
   const at::Device where = device.torch_device();
   const int64_t H = layout.hidden;
   try {
@@ -38,11 +37,13 @@ Result<std::shared_ptr<const DeviceKvEntry>> DeviceKvEntry::upload(const Activat
     }
   } catch (const c10::Error& e) {
     return Status(ErrorCode::kResourceExhausted, "activation entry to " + device.name() + " (" +
-                                                     std::to_string(out->bytes_) +
+                                                     std::to_string(out->bytes()) +
                                                      " bytes): " + e.what_without_backtrace());
   }
   return std::shared_ptr<const DeviceKvEntry>(std::move(out));
 }
+
+int64_t DeviceKvEntry::bytes() const { return device_kv_bytes(static_cast<int64_t>(layout_.total_bytes()), dtype_); }
 
 const at::Tensor& DeviceKvEntry::kv(int step, int block) const {
   return kv_.at(static_cast<size_t>(step) * layout_.blocks + block);

@@ -38,18 +38,18 @@ class DeviceKvEntry {
   at::Tensor v(int step, int block) const;
   const ActivationLayout& layout() const { return layout_; }
   at::ScalarType dtype() const { return dtype_; }
-  /// Device bytes held: the host entry's bytes scaled by the element size of dtype() to fp16's.
-  int64_t bytes() const { return bytes_; }
+  /// Device bytes held: device_kv_bytes of the host entry's.
+  int64_t bytes() const;
 
  private:
   DeviceKvEntry() = default;
   ActivationLayout layout_;
   at::ScalarType dtype_ = at::kHalf;
-  int64_t bytes_ = 0;
   std::vector<at::Tensor> kv_;  // step-major, then block
 };
 
-/// Device bytes an entry of `host_bytes` (fp16) takes when uploaded in `dtype`.
+/// Device bytes an entry of `host_bytes` (fp16) takes when uploaded in `dtype`: the host
+/// bytes scaled by dtype's element size to fp16's.
 int64_t device_kv_bytes(int64_t host_bytes, at::ScalarType dtype);
 
 /// Reads one step of a device-resident entry (KvSource::device_tensors, device_kv_rows);
