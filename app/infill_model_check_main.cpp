@@ -69,6 +69,7 @@ int describe_folder(const std::string& path, const std::vector<LoraArg>& loras) 
                          {"context_dim", c.context_dim},
                          {"mask_channels", c.mask_channels},
                          {"guidance_embed", c.guidance_embed},
+                         {"stored_dtypes", (*model)->transformer_stored_dtypes},
                          {"weight_bytes", (*model)->transformer.weight_bytes()}};
   line["autoencoder"] = {{"file", f.autoencoder_file},
                          {"class", f.codec_class.empty() ? "AutoencoderKLFlux2" : f.codec_class},

@@ -1,12 +1,13 @@
 #include "model/flux2_checkpoint.h"
 
 #include <optional>
+#include <set>
 
 #include <ATen/ATen.h>
 
 #include "common/shape_text.h"
+#include "model/float8_checkpoint.h"
 #include "model/flux2_weight_names.h"
-#include "model/safetensors_torch.h"
 
 namespace infill {
 
@@ -32,9 +33,11 @@ Result<Flux2Checkpoint> Flux2Checkpoint::from_file(const SafetensorsFile& file, 
   Flux2Checkpoint c;
   c.files_.push_back(file);
   c.where_ = file.path();
+  INFILL_ASSIGN_OR_RETURN(Float8Layout layout, read_float8_layout(c.files_));
+  c.float8_ = std::make_shared<const Float8Layout>(std::move(layout));
   auto sources = std::make_shared<std::map<std::string, Source>>();
   for (const TensorInfo& t : file.tensors()) {
-    if (t.name.rfind(prefix, 0) != 0) continue;
+    if (t.name.rfind(prefix, 0) != 0 || c.float8_->companions.count(t.name)) continue;
     const std::string name = t.name.substr(prefix.size());
     (*sources)[name] = Source{Source::Kind::kDirect, {{0, t.name}}};
     c.shapes_[name] = t.shape;
@@ -59,6 +62,10 @@ Result<Flux2Checkpoint> Flux2Checkpoint::open(const std::vector<std::string>& pa
       }
     }
   }
+  // FP8 checkpoints: scales and format records describe weights and are not weights.
+  INFILL_ASSIGN_OR_RETURN(Float8Layout layout, read_float8_layout(c.files_));
+  for (const std::string& name : layout.companions) stored.erase(name);
+  c.float8_ = std::make_shared<const Float8Layout>(std::move(layout));
   c.where_ = paths[0] + (paths.size() > 1 ? " (+" + std::to_string(paths.size() - 1) + " shards)" : "");
 
   // Which naming, and under which prefix: the first name ending in an anchor with blocks
@@ -142,6 +149,14 @@ Result<Flux2Checkpoint> Flux2Checkpoint::open(const std::vector<std::string>& pa
   return c;
 }
 
+std::vector<std::string> Flux2Checkpoint::stored_dtypes() const {
+  std::set<std::string> names;
+  for (const auto& [_, src] : *sources_) {
+    for (const auto& [file, name] : src.parts) names.insert(dtype_name(files_[file].find(name)->dtype));
+  }
+  return {names.begin(), names.end()};
+}
+
 Result<at::Tensor> Flux2Checkpoint::read(const std::string& upstream_name,
                                          const std::vector<int64_t>& expected_shape) const {
   const auto it = sources_->find(upstream_name);
@@ -155,13 +170,13 @@ Result<at::Tensor> Flux2Checkpoint::read(const std::string& upstream_name,
     if (part_shape.size() == 2) part_shape[0] /= 3;
     std::vector<at::Tensor> parts;
     for (const auto& [file, name] : src.parts) {
-      INFILL_ASSIGN_OR_RETURN(at::Tensor t, load_stored_tensor(files_[file], name, part_shape));
+      INFILL_ASSIGN_OR_RETURN(at::Tensor t, load_weight_tensor(files_, file, name, part_shape, *float8_));
       parts.push_back(t);
     }
     return at::cat(parts, 0);
   }
   const auto& [file, name] = src.parts[0];
-  INFILL_ASSIGN_OR_RETURN(at::Tensor t, load_stored_tensor(files_[file], name, expected_shape));
+  INFILL_ASSIGN_OR_RETURN(at::Tensor t, load_weight_tensor(files_, file, name, expected_shape, *float8_));
   if (src.kind == Source::Kind::kSwappedHalves) {
     const auto halves = t.chunk(2, 0);
     return at::cat({halves[1], halves[0]}, 0);

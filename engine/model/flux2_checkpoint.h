@@ -11,7 +11,10 @@
 ///   (scale, shift) halves swapped back to upstream's (shift, scale).
 ///
 /// Tensors are read in their stored dtype (memory-mapped where possible; a fused qkv is a
-/// new tensor). Threading: immutable after open; read may run on several threads at once.
+/// new tensor). FP8 checkpoints (BFL's `flux-2-klein-4b-fp8.safetensors`, ComfyUI's scaled
+/// FP8, in either naming) are read dequantized to bf16, each weight with its own scale (a
+/// diffusers q, k and v each with theirs); model/float8_checkpoint.h. Threading: immutable
+/// after open; read may run on several threads at once.
 
 #include <cstdint>
 #include <map>
@@ -25,6 +28,8 @@
 #include "model/safetensors.h"
 
 namespace infill {
+
+struct Float8Layout;
 
 class Flux2Checkpoint {
  public:
@@ -43,6 +48,9 @@ class Flux2Checkpoint {
   const std::string& where() const { return where_; }
   /// Upstream name -> shape of every tensor held (fused qkv shapes for diffusers).
   const std::map<std::string, std::vector<int64_t>>& shapes() const { return shapes_; }
+  /// The dtypes its weights are stored in ("BF16", "F8_E4M3", ...), sorted; FP8 ones are read
+  /// dequantized to bf16.
+  std::vector<std::string> stored_dtypes() const;
   /// Reads one tensor by its upstream name, checking `expected_shape` (when non-empty) and
   /// finiteness; errors name the stored tensor and file.
   Result<at::Tensor> read(const std::string& upstream_name, const std::vector<int64_t>& expected_shape) const;
@@ -55,6 +63,7 @@ class Flux2Checkpoint {
   std::vector<SafetensorsFile> files_;
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::shared_ptr<const std::map<std::string, Source>> sources_;
+  std::shared_ptr<const Float8Layout> float8_;
 };
 
 }  // namespace infill

@@ -7,9 +7,10 @@
 ///   `text_encoder/config.json` with `model.safetensors` (or its index and shards) and
 ///   `tokenizer/tokenizer.json`;
 /// - single-file layout (ComfyUI users, the BFL release): a transformer file with upstream
-///   names (`flux-2-klein-4b.safetensors`) and `ae.safetensors` in one folder, or the
-///   transformer file itself with `ae.safetensors` beside it; a `text_encoder/` and
-///   `tokenizer/` beside them are used when present.
+///   names (`flux-2-klein-4b.safetensors`, or BFL's FP8 `flux-2-klein-4b-fp8.safetensors`) or
+///   diffusers names in one file, and `ae.safetensors` in one folder, or the transformer
+///   file itself with `ae.safetensors` beside it; a `text_encoder/` and `tokenizer/` beside
+///   them are used when present.
 ///
 /// The bundled model (infill-tiny 2) uses the diffusers layout with two extensions, both in
 /// model_index.json: `"vae": ["infill", "LearnedDecoderCodec"]` with `vae/codec.safetensors`

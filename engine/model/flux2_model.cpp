@@ -33,7 +33,8 @@ Result<std::unique_ptr<Flux2Model>> load_flux2_model(const std::string& path) {
                             std::to_string(codec->factor()) + "-pixel tokens (" + folder.autoencoder_file + ")");
   }
   return std::unique_ptr<Flux2Model>(
-      new Flux2Model{std::move(folder), std::move(transformer), std::move(codec), std::move(autoencoder)});
+      new Flux2Model{std::move(folder), std::move(transformer), std::move(codec), std::move(autoencoder),
+                     checkpoint.stored_dtypes()});
 }
 
 }  // namespace infill

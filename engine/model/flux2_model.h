@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "model/flux2_autoencoder.h"
@@ -23,6 +24,8 @@ struct Flux2Model {
   std::shared_ptr<const LatentCodec> codec;
   /// The FLUX.2 VAE when the folder has one (it is `codec` then); null for the bundled codec.
   std::shared_ptr<const Flux2Autoencoder> autoencoder;
+  /// The dtypes the transformer's file stores its weights in (Flux2Checkpoint::stored_dtypes).
+  std::vector<std::string> transformer_stored_dtypes;
 };
 
 /// Recognises and checks the folder (or transformer file), then loads the transformer and the

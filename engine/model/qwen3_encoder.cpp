@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/float8_checkpoint.h"
 #include "model/safetensors.h"
 #include "model/safetensors_shards.h"
 #include "model/safetensors_torch.h"
@@ -162,6 +163,8 @@ Result<std::shared_ptr<const Qwen3Encoder>> Qwen3Encoder::load(const std::string
     for (const TensorInfo& t : file.tensors()) owner.emplace(t.name, files.size());
     files.push_back(std::move(file));
   }
+  // FP8 files (ComfyUI's qwen_3_4b_fp8_mixed, say) are read dequantized to bf16.
+  INFILL_ASSIGN_OR_RETURN(const Float8Layout float8, read_float8_layout(files));
   // Qwen3ForCausalLM names its decoder "model."; a bare Qwen3Model has no prefix.
   const bool bare = !owner.count("model.embed_tokens.weight") && owner.count("embed_tokens.weight");
   auto w = std::make_unique<Weights>();
@@ -174,7 +177,7 @@ Result<std::shared_ptr<const Qwen3Encoder>> Qwen3Encoder::load(const std::string
       return not_found(dir + ": tensor " + stored + " is missing from the text encoder's weights (expected " +
                        std::to_string(cfg.num_layers) + " Qwen3 layers as config.json says)");
     }
-    INFILL_ASSIGN_OR_RETURN(at::Tensor t, load_stored_tensor(files[it->second], stored, slot.shape));
+    INFILL_ASSIGN_OR_RETURN(at::Tensor t, load_weight_tensor(files, it->second, stored, slot.shape, float8));
     *slot.tensor = slot.norm ? t.to(at::kFloat) : t;
   }
   return std::shared_ptr<const Qwen3Encoder>(new Qwen3Encoder(std::move(w)));

@@ -10,10 +10,11 @@
 /// channel axis; for klein k = 9, 18, 27, so 3 x 2560 = 7680 channels for Qwen3-4B. Only the
 /// layers up to the deepest requested one run (27 of Qwen3-4B's 36).
 ///
-/// Weights keep their stored dtype (BF16 / F16 / F32), memory-mapped; on the CPU each layer is
-/// converted into a reused per-thread scratch when it runs (stored_linear), so no float32 copy
-/// of the model is held and compute is float32. Threading: immutable after load; encode may run
-/// on several threads at once.
+/// Weights keep their stored dtype (BF16 / F16 / F32), memory-mapped (FP8 files, such as
+/// ComfyUI's `qwen_3_4b_fp8_mixed`, are dequantized to bf16: model/float8_checkpoint.h); on
+/// the CPU each layer is converted into a reused per-thread scratch when it runs
+/// (stored_linear), so no float32 copy of the model is held and compute is float32.
+/// Threading: immutable after load; encode may run on several threads at once.
 
 #include <cstdint>
 #include <memory>

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "model/safetensors.h"
 #include "model/safetensors_shards.h"
 
 namespace infill {
@@ -19,10 +20,14 @@ int64_t qwen3_folder_weight_bytes(const std::string& encoder_dir) {
   auto files = safetensors_shards(encoder_dir, "model");
   if (!files.ok()) return 0;
   int64_t bytes = 0;
-  for (const std::string& f : *files) {
-    std::error_code ec;
-    const auto size = fs::file_size(f, ec);
-    if (!ec) bytes += static_cast<int64_t>(size);
+  for (const std::string& path : *files) {
+    auto file = SafetensorsFile::open(path);
+    if (!file.ok()) return 0;
+    for (const TensorInfo& t : file->tensors()) {
+      // FP8 weights are held dequantized to bf16 (model/float8_checkpoint.h): twice their bytes.
+      const bool float8 = t.dtype == DType::kF8E4M3 || t.dtype == DType::kF8E5M2;
+      bytes += float8 ? 2 * t.numel() : static_cast<int64_t>(t.end - t.begin);
+    }
   }
   return bytes;
 }

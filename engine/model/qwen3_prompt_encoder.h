@@ -30,7 +30,8 @@ enum class Residency { kKeep = 1, kUnloadAfterEncode = 2 };
 /// activations exceed `memory_bytes` (the machine's RAM, or a device's memory).
 Residency text_encoder_residency(int64_t transformer_bytes, int64_t encoder_bytes, int64_t memory_bytes);
 
-/// Bytes of the weight files of a Qwen3 folder (what loading it maps), or 0 when unreadable.
+/// Bytes the weights of a Qwen3 folder take once loaded (its files' tensors; FP8 ones held in
+/// bf16, twice their size), or 0 when unreadable.
 int64_t qwen3_folder_weight_bytes(const std::string& encoder_dir);
 
 class Qwen3PromptEncoder {

@@ -37,7 +37,7 @@ constexpr DTypeEntry kDTypes[] = {
     {DType::kF32, "F32", 4},   {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
     {DType::kF64, "F64", 8},   {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
     {DType::kI16, "I16", 2},   {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
-    {DType::kBool, "BOOL", 1},
+    {DType::kBool, "BOOL", 1}, {DType::kF8E4M3, "F8_E4M3", 1}, {DType::kF8E5M2, "F8_E5M2", 1},
 };
 
 const DTypeEntry* find_dtype(std::string_view name) {
@@ -220,7 +220,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     const DTypeEntry* dtype = find_dtype(dtype_text);
     if (dtype == nullptr) {
       return corrupt_data(where + ": unknown dtype '" + dtype_text +
-                          "' (expected F32, F16, BF16, F64, I64, I32, I16, I8, U8 or BOOL)");
+                          "' (expected F32, F16, BF16, F8_E4M3, F8_E5M2, F64, I64, I32, I16, I8, U8 or BOOL)");
     }
     info.dtype = dtype->dtype;
 

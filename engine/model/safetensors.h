@@ -24,8 +24,9 @@
 
 namespace infill {
 
-/// Element types a weight file may hold. Only F32, F16 and BF16 can be converted to
-/// compute tensors; the others are recognised so that errors can name them.
+/// Element types a weight file may hold. F32, F16 and BF16 convert to compute tensors; the
+/// FP8 types (F8_E4M3, F8_E5M2: FP8 checkpoints) are decoded with their scales
+/// (model/float8_checkpoint.h); the others are recognised so that errors can name them.
 enum class DType {
   kF32 = 1,
   kF16 = 2,
@@ -36,7 +37,9 @@ enum class DType {
   kI16 = 7,
   kI8 = 8,
   kU8 = 9,
-  kBool = 10
+  kBool = 10,
+  kF8E4M3 = 11,
+  kF8E5M2 = 12
 };
 
 /// "F32", "F16", ... as written in safetensors headers.

@@ -237,6 +237,7 @@ TEST_CASE("A complete FLUX.2 single-file folder loads: transformer and autoencod
   CHECK((*model)->folder.distilled);  // "klein" in the folder's name
   CHECK((*model)->transformer.config().in_channels == 128);
   CHECK((*model)->autoencoder->latent_channels() == 128);
+  CHECK((*model)->transformer_stored_dtypes == std::vector<std::string>{"BF16"});
 
   // A transformer whose input does not match the autoencoder's latent is refused, naming both.
   cfg.in_channels = 64;

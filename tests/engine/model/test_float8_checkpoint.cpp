@@ -1,0 +1,373 @@
+#include "support/catch.h"
+#include "support/flux2_requests.h"
+#include "support/float8_files.h"
+#include "support/flux2_to_diffusers.h"
+#include "support/shared_data.h"
+#include "support/temp_dir.h"
+#include "support/tiny_flux2.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/util/Half.h>
+#include <nlohmann/json.hpp>
+
+#include "model/float8.h"
+#include "model/float8_checkpoint.h"
+#include "model/flux2_checkpoint.h"
+#include "model/flux2_folder.h"
+#include "model/flux2_transformer.h"
+#include "model/qwen3_encoder.h"
+#include "model/qwen3_prompt_encoder.h"
+#include "model/safetensors.h"
+#include "model/safetensors_torch.h"
+
+namespace fs = std::filesystem;
+using infill::Float8Format;
+using infill::Flux2Checkpoint;
+using infill::Flux2Transformer;
+using infill::test::Companions;
+using infill::test::Fp8Checkpoint;
+using infill::test::Quantizer;
+using infill::test::RawTensor;
+using infill::test::TempDir;
+using infill::test::expected_value;
+using infill::test::quantize;
+using infill::test::raw_of;
+using infill::test::write_raw;
+
+namespace {
+
+infill::Flux2Config small_config() {
+  infill::Flux2Config c;
+  c.in_channels = 16;
+  c.context_dim = 32;
+  c.hidden_size = 64;
+  c.num_heads = 2;
+  c.double_blocks = 1;
+  c.single_blocks = 1;
+  c.mlp_hidden = 128;
+  c.axes_dim = {8, 8, 8, 8};
+  return c;
+}
+
+// Every tensor of `file` under `prefix`, as float32, with the prefix removed.
+std::vector<std::pair<std::string, at::Tensor>> float_tensors(const std::string& path, const std::string& prefix) {
+  auto file = infill::SafetensorsFile::open(path);
+  REQUIRE(file.ok());
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& t : file->tensors()) {
+    if (t.name.rfind(prefix, 0) == 0) out.emplace_back(t.name.substr(prefix.size()), *infill::load_float_tensor(*file, t.name));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> prefixed(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                                                         const std::string& prefix) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [name, t] : tensors) out.emplace_back(prefix + name, t);
+  return out;
+}
+
+Flux2Transformer load_model(const std::string& path) {
+  auto checkpoint = Flux2Checkpoint::open({path});
+  INFO(path << ": " << (checkpoint.ok() ? "" : checkpoint.status().to_string()));
+  REQUIRE(checkpoint.ok());
+  auto model = Flux2Transformer::load(*checkpoint);
+  INFO((model.ok() ? "" : model.status().to_string()));
+  REQUIRE(model.ok());
+  return std::move(*model);
+}
+
+infill::Status open_status(const std::string& path) {
+  auto checkpoint = Flux2Checkpoint::open({path});
+  if (!checkpoint.ok()) return checkpoint.status();
+  return Flux2Transformer::load(*checkpoint).status();
+}
+
+void require_error(const infill::Status& s, const std::vector<std::string>& parts) {
+  INFO(s.to_string());
+  REQUIRE_FALSE(s.ok());
+  for (const std::string& p : parts) CHECK_THAT(s.message(), Catch::Contains(p));
+}
+
+}  // namespace
+
+TEST_CASE("FP8 codes decode as the OCP 8-bit float formats define them", "[float8]") {
+  for (const Float8Format format : {Float8Format::kE4M3FN, Float8Format::kE5M2}) {
+    INFO(infill::float8_format_name(format));
+    int finite = 0;
+    for (int c = 0; c < 256; ++c) {
+      const float got = infill::float8_to_float(static_cast<uint8_t>(c), format);
+      const float want = expected_value(static_cast<uint8_t>(c), format);
+      INFO("code " << c);
+      if (std::isnan(want)) {
+        CHECK(std::isnan(got));
+      } else {
+        CHECK(std::memcmp(&got, &want, sizeof got) == 0);  // bit for bit, -0 included
+        finite += std::isfinite(want) ? 1 : 0;
+      }
+    }
+    // E4M3FN: only S.1111.111 is NaN; E5M2: 2 infinities and 6 NaNs.
+    CHECK(finite == (format == Float8Format::kE4M3FN ? 254 : 248));
+  }
+  // The specification's landmarks.
+  CHECK(infill::float8_to_float(0x7E, Float8Format::kE4M3FN) == 448.0f);
+  CHECK(infill::float8_to_float(0xFE, Float8Format::kE4M3FN) == -448.0f);
+  CHECK(infill::float8_to_float(0x38, Float8Format::kE4M3FN) == 1.0f);
+  CHECK(infill::float8_to_float(0x08, Float8Format::kE4M3FN) == std::ldexp(1.0f, -6));
+  CHECK(infill::float8_to_float(0x01, Float8Format::kE4M3FN) == std::ldexp(1.0f, -9));
+  CHECK(std::signbit(infill::float8_to_float(0x80, Float8Format::kE4M3FN)));
+  CHECK(infill::float8_to_float(0x7B, Float8Format::kE5M2) == 57344.0f);
+  CHECK(std::isinf(infill::float8_to_float(0x7C, Float8Format::kE5M2)));
+
+  // Scales: one for the tensor, or one per row; the first non-finite code is reported.
+  const std::vector<uint8_t> codes = {0x38, 0x40, 0x30, 0xB8, 0x38, 0x38};  // 1, 2, 0.5, -1, 1, 1
+  std::vector<float> out(6, 0.0f);
+  CHECK(infill::decode_float8(codes, Float8Format::kE4M3FN, std::vector<float>{0.5f}, 3, out.data()) == -1);
+  CHECK(out == std::vector<float>{0.5f, 1.0f, 0.25f, -0.5f, 0.5f, 0.5f});
+  CHECK(infill::decode_float8(codes, Float8Format::kE4M3FN, std::vector<float>{2.0f, 3.0f}, 3, out.data()) == -1);
+  CHECK(out == std::vector<float>{2.0f, 4.0f, 1.0f, -3.0f, 3.0f, 3.0f});
+  const std::vector<uint8_t> with_nan = {0x38, 0x38, 0x7F, 0x38};
+  CHECK(infill::decode_float8(with_nan, Float8Format::kE4M3FN, std::vector<float>{1.0f}, 4, out.data()) == 2);
+}
+
+TEST_CASE("FP8 FLUX.2 checkpoints load as the bf16 model of the same numbers in each published layout",
+          "[flux2][float8]") {
+  TempDir dir;
+  const Flux2Transformer original = Flux2Transformer::random(small_config(), 21, at::kFloat);
+  REQUIRE(original.save(dir.file("original.safetensors"), "").ok());
+  const auto upstream = float_tensors(dir.file("original.safetensors"), "");
+  c10::InferenceMode guard;
+  const infill::test::Request r = infill::test::make_request(small_config(), 5, 3, 4, /*reference=*/true, 3);
+  const at::Tensor unquantized = infill::test::forward_one(original, infill::test::full_segment(r, 0.6));
+
+  struct Layout {
+    const char* name;
+    Float8Format format;
+    bool diffusers;
+    Companions companions;
+    std::string prefix;
+    std::string per_row;  // a weight stored with one scale per row
+  };
+  const Layout layouts[] = {
+      {"BFL / ComfyUI, E4M3, upstream names", Float8Format::kE4M3FN, false, Companions::kComfyQuant,
+       "model.diffusion_model.", "double_blocks.0.img_mlp.0.weight"},
+      {"diffusers names in one file, E5M2, q/k/v scaled apart", Float8Format::kE5M2, true, Companions::kComfyQuant, "",
+       "transformer_blocks.0.attn.to_k.weight"},
+      {"ComfyUI scaled_fp8, E4M3", Float8Format::kE4M3FN, false, Companions::kScaledFp8, "", ""},
+      {"a plain E5M2 cast", Float8Format::kE5M2, false, Companions::kNone, "", ""},
+  };
+  for (const Layout& layout : layouts) {
+    INFO(layout.name);
+    const auto named = layout.diffusers ? infill::test::to_diffusers(upstream) : upstream;
+    const Fp8Checkpoint q = quantize(named, Quantizer(layout.format), layout.companions, layout.per_row);
+    std::vector<RawTensor> fp8;
+    for (RawTensor t : q.fp8) {
+      t.name = layout.prefix + t.name;
+      fp8.push_back(std::move(t));
+    }
+    write_raw(dir.file("fp8.safetensors"), fp8, q.metadata);
+    REQUIRE(infill::write_safetensors(dir.file("bf16.safetensors"), prefixed(q.expected, layout.prefix)).ok());
+
+    const Flux2Transformer from_fp8 = load_model(dir.file("fp8.safetensors"));
+    const Flux2Transformer from_bf16 = load_model(dir.file("bf16.safetensors"));
+    CHECK(from_fp8.config().hidden_size == 64);
+    CHECK(from_fp8.weight_bytes() == from_bf16.weight_bytes());  // bf16, no scale or record kept
+    const at::Tensor a = infill::test::forward_one(from_fp8, infill::test::full_segment(r, 0.6));
+    const at::Tensor b = infill::test::forward_one(from_bf16, infill::test::full_segment(r, 0.6));
+    // The same bf16 weights: the same numbers, bit for bit.
+    CHECK(at::equal(a, b));
+    // And close to the model before quantization (8-bit weights: a few percent).
+    const double err = infill::test::rel_err(a, unquantized);
+    INFO("FP8 model vs the float32 one: max rel err " << err);
+    CHECK(err > 0);
+    CHECK(err < (layout.companions == Companions::kNone ? 0.25 : 0.15));
+  }
+}
+
+TEST_CASE("FP8 checkpoints that are not per-tensor or per-row FP8 are refused naming the tensor", "[flux2][float8]") {
+  TempDir dir;
+  const Flux2Transformer original = Flux2Transformer::random(small_config(), 22, at::kFloat);
+  REQUIRE(original.save(dir.file("original.safetensors"), "").ok());
+  const auto upstream = float_tensors(dir.file("original.safetensors"), "");
+  const Fp8Checkpoint good = quantize(upstream, Quantizer(Float8Format::kE4M3FN), Companions::kComfyQuant);
+  const std::string path = dir.file("bad.safetensors");
+  auto with = [&](auto edit, std::map<std::string, std::string> metadata) {
+    std::vector<RawTensor> tensors = good.fp8;
+    edit(tensors);
+    write_raw(path, tensors, metadata);
+    return open_status(path);
+  };
+  auto find = [](std::vector<RawTensor>& tensors, const std::string& name) -> RawTensor& {
+    for (RawTensor& t : tensors) {
+      if (t.name == name) return t;
+    }
+    FAIL("no tensor " << name);
+    return tensors[0];
+  };
+  const std::string layer = "double_blocks.0.img_attn.proj";
+
+  SECTION("the good file loads") { CHECK(with([](auto&) {}, good.metadata).ok()); }
+  SECTION("a comfy_quant record of another format (NVFP4)") {
+    require_error(with(
+                      [&](auto& t) {
+                        const std::string record = R"({"format": "nvfp4"})";
+                        find(t, layer + ".comfy_quant") = {layer + ".comfy_quant", "U8", {int64_t(record.size())}, record};
+                      },
+                      {}),
+                  {path, layer, "'nvfp4'", "float8_e4m3fn"});
+  }
+  SECTION("the header's metadata names another format") {
+    require_error(with([](auto&) {}, {{"_quantization_metadata",
+                                       R"({"layers": {"single_blocks.0.linear2": {"format": "int8_blockwise"}}})"}}),
+                  {path, "single_blocks.0.linear2", "'int8_blockwise'"});
+  }
+  SECTION("a second-level scale (NVFP4's weight_scale_2)") {
+    require_error(with([&](auto& t) { t.push_back(raw_of(layer + ".weight_scale_2", at::ones({}))); }, good.metadata),
+                  {path, layer + ".weight_scale_2", "other than FP8"});
+  }
+  SECTION("a scale of neither one nor one per row") {
+    require_error(with([&](auto& t) { find(t, layer + ".weight_scale") = raw_of(layer + ".weight_scale", at::ones({3})); },
+                       good.metadata),
+                  {path, layer + ".weight_scale", "[3]", "expected [] or [1]", "[64]"});
+  }
+  SECTION("a scale beside a weight that is not FP8") {
+    require_error(with(
+                      [&](auto& t) {
+                        find(t, layer + ".weight") = raw_of(layer + ".weight", at::ones({64, 64}, at::kBFloat16));
+                        find(t, layer + ".comfy_quant").name = "unrelated.comfy_quant";
+                      },
+                      {}),
+                  {path, layer + ".weight_scale", "BF16", "expected F8_E4M3 or F8_E5M2"});
+  }
+  SECTION("a scale without its weight") {
+    require_error(with([&](auto& t) { t.push_back(raw_of("double_blocks.0.lost.weight_scale", at::ones({}))); },
+                       good.metadata),
+                  {path, "double_blocks.0.lost.weight_scale", "no double_blocks.0.lost.weight"});
+  }
+  SECTION("a record that names the other FP8 format than the weight's") {
+    require_error(with(
+                      [&](auto& t) {
+                        const std::string record = R"({"format": "float8_e5m2"})";
+                        find(t, layer + ".comfy_quant") = {layer + ".comfy_quant", "U8", {int64_t(record.size())}, record};
+                      },
+                      {}),
+                  {path, layer + ".weight is F8_E4M3", "float8_e5m2"});
+  }
+  SECTION("a NaN code in a weight") {
+    require_error(with([&](auto& t) { find(t, layer + ".weight").bytes[70] = static_cast<char>(0x7F); }, good.metadata),
+                  {path, layer + ".weight", "non-finite", "flat index 70"});
+  }
+  SECTION("a NaN scale") {
+    require_error(with(
+                      [&](auto& t) {
+                        find(t, layer + ".weight_scale") =
+                            raw_of(layer + ".weight_scale", at::full({}, std::numeric_limits<float>::quiet_NaN()));
+                      },
+                      good.metadata),
+                  {path, layer + ".weight_scale", "non-finite"});
+  }
+}
+
+TEST_CASE("An FP8 transformer file is found as a single-file model folder in either naming", "[flux2][float8]") {
+  TempDir dir;
+  const Flux2Transformer original = Flux2Transformer::random(small_config(), 23, at::kFloat);
+  REQUIRE(original.save(dir.file("original.safetensors"), "").ok());
+  const auto upstream = float_tensors(dir.file("original.safetensors"), "");
+  fs::remove(dir.file("original.safetensors"));
+  for (const bool diffusers : {false, true}) {
+    INFO((diffusers ? "diffusers names" : "upstream names"));
+    const std::string folder = dir.file(diffusers ? "diffusers" : "upstream");
+    fs::create_directories(folder);
+    const Fp8Checkpoint q = quantize(diffusers ? infill::test::to_diffusers(upstream) : upstream,
+                                     Quantizer(Float8Format::kE4M3FN), Companions::kComfyQuant);
+    write_raw(folder + "/flux-2-klein-4b-fp8.safetensors", q.fp8, q.metadata);
+    std::ofstream(folder + "/ae.safetensors") << "";  // found, not read, here
+    auto found = infill::find_flux2_folder(folder);
+    INFO((found.ok() ? "" : found.status().to_string()));
+    REQUIRE(found.ok());
+    CHECK(found->layout == infill::Flux2Folder::Layout::kSingleFile);
+    CHECK(found->distilled);  // "klein" without "base"
+    REQUIRE(found->transformer_files.size() == 1);
+    CHECK(fs::path(found->transformer_files[0]).filename() == "flux-2-klein-4b-fp8.safetensors");
+    CHECK(load_model(found->transformer_files[0]).config().hidden_size == 64);
+    auto checkpoint = Flux2Checkpoint::open(found->transformer_files);
+    REQUIRE(checkpoint.ok());
+    // The linear weights in FP8, the norm scales in bf16.
+    CHECK(checkpoint->stored_dtypes() == std::vector<std::string>{"BF16", "F8_E4M3"});
+  }
+}
+
+TEST_CASE("FP8 reference FLUX.2 weights: the model stays the upstream model within FP8's rounding",
+          "[flux2][float8][shared]") {
+  const std::string path = infill::test::shared_path("testdata/flux2/flux2_dit_dev.safetensors");
+  infill::test::require_shared_or_skip({path});
+  auto file = infill::SafetensorsFile::open(path);
+  REQUIRE(file.ok());
+  TempDir dir;
+  const Fp8Checkpoint q =
+      quantize(float_tensors(path, "weights."), Quantizer(Float8Format::kE4M3FN), Companions::kComfyQuant);
+  write_raw(dir.file("dev-fp8.safetensors"), q.fp8, q.metadata);
+  const Flux2Transformer model = load_model(dir.file("dev-fp8.safetensors"));
+  c10::InferenceMode guard;
+  infill::test::Request r;
+  r.txt = *infill::load_float_tensor(*file, "input.ctx");
+  r.txt_ids = *infill::load_float_tensor(*file, "input.ctx_ids");
+  r.img = *infill::load_float_tensor(*file, "input.x");
+  r.img_ids = *infill::load_float_tensor(*file, "input.x_ids");
+  const at::Tensor out = infill::test::forward_one(model, infill::test::full_segment(r, 0.73, 4.0));
+  const double err = infill::test::rel_err(out, *infill::load_float_tensor(*file, "output.prediction"));
+  WARN("E4M3 weights, one scale each, vs upstream's bf16 reference: max rel err " << err);
+  CHECK(err > 0);
+  CHECK(err < 0.1);
+}
+
+TEST_CASE("An FP8 Qwen3 text encoder loads as the bf16 encoder of the same numbers", "[qwen3][float8]") {
+  TempDir dir;
+  const infill::Qwen3Config cfg = infill::test::tiny_qwen3_config();
+  REQUIRE(infill::Qwen3Encoder::random(cfg, 31, at::kBFloat16)->save(dir.file("original")).ok());
+  const Fp8Checkpoint q = quantize(float_tensors(dir.file("original/model.safetensors"), ""),
+                                   Quantizer(Float8Format::kE4M3FN), Companions::kComfyQuant);
+  for (const char* folder : {"fp8", "bf16"}) {
+    fs::create_directories(dir.file(folder));
+    fs::copy_file(dir.file("original/config.json"), dir.file(std::string(folder) + "/config.json"));
+  }
+  write_raw(dir.file("fp8/model.safetensors"), q.fp8, q.metadata);
+  REQUIRE(infill::write_safetensors(dir.file("bf16/model.safetensors"), q.expected).ok());
+  auto fp8 = infill::Qwen3Encoder::load(dir.file("fp8"));
+  INFO((fp8.ok() ? "" : fp8.status().to_string()));
+  REQUIRE(fp8.ok());
+  auto bf16 = infill::Qwen3Encoder::load(dir.file("bf16"));
+  REQUIRE(bf16.ok());
+  auto original = infill::Qwen3Encoder::load(dir.file("original"));
+  REQUIRE(original.ok());
+  const std::vector<int32_t> ids = {9707, 11, 1879, 0, 151643, 42};
+  const std::vector<uint8_t> mask = {1, 1, 1, 1, 1, 0};
+  const auto a = (*fp8)->encode(ids, mask, {1, 3});
+  const auto b = (*bf16)->encode(ids, mask, {1, 3});
+  const auto c = (*original)->encode(ids, mask, {1, 3});
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(c.ok());
+  CHECK(at::equal(*a, *b));
+  // The memory it takes once loaded, from the headers (the engine's text-encoder residency):
+  // as the bf16 twin's, plus the scales and records.
+  const int64_t fp8_bytes = infill::qwen3_folder_weight_bytes(dir.file("fp8"));
+  const int64_t bf16_bytes = infill::qwen3_folder_weight_bytes(dir.file("bf16"));
+  CHECK(fp8_bytes >= bf16_bytes);
+  CHECK(fp8_bytes < bf16_bytes + bf16_bytes / 100);
+  const double err = infill::test::rel_err(*a, *c);
+  INFO("FP8 encoder vs the bf16 one: max rel err " << err);
+  CHECK(err > 0);
+  CHECK(err < 0.15);
+}
