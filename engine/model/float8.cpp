@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cmath>
+#include <cstdint>
 
 namespace infill {
 namespace {
@@ -59,18 +59,27 @@ const char* float8_format_name(Float8Format format) {
 
 float float8_to_float(uint8_t code, Float8Format format) { return table(format)[code]; }
 
-int64_t decode_float8(std::span<const uint8_t> codes, Float8Format format, std::span<const float> scales,
-                      int64_t row_length, float* out) {
+int64_t decode_float8_to_bf16(std::span<const uint8_t> codes, Float8Format format, std::span<const float> scales,
+                              int64_t row_length, uint16_t* out) {
   const Table& t = table(format);
   const int64_t n = static_cast<int64_t>(codes.size());
   const int64_t run = scales.size() == 1 ? n : row_length;  // codes sharing one scale
+  std::array<uint16_t, 256> lut{};
+  std::array<bool, 256> finite{};
   for (int64_t begin = 0, row = 0; begin < n; begin += run, ++row) {
     const float scale = scales[scales.size() == 1 ? 0 : row];
+    for (int c = 0; c < 256; ++c) {
+      const uint32_t bits = std::bit_cast<uint32_t>(t[c] * scale);
+      finite[c] = (bits & 0x7F800000u) != 0x7F800000u;
+      // Round to nearest even on the 16 bits dropped; a finite value may round up to infinity.
+      const uint16_t rounded = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+      finite[c] = finite[c] && (rounded & 0x7F80u) != 0x7F80u;
+      lut[c] = rounded;
+    }
     const int64_t end = std::min(n, begin + run);
     for (int64_t i = begin; i < end; ++i) {
-      const float v = t[codes[i]];
-      if (!std::isfinite(v)) return i;
-      out[i] = v * scale;
+      if (!finite[codes[i]]) return i;
+      out[i] = lut[codes[i]];
     }
   }
   return -1;

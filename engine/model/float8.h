@@ -22,10 +22,13 @@ const char* float8_format_name(Float8Format format);
 /// The value of one code (NaN and, for E5M2, infinities included).
 float float8_to_float(uint8_t code, Float8Format format);
 
-/// out[i] = value(codes[i]) * scales[i / row_length]: `scales` holds one scale per tensor
-/// (size 1) or one per row of `row_length` codes. Returns the index of the first code that
-/// is NaN or infinite (nothing is written past it), or -1 when all are finite.
-int64_t decode_float8(std::span<const uint8_t> codes, Float8Format format, std::span<const float> scales,
-                      int64_t row_length, float* out);
+/// out[i] = bf16(value(codes[i]) * scales[i / row_length]), the product in float32 rounded to
+/// nearest even as torch converts float to bf16; `out` holds bf16 bit patterns. `scales` holds
+/// one scale per tensor (size 1) or one per row of `row_length` codes. Each distinct scale
+/// makes a 256-entry table, so decoding is one lookup per code. Returns the index of the first
+/// code whose value is NaN or infinite, or whose scaled value is not finite in bf16 (nothing is
+/// written past it), or -1 when all are finite.
+int64_t decode_float8_to_bf16(std::span<const uint8_t> codes, Float8Format format, std::span<const float> scales,
+                              int64_t row_length, uint16_t* out);
 
 }  // namespace infill

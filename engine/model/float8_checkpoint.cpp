@@ -1,9 +1,13 @@
 #include "model/float8_checkpoint.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <optional>
 #include <span>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
 #include "common/shape_text.h"
@@ -14,10 +18,6 @@ namespace infill {
 namespace {
 
 using json = nlohmann::json;
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 std::optional<Float8Format> float8_format_of(DType dtype) {
   if (dtype == DType::kF8E4M3) return Float8Format::kE4M3FN;
@@ -78,7 +78,6 @@ Result<Float8Layout> read_float8_layout(const std::vector<SafetensorsFile>& file
   for (size_t f = 0; f < files.size(); ++f) {
     for (const TensorInfo& t : files[f].tensors()) {
       stored.emplace(t.name, Stored{f, &t});
-      if (float8_format_of(t.dtype)) layout.any_float8 = true;
     }
   }
   auto where_of = [&](size_t f) { return files[f].path(); };
@@ -109,37 +108,37 @@ Result<Float8Layout> read_float8_layout(const std::vector<SafetensorsFile>& file
     }
   }
 
-  for (const auto& [name, at] : stored) {
-    const std::string& where = where_of(at.file);
+  for (const auto& [name, entry] : stored) {
+    const std::string& where = where_of(entry.file);
     for (const char* suffix : kOtherFormatSuffixes) {
-      if (ends_with(name, suffix)) {
+      if (name.ends_with(suffix)) {
         return invalid_argument(where + ": " + name + " belongs to a quantized format other than FP8 (" + suffix +
                                 "); expected FP8 weights with one scale per tensor or per row, or unquantized ones");
       }
     }
-    if (name == "scaled_fp8" || ends_with(name, ".scaled_fp8")) {
+    if (name == "scaled_fp8" || name.ends_with(".scaled_fp8")) {
       layout.companions.insert(name);
       continue;
     }
     for (const char* suffix : kInputScaleSuffixes) {
-      if (ends_with(name, suffix)) layout.companions.insert(name);
+      if (name.ends_with(suffix)) layout.companions.insert(name);
     }
     for (const char* suffix : kWeightScaleSuffixes) {
-      if (!ends_with(name, suffix)) continue;
+      if (!name.ends_with(suffix)) continue;
       const std::string weight = name.substr(0, name.size() - std::string(suffix).size()) + ".weight";
       const auto w = stored.find(weight);
       if (w == stored.end()) return invalid_argument(where + ": " + name + " has no " + weight + " to scale");
-      INFILL_RETURN_IF_ERROR(check_scale(where, *at.info, *w->second.info));
-      if (!layout.scale_of.emplace(weight, Float8Layout::Scale{at.file, name}).second) {
+      INFILL_RETURN_IF_ERROR(check_scale(where, *entry.info, *w->second.info));
+      if (!layout.scale_of.emplace(weight, Float8Layout::Scale{entry.file, name}).second) {
         return invalid_argument(where + ": " + weight + " has two scales (" + layout.scale_of[weight].name + " and " +
                                 name + ")");
       }
       layout.companions.insert(name);
     }
-    if (ends_with(name, ".comfy_quant")) {
+    if (name.ends_with(".comfy_quant")) {
       const std::string layer = name.substr(0, name.size() - std::string(".comfy_quant").size());
-      const std::span<const std::byte> bytes = files[at.file].bytes(*at.info);
-      const json record = at.info->dtype == DType::kU8
+      const std::span<const std::byte> bytes = files[entry.file].bytes(*entry.info);
+      const json record = entry.info->dtype == DType::kU8
                               ? json::parse(reinterpret_cast<const char*>(bytes.data()),
                                             reinterpret_cast<const char*>(bytes.data()) + bytes.size(), nullptr, false)
                               : json(json::value_t::discarded);
@@ -178,16 +177,31 @@ Result<at::Tensor> load_weight_tensor(const std::vector<SafetensorsFile>& files,
   }
   const std::span<const std::byte> bytes = files[file].bytes(*info);
   const std::span<const uint8_t> codes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  at::Tensor values = at::empty(info->shape, at::kFloat);
-  const int64_t row_length = info->shape.empty() || info->shape[0] == 0 ? 1 : info->numel() / info->shape[0];
-  const int64_t bad = decode_float8(codes, *format, {scales.data_ptr<float>(), static_cast<size_t>(scales.numel())},
-                                    row_length, values.data_ptr<float>());
-  if (bad >= 0) {
-    return corrupt_data(where + ": " + name + " has a non-finite value (" +
-                        std::to_string(float8_to_float(codes[bad], *format)) + ", " + float8_format_name(*format) +
-                        " code " + std::to_string(codes[bad]) + ") at flat index " + std::to_string(bad));
+  at::Tensor values = at::empty(info->shape, at::kBFloat16);
+  const int64_t rows = info->shape.empty() ? 1 : info->shape[0];
+  const int64_t row_length = rows == 0 ? 1 : info->numel() / rows;
+  const std::span<const float> all_scales(scales.data_ptr<float>(), static_cast<size_t>(scales.numel()));
+  // Rows in parallel (a klein 4B file is 4 G codes); each range reports its first bad code.
+  std::atomic<int64_t> bad{-1};
+  at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 20) / row_length), [&](int64_t begin, int64_t end) {
+    const int64_t first = begin * row_length;
+    const std::span<const float> range_scales = all_scales.size() == 1 ? all_scales : all_scales.subspan(begin, end - begin);
+    const int64_t local = decode_float8_to_bf16(codes.subspan(first, (end - begin) * row_length), *format, range_scales,
+                                                row_length, static_cast<uint16_t*>(values.data_ptr()) + first);
+    if (local < 0) return;
+    int64_t seen = bad.load();
+    while ((seen < 0 || first + local < seen) && !bad.compare_exchange_weak(seen, first + local)) {
+    }
+  });
+  if (const int64_t i = bad.load(); i >= 0) {
+    const float value = float8_to_float(codes[i], *format);
+    const std::string code = std::string(float8_format_name(*format)) + " code " + std::to_string(codes[i]);
+    return corrupt_data(where + ": " + name + " has a non-finite value at flat index " + std::to_string(i) + " (" +
+                        (std::isfinite(value) ? code + " = " + std::to_string(value) + ", times its scale, is beyond bf16"
+                                              : code + " is " + std::to_string(value)) +
+                        ")");
   }
-  return values.to(at::kBFloat16);
+  return values;
 }
 
 }  // namespace infill

@@ -46,8 +46,6 @@ struct Float8Layout {
   /// Stored names that are not weights of their own (scales, activation scales, format
   /// records, markers): a checkpoint reader skips them.
   std::set<std::string> companions;
-  /// True when any tensor is stored in an FP8 format.
-  bool any_float8 = false;
 };
 
 /// Reads the layout of `files` (the shards of one checkpoint; a tensor name is in one only).

@@ -134,17 +134,13 @@ Result<Flux2Folder> diffusers_folder(const fs::path& root) {
   return f;
 }
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 // True when `path` holds a FLUX.2 transformer (its header is enough): upstream names
 // (img_in.weight), or diffusers' in one file (x_embedder.weight), as some FP8 files are.
 bool is_transformer_file(const fs::path& path) {
   auto file = SafetensorsFile::open(path.string());
   if (!file.ok()) return false;
   for (const TensorInfo& t : file->tensors()) {
-    if (ends_with(t.name, "img_in.weight") || ends_with(t.name, "x_embedder.weight")) return true;
+    if (t.name.ends_with("img_in.weight") || t.name.ends_with("x_embedder.weight")) return true;
   }
   return false;
 }
@@ -190,7 +186,8 @@ Result<Flux2Folder> find_flux2_folder(const std::string& path) {
   const fs::path p = fs::absolute(path).lexically_normal();
   if (fs::is_regular_file(p)) {
     if (!is_transformer_file(p)) {
-      return invalid_argument(p.string() + " is not a FLUX.2 transformer file (neither img_in.weight nor x_embedder.weight in its header)");
+      return invalid_argument(p.string() +
+                              " is not a FLUX.2 transformer file (neither img_in.weight nor x_embedder.weight in its header)");
     }
     return single_file_folder(p.parent_path(), p);
   }

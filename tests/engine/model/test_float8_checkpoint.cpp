@@ -130,15 +130,26 @@ TEST_CASE("FP8 codes decode as the OCP 8-bit float formats define them", "[float
   CHECK(infill::float8_to_float(0x7B, Float8Format::kE5M2) == 57344.0f);
   CHECK(std::isinf(infill::float8_to_float(0x7C, Float8Format::kE5M2)));
 
-  // Scales: one for the tensor, or one per row; the first non-finite code is reported.
-  const std::vector<uint8_t> codes = {0x38, 0x40, 0x30, 0xB8, 0x38, 0x38};  // 1, 2, 0.5, -1, 1, 1
-  std::vector<float> out(6, 0.0f);
-  CHECK(infill::decode_float8(codes, Float8Format::kE4M3FN, std::vector<float>{0.5f}, 3, out.data()) == -1);
-  CHECK(out == std::vector<float>{0.5f, 1.0f, 0.25f, -0.5f, 0.5f, 0.5f});
-  CHECK(infill::decode_float8(codes, Float8Format::kE4M3FN, std::vector<float>{2.0f, 3.0f}, 3, out.data()) == -1);
-  CHECK(out == std::vector<float>{2.0f, 4.0f, 1.0f, -3.0f, 3.0f, 3.0f});
+  // Scales: one for the tensor, or one per row; products rounded to bf16 as libtorch rounds
+  // float32; the first code that is not finite, or not finite once scaled, is reported.
+  auto bf16_bits = [](const std::vector<float>& values) {
+    const at::Tensor b = at::tensor(values).to(at::kBFloat16);
+    const auto* p = static_cast<const uint16_t*>(b.data_ptr());
+    return std::vector<uint16_t>(p, p + values.size());
+  };
+  const std::vector<uint8_t> codes = {0x38, 0x40, 0x30, 0xB8, 0x39, 0x7E};  // 1, 2, 0.5, -1, 1.125, 448
+  std::vector<uint16_t> out(6, 0);
+  CHECK(infill::decode_float8_to_bf16(codes, Float8Format::kE4M3FN, std::vector<float>{0.5f}, 3, out.data()) == -1);
+  CHECK(out == bf16_bits({0.5f, 1.0f, 0.25f, -0.5f, 0.5625f, 224.0f}));
+  CHECK(infill::decode_float8_to_bf16(codes, Float8Format::kE4M3FN, std::vector<float>{2.0f, 3.0f}, 3, out.data()) == -1);
+  CHECK(out == bf16_bits({2.0f, 4.0f, 1.0f, -3.0f, 3.375f, 1344.0f}));
+  // A scale that is not a power of two: float32 products rounded to nearest even.
+  const float odd = 0.0123456789f;
+  CHECK(infill::decode_float8_to_bf16(codes, Float8Format::kE4M3FN, std::vector<float>{odd}, 3, out.data()) == -1);
+  CHECK(out == bf16_bits({odd, 2 * odd, 0.5f * odd, -odd, 1.125f * odd, 448 * odd}));
   const std::vector<uint8_t> with_nan = {0x38, 0x38, 0x7F, 0x38};
-  CHECK(infill::decode_float8(with_nan, Float8Format::kE4M3FN, std::vector<float>{1.0f}, 4, out.data()) == 2);
+  CHECK(infill::decode_float8_to_bf16(with_nan, Float8Format::kE4M3FN, std::vector<float>{1.0f}, 4, out.data()) == 2);
+  CHECK(infill::decode_float8_to_bf16(codes, Float8Format::kE4M3FN, std::vector<float>{1e37f}, 3, out.data()) == 5);
 }
 
 TEST_CASE("FP8 FLUX.2 checkpoints load as the bf16 model of the same numbers in each published layout",
