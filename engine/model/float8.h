@@ -1,6 +1,7 @@
 #pragma once
 /// The two 8-bit float formats of FP8 checkpoints (OCP 8-bit floating point specification,
-/// as torch's float8_e4m3fn and float8_e5m2 implement it), decoded to float32. Torch-free: the
+/// as torch's float8_e4m3fn and float8_e5m2 implement it): a code's float32 value, and a
+/// tensor's codes times their scales in bf16, the dtype the engine holds. Torch-free: the
 /// Debian libtorch (1.13) has no float8 types, and a weight file's bytes are all that is
 /// needed.
 ///
