@@ -47,19 +47,6 @@ using infill::test::write_raw;
 
 namespace {
 
-infill::Flux2Config small_config() {
-  infill::Flux2Config c;
-  c.in_channels = 16;
-  c.context_dim = 32;
-  c.hidden_size = 64;
-  c.num_heads = 2;
-  c.double_blocks = 1;
-  c.single_blocks = 1;
-  c.mlp_hidden = 128;
-  c.axes_dim = {8, 8, 8, 8};
-  return c;
-}
-
 // Every tensor of `file` under `prefix`, as float32, with the prefix removed.
 std::vector<std::pair<std::string, at::Tensor>> float_tensors(const std::string& path, const std::string& prefix) {
   auto file = infill::SafetensorsFile::open(path);
@@ -155,11 +142,11 @@ TEST_CASE("FP8 codes decode as the OCP 8-bit float formats define them", "[float
 TEST_CASE("FP8 FLUX.2 checkpoints load as the bf16 model of the same numbers in each published layout",
           "[flux2][float8]") {
   TempDir dir;
-  const Flux2Transformer original = Flux2Transformer::random(small_config(), 21, at::kFloat);
+  const Flux2Transformer original = Flux2Transformer::random(infill::test::tiny_flux2_config(), 21, at::kFloat);
   REQUIRE(original.save(dir.file("original.safetensors"), "").ok());
   const auto upstream = float_tensors(dir.file("original.safetensors"), "");
   c10::InferenceMode guard;
-  const infill::test::Request r = infill::test::make_request(small_config(), 5, 3, 4, /*reference=*/true, 3);
+  const infill::test::Request r = infill::test::make_request(infill::test::tiny_flux2_config(), 5, 3, 4, /*reference=*/true, 3);
   const at::Tensor unquantized = infill::test::forward_one(original, infill::test::full_segment(r, 0.6));
 
   struct Layout {
@@ -208,7 +195,7 @@ TEST_CASE("FP8 FLUX.2 checkpoints load as the bf16 model of the same numbers in 
 
 TEST_CASE("FP8 checkpoints that are not per-tensor or per-row FP8 are refused naming the tensor", "[flux2][float8]") {
   TempDir dir;
-  const Flux2Transformer original = Flux2Transformer::random(small_config(), 22, at::kFloat);
+  const Flux2Transformer original = Flux2Transformer::random(infill::test::tiny_flux2_config(), 22, at::kFloat);
   REQUIRE(original.save(dir.file("original.safetensors"), "").ok());
   const auto upstream = float_tensors(dir.file("original.safetensors"), "");
   const Fp8Checkpoint good = quantize(upstream, Quantizer(Float8Format::kE4M3FN), Companions::kComfyQuant);
@@ -292,7 +279,7 @@ TEST_CASE("FP8 checkpoints that are not per-tensor or per-row FP8 are refused na
 
 TEST_CASE("An FP8 transformer file is found as a single-file model folder in either naming", "[flux2][float8]") {
   TempDir dir;
-  const Flux2Transformer original = Flux2Transformer::random(small_config(), 23, at::kFloat);
+  const Flux2Transformer original = Flux2Transformer::random(infill::test::tiny_flux2_config(), 23, at::kFloat);
   REQUIRE(original.save(dir.file("original.safetensors"), "").ok());
   const auto upstream = float_tensors(dir.file("original.safetensors"), "");
   fs::remove(dir.file("original.safetensors"));
