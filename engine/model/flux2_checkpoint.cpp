@@ -21,14 +21,6 @@ struct Flux2Checkpoint::Source {
   std::vector<std::pair<size_t, std::string>> parts;  // (file index, stored name)
 };
 
-namespace {
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-}  // namespace
-
 Result<Flux2Checkpoint> Flux2Checkpoint::from_file(const SafetensorsFile& file, const std::string& prefix) {
   Flux2Checkpoint c;
   c.files_.push_back(file);
@@ -72,13 +64,13 @@ Result<Flux2Checkpoint> Flux2Checkpoint::open(const std::vector<std::string>& pa
   // beside it.
   std::optional<std::string> upstream_prefix, diffusers_prefix;
   for (const auto& [name, _] : stored) {
-    if (!upstream_prefix && ends_with(name, "img_in.weight")) {
+    if (!upstream_prefix && name.ends_with("img_in.weight")) {
       const std::string p = name.substr(0, name.size() - std::string("img_in.weight").size());
       if (stored.count(p + "double_blocks.0.img_attn.qkv.weight") || stored.count(p + "single_blocks.0.linear1.weight")) {
         upstream_prefix = p;
       }
     }
-    if (!diffusers_prefix && ends_with(name, "x_embedder.weight")) {
+    if (!diffusers_prefix && name.ends_with("x_embedder.weight")) {
       const std::string p = name.substr(0, name.size() - std::string("x_embedder.weight").size());
       if (stored.count(p + "transformer_blocks.0.attn.to_q.weight") ||
           stored.count(p + "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight")) {

@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "model/float8.h"
+#include "model/safetensors.h"
+#include "model/safetensors_torch.h"
 #include "support/catch.h"
 
 namespace infill::test {
@@ -62,6 +64,19 @@ class Quantizer {
   infill::Float8Format format_;
   std::vector<float> positive_;
 };
+
+// Every tensor of a safetensors file under `prefix`, as float32, with the prefix removed: what
+// the tests quantize.
+inline std::vector<std::pair<std::string, at::Tensor>> float_tensors(const std::string& path,
+                                                                     const std::string& prefix = "") {
+  auto file = infill::SafetensorsFile::open(path);
+  REQUIRE(file.ok());
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& t : file->tensors()) {
+    if (t.name.rfind(prefix, 0) == 0) out.emplace_back(t.name.substr(prefix.size()), *infill::load_float_tensor(*file, t.name));
+  }
+  return out;
+}
 
 struct RawTensor {
   std::string name, dtype;

@@ -41,22 +41,12 @@ using infill::test::Quantizer;
 using infill::test::RawTensor;
 using infill::test::TempDir;
 using infill::test::expected_value;
+using infill::test::float_tensors;
 using infill::test::quantize;
 using infill::test::raw_of;
 using infill::test::write_raw;
 
 namespace {
-
-// Every tensor of `file` under `prefix`, as float32, with the prefix removed.
-std::vector<std::pair<std::string, at::Tensor>> float_tensors(const std::string& path, const std::string& prefix) {
-  auto file = infill::SafetensorsFile::open(path);
-  REQUIRE(file.ok());
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& t : file->tensors()) {
-    if (t.name.rfind(prefix, 0) == 0) out.emplace_back(t.name.substr(prefix.size()), *infill::load_float_tensor(*file, t.name));
-  }
-  return out;
-}
 
 std::vector<std::pair<std::string, at::Tensor>> prefixed(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                                                          const std::string& prefix) {

@@ -75,19 +75,6 @@ TEST_CASE("infill-engine serves a FLUX.2 folder with free-text prompts beside in
   CHECK(wait_exit(pid, 20000) == 0);
 }
 
-namespace {
-
-// Every tensor of a safetensors file, as float32.
-std::vector<std::pair<std::string, at::Tensor>> float_tensors(const std::string& path) {
-  auto file = SafetensorsFile::open(path);
-  REQUIRE(file.ok());
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& t : file->tensors()) out.emplace_back(t.name, *load_float_tensor(*file, t.name));
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("infill-engine serves an FP8 FLUX.2 folder: its edits are the bf16 twin's byte for byte",
           "[server][process][flux2][float8]") {
   const std::string bin = required_engine_binary();
