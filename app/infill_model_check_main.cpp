@@ -110,17 +110,18 @@ int describe_folder(const std::string& path, const std::vector<LoraArg>& loras) 
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "usage: infill-model-check [--blocks] [--device cpu|cuda[:N]] [--bf16] FILE...\n"
+               "usage: infill-model-check [--blocks] [--device cpu|cuda[:N]] [--bf16 [--fp8]] FILE...\n"
                "       infill-model-check --folder PATH [--lora FILE[:STRENGTH]]...\n"
                "Runs the call recorded in each reference file (weights.*, input.*, output.*, trace.*)\n"
                "and prints one JSON line per file: {\"file\", \"model\", \"max_abs_err\", \"max_rel_err\", \"ok\"}.\n"
-               "ok: max |diff| / max |reference| <= %g (%g with --bf16). --blocks adds every compared tensor.\n"
-               "--device runs the transformer there (default cpu); --bf16 computes in bf16 on a CUDA device.\n"
+               "ok: max |diff| / max |reference| <= %g (%g with --bf16, %g with --fp8). --blocks adds every\n"
+               "compared tensor. --device runs the transformer there (default cpu); --bf16 computes in bf16\n"
+               "on a CUDA device; --fp8 with it keeps the block projections in FP8 (compute capability 8.9+).\n"
                "A transformer reference file applies the LoRA files its metadata \"loras\" names, from its folder.\n"
                "--folder loads a FLUX.2 model folder (diffusers or single-file layout) and describes it,\n"
                "with each --lora file read for that model (format, ranks, layers; errors name the key).\n"
                "Exit code 0 only when every file is ok (or the folder loads).\n",
-               infill::kReferenceTolerance, infill::kReferenceToleranceBf16);
+               infill::kReferenceTolerance, infill::kReferenceToleranceBf16, infill::kReferenceToleranceFloat8);
 }
 
 }  // namespace
@@ -158,6 +159,8 @@ int main(int argc, char** argv) {
       blocks = true;
     } else if (std::strcmp(argv[i], "--bf16") == 0) {
       options.bfloat16 = true;
+    } else if (std::strcmp(argv[i], "--fp8") == 0) {
+      options.float8 = true;
     } else if (std::strcmp(argv[i], "--device") == 0) {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "infill-model-check: --device needs a value (cpu, cuda or cuda:N)\n");
@@ -193,6 +196,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "infill-model-check: --bf16 needs a CUDA --device (the CPU computes in float32)\n");
     return 2;
   }
+  if (options.float8 && !options.bfloat16) {
+    std::fprintf(stderr, "infill-model-check: --fp8 goes with --bf16 and a CUDA --device (FP8 layers compute in bf16)\n");
+    return 2;
+  }
   bool all_ok = true;
   for (const std::string& file : files) {
     nlohmann::ordered_json line;
@@ -208,7 +215,8 @@ int main(int argc, char** argv) {
       line["max_abs_err"] = check->max_abs_err;
       line["max_rel_err"] = check->max_rel_err;
       line["device"] = options.device.name();
-      line["dtype"] = options.bfloat16 ? "bfloat16" : "float32";
+      line["dtype"] = options.float8 ? "bfloat16, FP8 block weights" : options.bfloat16 ? "bfloat16" : "float32";
+      line["tolerance"] = options.tolerance();
       if (check->loras > 0) line["loras"] = check->loras;
       line["ok"] = check->ok;
       all_ok = all_ok && check->ok;

@@ -9,10 +9,12 @@
 #   1. the [cuda] tests: FLUX.2 against the upstream reference tensors on the GPU (float32
 #      and bf16), CPU equals CUDA, mask-aware equals full, packed equals alone, the device
 #      K/V tier, row attention against matmul-softmax, edits through the worker;
-#   2. infill-model-check --device cuda on the reference files (float32, then --bf16) and on
-#      the LoRA reference files (float32) where they were staged;
+#   2. infill-model-check --device cuda on the reference files (float32, then --bf16, then
+#      --bf16 --fp8: the float8_weights option) and on the LoRA reference files (float32) where
+#      they were staged;
 #   3. bench_row_attention --device cuda, bench_flux2 --device cuda at klein 4B sizes at 512x512
-#      and 1024x1024 (2560 and 8704 tokens), bench_loading --device cuda (the bundled model
+#      and 1024x1024 (2560 and 8704 tokens; with FP8 block weights against bf16 in the same run),
+#      bench_loading --device cuda (the bundled model
 #      through the worker, its entry resident, streamed from disk under the load plan, read
 #      whole first), bench_adapters --device cuda (LoRAs of rank 16 and 64 at klein 4B sizes,
 #      bf16; reference tokens) and bench_multi_device --only nccl (the Ulysses forward at klein
@@ -146,6 +148,8 @@ check tests_serving_cuda "$build/tests/infill_tests_serving" "[cuda]" -w NoTests
 refs=("$shared/testdata/flux2/flux2_dit_klein.safetensors" "$shared/testdata/flux2/flux2_dit_dev.safetensors")
 check model_check_float32 "$build/app/infill-model-check" --device cuda --blocks "${refs[@]}"
 check model_check_bf16 "$build/app/infill-model-check" --device cuda --bf16 --blocks "${refs[@]}"
+# The float8_weights option: FP8 block weights against the same upstream tensors.
+check model_check_fp8 "$build/app/infill-model-check" --device cuda --bf16 --fp8 --blocks "${refs[@]}"
 # LoRAs applied on the GPU (each reference file names its LoRA files beside it).
 lora_refs=()
 for c in aitoolkit kohya diffusers stack; do

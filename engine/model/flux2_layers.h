@@ -10,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "model/float8_linear.h"
 #include "model/flux2_transformer.h"
 #include "model/stored_linear.h"
 
@@ -19,11 +20,19 @@ namespace flux2 {
 
 constexpr double kNormEps = 1e-6;  // LayerNorm and QK RMSNorm, as upstream
 
-// A bias-free linear layer whose weight stays in its stored dtype (model/stored_linear.h).
+// A bias-free linear layer whose weight stays in its stored dtype (model/stored_linear.h), or
+// in FP8 with a scale per output row (model/float8_linear.h: Flux2Transformer::with_float8_weights).
 struct Linear {
-  at::Tensor w;      // [out, in]
+  at::Tensor w;      // [out, in]: the weight, or its E4M3 codes when `scale` is defined
+  at::Tensor scale;  // [1, out] float32 for FP8 codes; undefined otherwise
   std::string name;  // the weight's checkpoint name: what LoRAs adapt
-  at::Tensor operator()(const at::Tensor& x) const { return stored_linear(x, w); }
+  at::Tensor operator()(const at::Tensor& x) const {
+    return scale.defined() ? float8_linear(x, Float8Weight{w, scale}) : stored_linear(x, w);
+  }
+  // The weight in `dtype` (FP8 codes times their scales).
+  at::Tensor dense(at::ScalarType dtype) const {
+    return scale.defined() ? dequantize_float8_rows(Float8Weight{w, scale}, dtype) : w.to(dtype);
+  }
 };
 
 // The weights of one stream (image or text) of a double block.
@@ -55,6 +64,7 @@ struct Flux2Transformer::Weights {
     std::string name;
     std::vector<int64_t> shape;
     at::Tensor* tensor;
+    Linear* linear = nullptr;  // the layer whose weight this is; null for norm scales
   };
   // Every weight with its checkpoint name and shape: the one list that load, save and random
   // initialisation share.
@@ -63,7 +73,7 @@ struct Flux2Transformer::Weights {
     std::vector<Slot> s;
     auto lin = [&](const std::string& name, Linear& l, int64_t out, int64_t in) {
       l.name = name + ".weight";
-      s.push_back({l.name, {out, in}, &l.w});
+      s.push_back({l.name, {out, in}, &l.w, &l});
     };
     lin("img_in", img_in, h, cfg.input_channels());
     lin("txt_in", txt_in, h, cfg.context_dim);

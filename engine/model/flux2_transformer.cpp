@@ -12,6 +12,7 @@
 #include "kernels/masked_attention.h"
 #include "kernels/token_rows.h"
 #include "model/attention_over_cache.h"
+#include "model/float8_linear.h"
 #include "model/flux2_checkpoint.h"
 #include "model/flux2_layers.h"
 #include "model/lora_round.h"
@@ -215,6 +216,10 @@ Flux2Transformer Flux2Transformer::random(const Flux2Config& config, uint64_t se
 }
 
 Status Flux2Transformer::save(const std::string& path, const std::string& prefix) const {
+  if (float8_layers() > 0) {
+    return Status(ErrorCode::kUnimplemented, path + ": a transformer with FP8 layers (" + std::to_string(float8_layers()) +
+                                                 ") is not saved; save the one it was made from");
+  }
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (auto& slot : w_->slots()) tensors.emplace_back(prefix + slot.name, slot.tensor->contiguous());
   return write_safetensors(path, tensors, {{"format", "pt"}});
@@ -222,8 +227,42 @@ Status Flux2Transformer::save(const std::string& path, const std::string& prefix
 
 int64_t Flux2Transformer::weight_bytes() const {
   int64_t bytes = 0;
-  for (auto& slot : w_->slots()) bytes += static_cast<int64_t>(slot.tensor->nbytes());
+  for (auto& slot : w_->slots()) {
+    bytes += static_cast<int64_t>(slot.tensor->nbytes());
+    if (slot.linear != nullptr && slot.linear->scale.defined()) bytes += static_cast<int64_t>(slot.linear->scale.nbytes());
+  }
   return bytes;
+}
+
+int Flux2Transformer::float8_layers() const {
+  int layers = 0;
+  for (auto& slot : w_->slots()) layers += slot.linear != nullptr && slot.linear->scale.defined() ? 1 : 0;
+  return layers;
+}
+
+Result<Flux2Transformer> Flux2Transformer::with_float8_weights() const {
+  const at::Device where = device();
+  const ComputeDevice target{where.is_cuda(), where.is_cuda() ? static_cast<int>(where.index()) : 0};
+  INFILL_RETURN_IF_ERROR(float8_compute_status(target));
+  if (compute_dtype() != at::kBFloat16) {
+    return invalid_argument(target.name() + ": FP8 weights are made from a transformer computing in bf16, not " +
+                            std::string(c10::toString(compute_dtype())));
+  }
+  c10::InferenceMode guard;
+  auto w = std::make_unique<Weights>(*w_);  // tensors shared until replaced below
+  try {
+    for (auto& slot : w->slots()) {
+      Linear* l = slot.linear;
+      const bool block = slot.name.starts_with("double_blocks.") || slot.name.starts_with("single_blocks.");
+      if (l == nullptr || !block || l->scale.defined() || slot.shape[0] % 16 != 0 || slot.shape[1] % 16 != 0) continue;
+      Float8Weight q = quantize_float8_rows(l->w);
+      l->w = std::move(q.codes);
+      l->scale = std::move(q.scale);
+    }
+  } catch (const c10::Error& e) {
+    return Status(ErrorCode::kResourceExhausted, "FP8 weights on " + target.name() + ": " + e.what_without_backtrace());
+  }
+  return Flux2Transformer(std::move(w));
 }
 
 at::Device Flux2Transformer::device() const { return w_->img_in.w.device(); }
@@ -243,13 +282,26 @@ Flux2Transformer Flux2Transformer::merged(const AdapterSet& adapters) const {
       const at::Tensor delta = at::mm(it->second.up, it->second.down).mul_(use.strength).to(slot.tensor->device());
       sum = sum.defined() ? sum.add_(delta) : delta;
     }
-    if (sum.defined()) *slot.tensor = slot.tensor->to(at::kFloat).add(sum).to(slot.tensor->scalar_type());
+    if (!sum.defined()) continue;
+    if (slot.linear != nullptr && slot.linear->scale.defined()) {
+      // An FP8 layer stays FP8: W + delta quantized again, with fresh row scales.
+      Float8Weight q = quantize_float8_rows(slot.linear->dense(at::kFloat).add(sum));
+      slot.linear->w = std::move(q.codes);
+      slot.linear->scale = std::move(q.scale);
+    } else {
+      *slot.tensor = slot.tensor->to(at::kFloat).add(sum).to(slot.tensor->scalar_type());
+    }
   }
   return Flux2Transformer(std::move(w));
 }
 
 Status Flux2Transformer::to_device(const ComputeDevice& target, at::ScalarType dtype) {
   INFILL_RETURN_IF_ERROR(check_compute_device(target));
+  if (float8_layers() > 0) {
+    return Status(ErrorCode::kUnimplemented, target.name() + ": a transformer with FP8 layers stays on " +
+                                                 ComputeDevice{true, static_cast<int>(this->device().index())}.name() +
+                                                 "; move the one it was made from");
+  }
   const at::Device device = target.torch_device();
   auto slots = w_->slots();
   // Every tensor is copied before any is replaced, so a failure (out of device memory)

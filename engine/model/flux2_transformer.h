@@ -173,10 +173,11 @@ class Flux2Transformer {
   /// and benchmarks at real sizes.
   static Flux2Transformer random(const Flux2Config& config, uint64_t seed, at::ScalarType dtype);
   /// Writes the weights under their checkpoint names (`prefix` prepended), in their dtype.
+  /// FP8 layers (with_float8_weights) are refused: save the transformer they were made from.
   Status save(const std::string& path, const std::string& prefix = "") const;
 
   const Flux2Config& config() const;
-  /// Bytes of weights held.
+  /// Bytes of weights held (FP8 layers: their codes and scales).
   int64_t weight_bytes() const;
 
   /// Moves the weights to `device`. On a CUDA device they are converted to `dtype` (bf16 by
@@ -194,6 +195,16 @@ class Flux2Transformer {
   /// one, which is unchanged. The merged-weight alternative to applying the adapters per
   /// segment, for rounds where every segment has the same set (bench_adapters weighs them).
   Flux2Transformer merged(const AdapterSet& adapters) const;
+  /// A transformer whose block projections (each double block's qkv, proj and MLP layers of
+  /// both streams, each single block's linear1 and linear2: 95 % of klein 4B's weights) are
+  /// FP8: E4M3 codes with a float32 scale per output row, multiplied by at::_scaled_mm with
+  /// the rows quantized per call (model/float8_linear.h). The embedders, the modulation and
+  /// the final layer stay in bf16, and so does a layer whose sizes are not multiples of 16
+  /// (_scaled_mm's rule). The weights must be in bf16 on a device float8_compute_status
+  /// accepts; errors name the device. This one is unchanged; the bf16 layers are shared.
+  Result<Flux2Transformer> with_float8_weights() const;
+  /// How many layers are FP8 (with_float8_weights); 0 for a bf16, fp16 or float32 one.
+  int float8_layers() const;
 
   /// One forward over all segments, on the weights' device (inputs may be on the CPU).
   /// Returns the prediction of every computed image (and reference) row in segment order:

@@ -69,6 +69,11 @@ Status check_transformer(const SafetensorsFile& file, ReferenceCheck& check, con
   if (options.device.cuda) {
     INFILL_RETURN_IF_ERROR(model.to_device(options.device, options.bfloat16 ? at::kBFloat16 : at::kFloat));
   }
+  if (options.float8) {
+    if (!options.bfloat16) return invalid_argument(file.path() + ": FP8 weights are checked with bf16 compute");
+    INFILL_ASSIGN_OR_RETURN(Flux2Transformer float8, model.with_float8_weights());
+    model = std::move(float8);
+  }
   INFILL_ASSIGN_OR_RETURN(at::Tensor x, required(file, "input.x"));
   INFILL_ASSIGN_OR_RETURN(at::Tensor x_ids, required(file, "input.x_ids"));
   INFILL_ASSIGN_OR_RETURN(at::Tensor ctx, required(file, "input.ctx"));

@@ -45,6 +45,11 @@ inline constexpr double kReferenceTolerance = 1e-4;
 /// The tolerance of a transformer computing in bf16 on a GPU (8 significant bits: each
 /// rounding is up to 2^-9 relative, and a few blocks of them add up).
 inline constexpr double kReferenceToleranceBf16 = 3e-2;
+/// The tolerance with FP8 block projections (Flux2Transformer::with_float8_weights): E4M3
+/// rounds each weight and each activation to within 2^-4 relative, so a product is within
+/// about 2^-3 of its exact value; the blocks' sums and residual stream keep the output's
+/// error below that share of its largest magnitude.
+inline constexpr double kReferenceToleranceFloat8 = 0.125;
 
 struct ReferenceCheckOptions {
   /// Where the network runs. The autoencoder runs on the CPU only.
@@ -52,7 +57,11 @@ struct ReferenceCheckOptions {
   /// On a CUDA device, the transformer computes in bf16 (kReferenceToleranceBf16) instead of
   /// float32.
   bool bfloat16 = false;
-  double tolerance() const { return bfloat16 ? kReferenceToleranceBf16 : kReferenceTolerance; }
+  /// With bfloat16: the block projections in FP8 (kReferenceToleranceFloat8).
+  bool float8 = false;
+  double tolerance() const {
+    return float8 ? kReferenceToleranceFloat8 : bfloat16 ? kReferenceToleranceBf16 : kReferenceTolerance;
+  }
 };
 
 /// Loads `path`, builds the network from its weights, runs the recorded call and compares.

@@ -507,6 +507,12 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
                           : "FLUX.2 " + loaded->transformer.config().family_size() + " (" + flux2_layout_name(folder.layout) +
                                 " folder, " + (folder.distilled ? "distilled" : "base") + ")";
   if (options.device.cuda) INFILL_RETURN_IF_ERROR(loaded->transformer.to_device(options.device));
+  if (options.float8_weights) {
+    INFILL_ASSIGN_OR_RETURN(Flux2Transformer float8, loaded->transformer.with_float8_weights());
+    loaded->transformer = std::move(float8);  // the bf16 block weights are freed here
+    parts.id += "-fp8";
+    parts.description += ", FP8 block weights";
+  }
   parts.transformer = std::make_shared<const Flux2Transformer>(std::move(loaded->transformer));
   parts.codec = loaded->codec;
   if (options.device.cuda && loaded->autoencoder && loaded->codec == loaded->autoencoder) {

@@ -153,6 +153,9 @@ struct Flux2LoadOptions {
   /// Where the transformer computes: on a CUDA device its weights move there in bf16; the
   /// text encoder and the autoencoder stay on the CPU.
   ComputeDevice device;
+  /// On that CUDA device, the block projections in FP8 (Flux2Transformer::with_float8_weights).
+  /// The model's id and description say so: its activation entries differ from bf16's.
+  bool float8_weights = false;
 };
 
 /// Loads a FLUX.2 folder (diffusers or single-file layout) with its text encoder and

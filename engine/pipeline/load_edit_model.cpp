@@ -2,13 +2,17 @@
 
 #include <filesystem>
 
+#include "model/float8_linear.h"
 #include "pipeline/dit_edit_model.h"
 #include "pipeline/flux2_edit_model.h"
 
 namespace infill {
 
-Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDevice& device, int64_t step_graph_bytes) {
+Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDevice& device, const GpuModelOptions& gpu) {
   LoadedEditModel out;
+  if (gpu.float8_weights && !device.cuda) {
+    return invalid_argument(path + ": float8_weights: " + float8_compute_status(device).message());
+  }
   std::error_code ec;
   if (std::filesystem::exists(std::filesystem::path(path) / "manifest.json", ec)) {
     if (device.cuda) {
@@ -21,7 +25,8 @@ Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDe
   }
   Flux2LoadOptions options;
   options.device = device;
-  options.step_graph_bytes = step_graph_bytes;
+  options.step_graph_bytes = gpu.step_graph_bytes;
+  options.float8_weights = gpu.float8_weights;
   INFILL_ASSIGN_OR_RETURN(out.model, load_flux2_edit_model(path, options));
   return out;
 }

@@ -20,11 +20,18 @@ struct LoadedEditModel {
   std::shared_ptr<const Model> dit;
 };
 
+/// How a FLUX.2 model computes on a GPU.
+struct GpuModelOptions {
+  /// The budget for CUDA graphs of masked rounds (Flux2LoadOptions::step_graph_bytes; 0 = none).
+  int64_t step_graph_bytes = 0;
+  /// FP8 block projections (Flux2LoadOptions::float8_weights). Refused on the CPU, naming the
+  /// device, for either family.
+  bool float8_weights = false;
+};
+
 /// Errors name the file at fault and what was expected there. `device`: where the model
 /// computes; the DiT family runs on the CPU only (an error names the device otherwise).
-/// `step_graph_bytes`: a FLUX.2 model's budget for CUDA graphs of masked rounds on a GPU
-/// (Flux2LoadOptions::step_graph_bytes; 0 = none).
 Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDevice& device = {},
-                                        int64_t step_graph_bytes = 0);
+                                        const GpuModelOptions& gpu = {});
 
 }  // namespace infill

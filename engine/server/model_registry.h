@@ -58,6 +58,8 @@ struct ModelRegistryOptions {
   double team_masked_share = 0.25;
   /// Each FLUX.2 model's budget for CUDA graphs of masked rounds on a GPU (0: none).
   int64_t step_graph_bytes = 0;
+  /// FLUX.2 transformers on a GPU in FP8 (GpuModelOptions::float8_weights).
+  bool float8_weights = false;
   std::string cache_dir;  ///< the store's disk tier; "" = RAM only
   uint64_t ram_cache_bytes = uint64_t{1} << 30;
   /// Time each DiT-family model's step cost at load (cached per model, see

@@ -73,6 +73,12 @@ struct EngineConfig {
   /// (model/flux2_graph_cache.h); 0 (the default until a GPU run has checked their replays)
   /// turns them off. Config key `step_graph_bytes`, 0..2^40.
   int64_t step_graph_bytes = 0;
+  /// FLUX.2 transformers on a GPU keep their block projections in FP8 (E4M3, a scale per
+  /// output row) and multiply them with at::_scaled_mm (model/float8_linear.h): half the
+  /// weight bytes per step, results a little further from bf16's. Needs compute capability
+  /// 8.9+; refused at start on the CPU. Changes the models' ids (so no cache entry recorded
+  /// with the other weights is read). Config key `float8_weights`, default false.
+  bool float8_weights = false;
   /// Workers per device.
   int workers = 1;
   int threads = 0;          ///< compute threads per worker; 0 = cores / (workers x devices)

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "model/float8_linear.h"
 #include "model/flux2_graph_cache.h"
 #include "model/flux2_step_graph.h"
 #include "model/flux2_transformer.h"
@@ -283,9 +284,19 @@ TEST_CASE("CUDA graphs of a padded masked round replay equal to the eager step a
           "[step-graph][cuda]") {
   const ComputeDevice cuda = test::require_cuda_or_skip();
   c10::InferenceMode guard;
-  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+  // float32, bf16, and bf16 with FP8 block weights (where the GPU multiplies FP8).
+  for (const int variant : {0, 1, 2}) {
+    const at::ScalarType dtype = variant == 0 ? at::kFloat : at::kBFloat16;
     auto model = std::make_shared<Flux2Transformer>(Flux2Transformer::random(test::tiny_flux2_config(32), 7, at::kFloat));
     REQUIRE(model->to_device(cuda, dtype).ok());
+    if (variant == 2) {
+      if (!float8_compute_status(cuda).ok()) continue;
+      auto float8 = model->with_float8_weights();
+      REQUIRE(float8.ok());
+      model = std::make_shared<Flux2Transformer>(std::move(*float8));
+      REQUIRE(model->float8_layers() > 0);
+    }
+    INFO("variant " << variant);
     Edits edits(model);
     auto a = edits.session(1, 1, 3, 2, Flux2CacheMode::kPromptKeyed, 3);
     auto b = edits.session(0, 0, 5, 4, Flux2CacheMode::kTemplateKeyed, 4);

@@ -8,6 +8,8 @@
 #include "support/tiny_flux2.h"
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "engine_process.h"
 #include "server_fixture.h"
@@ -130,4 +132,26 @@ TEST_CASE("infill-engine serves an FP8 FLUX.2 folder: its edits are the bf16 twi
 
   ::kill(pid, SIGTERM);
   CHECK(wait_exit(pid, 20000) == 0);
+}
+
+TEST_CASE("infill-engine refuses float8_weights on the CPU at start naming the option the device and the model",
+          "[server][process][flux2][float8]") {
+  const std::string bin = required_engine_binary();
+  c10::InferenceMode guard;
+  TempDir dir("infill-engine-fp8-cpu");
+  write_tiny_flux2_folder(dir.file("flux2"));
+  std::ofstream(dir.file("engine.json")) << R"({"float8_weights": true})";
+  pid_t pid = spawn({bin, "--config", dir.file("engine.json"), "--model", dir.file("flux2"), "--socket",
+                     dir.file("run/engine.sock"), "--no-calibrate", "--threads", "1", "--journal", "off"},
+                    dir.file("engine.log"));
+  ReapOnExit reap{pid};
+  const int code = wait_exit(pid, 120000);
+  std::ifstream in(dir.file("engine.log"));
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO(log);
+  CHECK(code != 0);
+  CHECK(code != 128 + SIGKILL);  // it exited by itself
+  CHECK(log.find("float8_weights") != std::string::npos);
+  CHECK(log.find("cpu: FP8 weights are for CUDA devices") != std::string::npos);
+  CHECK(log.find(dir.file("flux2")) != std::string::npos);
 }

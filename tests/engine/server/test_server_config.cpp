@@ -237,3 +237,16 @@ TEST_CASE("multipart bodies and base64", "[server][multipart]") {
   CHECK_FALSE(base64_decode("Zm9v!").ok());
   CHECK_FALSE(base64_decode("Zm=9v").ok());
 }
+
+TEST_CASE("engine config: float8_weights turns FP8 block weights on for FLUX.2 on a GPU and is off by default",
+          "[server][config][float8]") {
+  auto defaults = parse_engine_config(R"({})", "e.json");
+  REQUIRE(defaults.ok());
+  CHECK_FALSE(defaults->float8_weights);
+  auto set = parse_engine_config(R"({"float8_weights": true})", "e.json");
+  REQUIRE(set.ok());
+  CHECK(set->float8_weights);
+  auto refused = parse_engine_config(R"({"float8_weights": "yes"})", "e.json");
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(), Catch::Contains("float8_weights"));
+}
