@@ -120,7 +120,7 @@ TEST_CASE("FLUX.2 with FP8 block weights on CUDA: close to bf16, full and mask-a
   REQUIRE(bf16.to_device(cuda, at::kBFloat16).ok());
   auto made = bf16.with_float8_weights();
   REQUIRE(made.ok());
-  const Flux2Transformer& fp8 = *made;
+  Flux2Transformer& fp8 = *made;
   // Every block projection: 4 per stream of each double block, 2 per single block.
   const Flux2Config cfg = small_config();
   CHECK(fp8.float8_layers() == 8 * cfg.double_blocks + 2 * cfg.single_blocks);
