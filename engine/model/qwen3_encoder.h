@@ -24,6 +24,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/status.h"
+#include "model/compute_device.h"
 
 namespace infill {
 
@@ -62,10 +63,20 @@ class Qwen3Encoder {
 
   ~Qwen3Encoder();
 
+  /// A copy of this encoder on CUDA device `device`, its weights converted to `dtype` there
+  /// (norm scales stay float32), computing there in `dtype` with the norms and the softmax in
+  /// float32, as Hugging Face's Qwen3 runs in bf16: a klein prompt in milliseconds instead of
+  /// the CPU's seconds. Errors name the device: the CPU (this encoder already computes there),
+  /// no CUDA, out of its memory.
+  Result<std::shared_ptr<const Qwen3Encoder>> on_device(const ComputeDevice& device,
+                                                        at::ScalarType dtype = at::kBFloat16) const;
+  /// Where the weights live and encode computes.
+  at::Device device() const;
+
   /// ids [S] (each < vocab_size) and mask [S] (1 real, 0 padding; the first token real) ->
-  /// float32 [S, layers.size() * hidden_size]: hidden_states[k] for k in `layers` (each in
-  /// 0..num_layers), concatenated per token in that order. Errors: an id out of range, a
-  /// size mismatch, a layer index out of range.
+  /// float32 [S, layers.size() * hidden_size] on the CPU: hidden_states[k] for k in `layers`
+  /// (each in 0..num_layers), concatenated per token in that order. Errors: an id out of
+  /// range, a size mismatch, a layer index out of range.
   Result<at::Tensor> encode(const std::vector<int32_t>& ids, const std::vector<uint8_t>& mask,
                             const std::vector<int>& layers) const;
 

@@ -32,6 +32,33 @@ int64_t qwen3_folder_weight_bytes(const std::string& encoder_dir) {
   return bytes;
 }
 
+bool text_encoder_fits_device(int64_t encoder_bytes, int64_t reserved_bytes, int64_t free_bytes) {
+  return encoder_bytes > 0 && encoder_bytes + encoder_bytes / 4 + reserved_bytes <= free_bytes;
+}
+
+Status Qwen3PromptEncoder::load_encoder() {
+  INFILL_ASSIGN_OR_RETURN(encoder_, Qwen3Encoder::load(encoder_dir_));
+  if (!options_.device.cuda || placement_.starts_with("cpu (")) return {};
+  auto moved = encoder_->on_device(options_.device);
+  if (!moved.ok()) {
+    // A reload after unload() must encode as the first load did (the cache's entries are bf16's).
+    if (placement_ != "cpu") {
+      encoder_.reset();
+      return moved.status();
+    }
+    placement_ = "cpu (" + moved.status().message() + ")";
+    return {};
+  }
+  encoder_ = *moved;  // the host copy is unmapped here
+  placement_ = options_.device.name();
+  return {};
+}
+
+std::string Qwen3PromptEncoder::placement() const {
+  std::lock_guard lock(mutex_);
+  return placement_;
+}
+
 Result<std::unique_ptr<Qwen3PromptEncoder>> Qwen3PromptEncoder::load(const std::string& tokenizer_dir,
                                                                      const std::string& encoder_dir,
                                                                      std::shared_ptr<PromptEmbeddingCache> cache,
@@ -62,9 +89,11 @@ Result<std::unique_ptr<Qwen3PromptEncoder>> Qwen3PromptEncoder::load(const std::
     out->id_ += ',';
     out->id_ += std::to_string(k);
   }
-  if (out->options_.residency == Residency::kKeep) {
-    INFILL_ASSIGN_OR_RETURN(out->encoder_, Qwen3Encoder::load(encoder_dir));
+  if (out->options_.residency == Residency::kKeep || out->options_.device.cuda) {
+    INFILL_RETURN_IF_ERROR(out->load_encoder());
   }
+  // Encodings on a GPU are bf16's, on the CPU float32's: entries of one are not the other's.
+  if (out->placement_ == out->options_.device.name() && out->options_.device.cuda) out->id_ += "|bf16";
   return out;
 }
 
@@ -78,9 +107,7 @@ Result<std::shared_ptr<const PromptEmbedding>> Qwen3PromptEncoder::encode(std::s
   if (cache_) {
     if (auto hit = cache_->find(id_, prompt)) return hit;
   }
-  if (!encoder_) {
-    INFILL_ASSIGN_OR_RETURN(encoder_, Qwen3Encoder::load(encoder_dir_));
-  }
+  if (!encoder_) INFILL_RETURN_IF_ERROR(load_encoder());
   const PromptTokens tokens = tokenizer_.encode(prompt, options_.max_length);
   c10::InferenceMode guard;
   INFILL_ASSIGN_OR_RETURN(at::Tensor rows, encoder_->encode(tokens.ids, tokens.mask, options_.layers));
@@ -89,7 +116,8 @@ Result<std::shared_ptr<const PromptEmbedding>> Qwen3PromptEncoder::encode(std::s
   embedding->real_length = tokens.real_length;
   embedding->full_length = tokens.full_length;
   embedding->truncated = tokens.truncated;
-  if (options_.residency == Residency::kUnloadAfterEncode) encoder_.reset();
+  // On a GPU the encoder stays: its memory was judged to fit there, and reloading costs seconds.
+  if (options_.residency == Residency::kUnloadAfterEncode && !options_.device.cuda) encoder_.reset();
   if (cache_) cache_->insert(id_, prompt, embedding);
   return std::shared_ptr<const PromptEmbedding>(std::move(embedding));
 }

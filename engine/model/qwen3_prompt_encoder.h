@@ -30,6 +30,12 @@ enum class Residency { kKeep = 1, kUnloadAfterEncode = 2 };
 /// activations exceed `memory_bytes` (the machine's RAM, or a device's memory).
 Residency text_encoder_residency(int64_t transformer_bytes, int64_t encoder_bytes, int64_t memory_bytes);
 
+/// Whether the encoder goes on the transformer's GPU: its weights (`encoder_bytes` at most)
+/// with a quarter more for activations, beside `reserved_bytes` (the device K/V tier's
+/// budget), fit in the device's `free_bytes` once the transformer is there. On a GPU a klein
+/// prompt encodes in milliseconds, on the CPU in seconds.
+bool text_encoder_fits_device(int64_t encoder_bytes, int64_t reserved_bytes, int64_t free_bytes);
+
 /// Bytes the weights of a Qwen3 folder take once loaded (its files' tensors; FP8 ones held in
 /// bf16, twice their size), or 0 when unreadable.
 int64_t qwen3_folder_weight_bytes(const std::string& encoder_dir);
@@ -40,6 +46,9 @@ class Qwen3PromptEncoder {
     int max_length = 512;
     std::vector<int> layers = klein_text_layers();
     Residency residency = Residency::kKeep;
+    /// A CUDA device: the encoder computes there in bf16 (Qwen3Encoder::on_device), kept
+    /// resident. Where it does not fit when loaded, it stays on the CPU (`placement` says why).
+    ComputeDevice device;
   };
 
   /// Loads the tokenizer and (unless unloading after each encode) the encoder. `cache` may be
@@ -58,6 +67,8 @@ class Qwen3PromptEncoder {
   int context_dim() const { return context_dim_; }
   const PromptTokenizer& tokenizer() const { return tokenizer_; }
   const std::string& id() const { return id_; }
+  /// Where the encoder computes: "cpu", "cuda:0", or "cpu (cuda:0: <why not there>)".
+  std::string placement() const;
 
  private:
   Qwen3PromptEncoder() = default;
@@ -69,6 +80,10 @@ class Qwen3PromptEncoder {
   std::shared_ptr<PromptEmbeddingCache> cache_;
   mutable std::mutex mutex_;  // guards encoder_ and serialises encodings
   std::shared_ptr<const Qwen3Encoder> encoder_;
+  std::string placement_ = "cpu";
+  // Loads the encoder and moves it to options_.device where one is given (falling back to
+  // the CPU, noted in placement_). Called with mutex_ held, or before the object is shared.
+  Status load_encoder();
 };
 
 }  // namespace infill

@@ -12,7 +12,9 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "common/hash.h"
+#include "model/device_memory.h"
 #include "model/file_identity.h"
+#include "model/float8_linear.h"
 #include "model/safetensors_shards.h"
 #include "model/flux2_model.h"
 #include "model/flux2_sequence_parallel.h"
@@ -487,8 +489,25 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
                           flux2_text_layers(text_config, loaded->transformer.config().context_dim, folder.text_encoder_dir));
   int64_t memory = options.memory_bytes;
   if (memory <= 0) memory = int64_t{::sysconf(_SC_PHYS_PAGES)} * ::sysconf(_SC_PAGESIZE);
-  text_options.residency = text_encoder_residency(loaded->transformer.weight_bytes(),
-                                                  qwen3_folder_weight_bytes(folder.text_encoder_dir), memory);
+  const int64_t encoder_bytes = qwen3_folder_weight_bytes(folder.text_encoder_dir);
+  text_options.residency = text_encoder_residency(loaded->transformer.weight_bytes(), encoder_bytes, memory);
+  // The transformer goes first, so that what is left of the GPU decides where the text
+  // encoder computes (in bf16 there when it fits beside the K/V tier's budget).
+  bool float8 = false;
+  if (options.device.cuda) {
+    INFILL_RETURN_IF_ERROR(loaded->transformer.to_device(options.device));
+    if (options.float8_weights) {
+      INFILL_ASSIGN_OR_RETURN(Flux2Transformer made, loaded->transformer.with_float8_weights());
+      loaded->transformer = std::move(made);  // the bf16 block weights are freed here
+      float8 = true;
+    }
+    const auto device_memory = cuda_device_memory(options.device.index);
+    if (device_memory.ok() && text_encoder_fits_device(encoder_bytes, options.device_cache_bytes, device_memory->free_bytes)) {
+      text_options.device = options.device;
+    }
+  } else if (options.float8_weights) {
+    return invalid_argument(folder.root + ": float8_weights: " + float8_compute_status(options.device).message());
+  }
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3PromptEncoder> text,
                           Qwen3PromptEncoder::load(folder.tokenizer_dir, folder.text_encoder_dir,
                                                    std::make_shared<PromptEmbeddingCache>(options.prompt_cache_bytes),
@@ -506,12 +525,15 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
                           ? folder.description
                           : "FLUX.2 " + loaded->transformer.config().family_size() + " (" + flux2_layout_name(folder.layout) +
                                 " folder, " + (folder.distilled ? "distilled" : "base") + ")";
-  if (options.device.cuda) INFILL_RETURN_IF_ERROR(loaded->transformer.to_device(options.device));
-  if (options.float8_weights) {
-    INFILL_ASSIGN_OR_RETURN(Flux2Transformer float8, loaded->transformer.with_float8_weights());
-    loaded->transformer = std::move(float8);  // the bf16 block weights are freed here
+  if (float8) {
     parts.id += "-fp8";
     parts.description += ", FP8 block weights";
+  }
+  // Prompt rows encoded in bf16 on the GPU are not the CPU's float32 ones: neither reads the
+  // other's activation entries.
+  if (text->placement() == options.device.name() && options.device.cuda) {
+    parts.id += "-text-bf16";
+    parts.description += ", text encoder on " + options.device.name();
   }
   parts.transformer = std::make_shared<const Flux2Transformer>(std::move(loaded->transformer));
   parts.codec = loaded->codec;

@@ -150,8 +150,9 @@ struct Flux2LoadOptions {
   int64_t device_cache_bytes = int64_t{8} << 30;
   /// Flux2EditModelParts::step_graph_bytes.
   int64_t step_graph_bytes = 0;
-  /// Where the transformer computes: on a CUDA device its weights move there in bf16; the
-  /// text encoder and the autoencoder stay on the CPU.
+  /// Where the transformer computes: on a CUDA device its weights move there in bf16, and the
+  /// text encoder and the autoencoder go there too where they fit (text_encoder_fits_device,
+  /// Flux2Autoencoder::on_device), else stay on the CPU.
   ComputeDevice device;
   /// On that CUDA device, the block projections in FP8 (Flux2Transformer::with_float8_weights).
   /// The model's id and description say so: its activation entries differ from bf16's.

@@ -118,3 +118,70 @@ TEST_CASE("Qwen3 prompt encoder refuses a tokenizer the encoder's vocabulary can
   CHECK_THAT(r.status().to_string(), Catch::Contains("tokenizer.json") && Catch::Contains("config.json") &&
                                          Catch::Contains("vocab_size 1000"));
 }
+
+TEST_CASE("Text encoder on the GPU: only where it fits beside the K/V tier's budget", "[text-cache]") {
+  const int64_t gib = int64_t{1} << 30;
+  // klein 4B's Qwen3-4B (8 GB) beside an 8 GiB tier: an H100's 72 GiB left fit, a 24 GiB
+  // card's 16 GiB left do not.
+  CHECK(infill::text_encoder_fits_device(8 * gib, 8 * gib, 72 * gib));
+  CHECK_FALSE(infill::text_encoder_fits_device(8 * gib, 8 * gib, 16 * gib));
+  CHECK(infill::text_encoder_fits_device(8 * gib, 2 * gib, 16 * gib));
+  CHECK_FALSE(infill::text_encoder_fits_device(0, 0, 16 * gib));  // an unreadable folder's 0 bytes
+}
+
+TEST_CASE("Qwen3 prompt encoder asked for a GPU it cannot use encodes on the CPU and says why", "[qwen3][text-cache]") {
+  c10::InferenceMode guard;
+  const infill::ComputeDevice gpu{true, 0};
+  if (infill::check_compute_device(gpu).ok()) {
+    WARN("SKIPPED: this machine has a CUDA device; the [cuda] case covers it");
+    std::exit(4);
+  }
+  infill::test::TempDir dir;
+  infill::test::export_qwen3_tokenizer_or_skip(dir.file("tokenizer"));
+  const auto encoder = infill::Qwen3Encoder::random(infill::test::tiny_qwen3_config(), 3, at::kBFloat16);
+  REQUIRE(encoder->save(dir.file("text_encoder")).ok());
+  CHECK_THAT(encoder->on_device(infill::ComputeDevice{}).status().message(), Catch::StartsWith("cpu:"));
+  CHECK_THAT(encoder->on_device(gpu).status().message(), Catch::StartsWith("cuda:0"));
+  infill::Qwen3PromptEncoder::Options options;
+  options.max_length = 64;
+  options.layers = {1, 2, 3};
+  options.device = gpu;
+  auto prompts = infill::Qwen3PromptEncoder::load(dir.file("tokenizer"), dir.file("text_encoder"), nullptr, options);
+  REQUIRE(prompts.ok());
+  CHECK_THAT((*prompts)->placement(), Catch::StartsWith("cpu (cuda:0"));
+  CHECK((*prompts)->id().find("|bf16") == std::string::npos);  // its rows are the CPU's
+  auto rows = (*prompts)->encode("make the cup red");
+  REQUIRE(rows.ok());
+  const infill::PromptTokens tokens = (*prompts)->tokenizer().encode("make the cup red", 64);
+  CHECK(at::equal((*rows)->rows, encoder->encode(tokens.ids, tokens.mask, {1, 2, 3}).value()));
+}
+
+TEST_CASE("Qwen3 encoder on CUDA in bf16 equals the CPU's float32 encoding within bf16 rounding", "[qwen3][cuda]") {
+  const infill::ComputeDevice gpu{true, 0};
+  if (const infill::Status usable = infill::check_compute_device(gpu); !usable.ok()) {
+    WARN("SKIPPED: no CUDA device: " << usable.message());
+    std::exit(4);
+  }
+  c10::InferenceMode guard;
+  const auto cpu = infill::Qwen3Encoder::random(infill::test::tiny_qwen3_config(), 5, at::kBFloat16);
+  auto moved = cpu->on_device(gpu);
+  REQUIRE(moved.ok());
+  CHECK((*moved)->device().is_cuda());
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  for (int i = 0; i < 48; ++i) {
+    ids.push_back((i * 37 + 11) % infill::test::tiny_qwen3_config().vocab_size);
+    mask.push_back(i < 40 ? 1 : 0);  // right padding, as the tokenizer pads
+  }
+  const at::Tensor reference = cpu->encode(ids, mask, {1, 2, 3}).value();
+  auto encoded = (*moved)->encode(ids, mask, {1, 2, 3});
+  REQUIRE(encoded.ok());
+  REQUIRE(encoded->device().is_cpu());
+  REQUIRE(encoded->scalar_type() == at::kFloat);
+  REQUIRE(encoded->sizes() == reference.sizes());
+  // bf16 activations: 8 significant bits per rounding over a few layers.
+  const double difference = (*encoded - reference).abs().max().item<double>() / reference.abs().max().item<double>();
+  CHECK(difference <= 3e-2);
+  CHECK(difference > 0);  // it computed in bf16, on the device
+  WARN("Qwen3 on " << gpu.name() << " in bf16 vs the CPU in float32: max_rel " << difference);
+}
