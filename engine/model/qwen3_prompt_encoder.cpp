@@ -117,7 +117,8 @@ Result<std::shared_ptr<const PromptEmbedding>> Qwen3PromptEncoder::encode(std::s
   embedding->full_length = tokens.full_length;
   embedding->truncated = tokens.truncated;
   // On a GPU the encoder stays: its memory was judged to fit there, and reloading costs seconds.
-  if (options_.residency == Residency::kUnloadAfterEncode && !options_.device.cuda) encoder_.reset();
+  const bool on_gpu = options_.device.cuda && placement_ == options_.device.name();
+  if (options_.residency == Residency::kUnloadAfterEncode && !on_gpu) encoder_.reset();
   if (cache_) cache_->insert(id_, prompt, embedding);
   return std::shared_ptr<const PromptEmbedding>(std::move(embedding));
 }
