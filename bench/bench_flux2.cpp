@@ -91,6 +91,50 @@ double median_ms(int repeats, const std::function<void()>& fn, bool warm_up = tr
   return infill::bench::percentile(ms, 0.5);
 }
 
+// The whole sequence of the inputs at timestep t.
+Flux2Segment full_segment(const infill::bench::Flux2BenchInputs& in, double t) {
+  Flux2Segment s;
+  s.txt = in.txt;
+  s.txt_ids = in.txt_ids;
+  s.img = in.img;
+  s.img_ids = in.img_ids;
+  s.timestep = t;
+  return s;
+}
+
+// A masked step computing image rows `rows` and the first `text_rows` text rows (all of them
+// template-keyed, none prompt-keyed) of the inputs' sequence, the rest read from `kv`.
+Flux2Segment masked_segment(const infill::bench::Flux2BenchInputs& in, const at::Tensor& rows, int64_t text_rows,
+                            double t, infill::KvSource* kv) {
+  const int64_t text_tokens = in.txt.size(0);
+  Flux2Segment s;
+  s.txt = in.txt.narrow(0, 0, text_rows);
+  s.txt_ids = in.txt_ids.narrow(0, 0, text_rows);
+  s.img = in.img.index_select(0, rows);
+  s.img_ids = in.img_ids.index_select(0, rows);
+  s.positions = at::cat({at::arange(text_rows, at::kLong), rows + text_tokens});
+  s.sequence_length = text_tokens + in.img.size(0);
+  s.timestep = t;
+  s.kv = kv;
+  return s;
+}
+
+// `s` with its state on the model's device, made once (issue 39): its rows, RoPE tables,
+// timestep embedding and positions there.
+Flux2Segment on_device(const Flux2Transformer& model, const Flux2Segment& s) {
+  const Flux2Config& cfg = model.config();
+  const auto there = at::TensorOptions().device(model.device()).dtype(model.compute_dtype());
+  Flux2Segment d = s;
+  d.txt = s.txt.to(there);
+  d.img = s.img.to(there);
+  auto [cos, sin] = infill::flux2_rope_angles(at::cat({d.txt_ids, d.img_ids}), cfg.axes_dim, cfg.theta);
+  d.rope_cos = cos.to(there);
+  d.rope_sin = sin.to(there);
+  d.time_embedding = infill::flux2_timestep_embedding(s.timestep, cfg.time_embed_dim).to(model.device());
+  d.positions_on_device = d.positions.to(model.device());
+  return d;
+}
+
 // max |a - b| / max |b| and the RMS of a - b over the RMS of b.
 nlohmann::ordered_json difference(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor d = (a - b).to(at::kFloat), r = b.to(at::kFloat);
@@ -100,51 +144,31 @@ nlohmann::ordered_json difference(const at::Tensor& a, const at::Tensor& b) {
 
 // The FP8 block weights (Flux2Transformer::with_float8_weights) against `model`'s bf16 ones.
 nlohmann::ordered_json float8_comparison(const Flux2Transformer& model, const infill::bench::Flux2BenchInputs& in,
-                                         const Flux2Config& cfg, int text_tokens, int grid, double t, double full_ms,
-                                         int full_repeats, int repeats, infill::KvSource* cache) {
+                                         int grid, double t, double full_ms, int full_repeats, int repeats,
+                                         infill::KvSource* cache) {
   auto made = model.with_float8_weights();
   if (!made.ok()) return {{"error", made.status().to_string()}};
   const Flux2Transformer& fp8 = *made;
   nlohmann::ordered_json out;
   out["layers"] = fp8.float8_layers();
   out["weight_bytes"] = {{"bf16", model.weight_bytes()}, {"fp8", fp8.weight_bytes()}};
-  Flux2Segment full;
-  full.txt = in.txt;
-  full.txt_ids = in.txt_ids;
-  full.img = in.img;
-  full.img_ids = in.img_ids;
-  full.timestep = t;
+  const Flux2Segment full = full_segment(in, t);
   auto run = [&](const Flux2Transformer& m, Flux2Segment s) { return m.forward(std::span<Flux2Segment>(&s, 1)); };
   const at::Tensor full_bf16 = run(model, full), full_fp8 = run(fp8, full);
   const double fp8_full_ms = median_ms(full_repeats, [&] { run(fp8, full); }, /*warm_up=*/false);
   out["full_step"] = {{"bf16_ms", full_ms}, {"fp8_ms", fp8_full_ms}, {"speedup", full_ms / fp8_full_ms},
                       {"difference", difference(full_fp8, full_bf16)}};
-  const int64_t image_tokens = int64_t{grid} * grid, length = text_tokens + 2 * image_tokens;
   const at::Tensor rows = infill::bench::rectangle_tokens(grid, 0.1);
   nlohmann::ordered_json masked;
   for (const bool prompt_keyed : {true, false}) {
-    const int64_t text_rows = prompt_keyed ? 0 : text_tokens;
-    const auto on_device = at::TensorOptions().device(model.device()).dtype(model.compute_dtype());
-    Flux2Segment d;
-    d.txt = in.txt.narrow(0, 0, text_rows).to(on_device);
-    d.txt_ids = in.txt_ids.narrow(0, 0, text_rows);
-    d.img = in.img.index_select(0, rows).to(on_device);
-    d.img_ids = in.img_ids.index_select(0, rows);
-    d.positions = at::cat({at::arange(text_rows, at::kLong), rows + text_tokens});
-    d.sequence_length = length;
-    d.timestep = t;
-    d.kv = cache;
-    auto [cos, sin] = infill::flux2_rope_angles(at::cat({d.txt_ids, d.img_ids}), cfg.axes_dim, cfg.theta);
-    d.rope_cos = cos.to(on_device);
-    d.rope_sin = sin.to(on_device);
-    d.time_embedding = infill::flux2_timestep_embedding(t, cfg.time_embed_dim).to(model.device());
-    d.positions_on_device = d.positions.to(model.device());
+    const int64_t text_rows = prompt_keyed ? 0 : in.txt.size(0);
+    Flux2Segment d = on_device(model, masked_segment(in, rows, text_rows, t, cache));
     std::span<Flux2Segment> round(&d, 1);
     nlohmann::ordered_json row = {{"rows", text_rows + rows.size(0)}};
     at::Tensor eager[2];
     double eager_ms[2], graph_ms[2];
     const Flux2Transformer* models[2] = {&model, &fp8};
-    const std::string refusal = infill::flux2_graph_refusal(round, cfg);
+    const std::string refusal = infill::flux2_graph_refusal(round, model.config());
     for (int i = 0; i < 2; ++i) {
       eager[i] = models[i]->forward_on_device(round).to(at::kCPU);
       eager_ms[i] = median_ms(repeats, [&] { (void)models[i]->forward_on_device(round).to(at::kCPU); });
@@ -284,19 +308,10 @@ int main(int argc, char** argv) {
       infill::ActivationLayout{1, cfg.depth(), static_cast<int>(length), cfg.hidden_size});
   infill::EntryKvSink sink(*entry, 0);
   infill::EntryKvSource source(entry, 0);
-  auto full_segment = [&]() {
-    Flux2Segment s;
-    s.txt = in.txt;
-    s.txt_ids = in.txt_ids;
-    s.img = in.img;
-    s.img_ids = in.img_ids;
-    s.timestep = t;
-    return s;
-  };
   auto run = [&](Flux2Segment s) { return model.forward(std::span<Flux2Segment>(&s, 1)); };
   reset_peak();
   {
-    Flux2Segment prepare = full_segment();
+    Flux2Segment prepare = full_segment(in, t);
     prepare.sink = &sink;
     const auto t0 = std::chrono::steady_clock::now();
     run(prepare);
@@ -304,7 +319,7 @@ int main(int argc, char** argv) {
   }
   const double full_flop = forward_flop(cfg, length, 2 * image_tokens, text_tokens, length);
   // The prepare run was the warm-up of the full step.
-  const double full_ms = median_ms(full_repeats, [&] { run(full_segment()); }, /*warm_up=*/false);
+  const double full_ms = median_ms(full_repeats, [&] { run(full_segment(in, t)); }, /*warm_up=*/false);
   out["full_step"] = {{"tokens", {{"image", image_tokens}, {"reference", image_tokens}, {"text", text_tokens}}},
                       {"ms", full_ms},
                       {"repeats", full_repeats},
@@ -355,15 +370,8 @@ int main(int argc, char** argv) {
     for (const bool prompt_keyed : {true, false}) {
       // Prompt-keyed: only the masked image rows; template-keyed: the text rows as well.
       const int64_t text_rows = prompt_keyed ? 0 : text_tokens;
-      Flux2Segment s;
-      s.txt = in.txt.narrow(0, 0, text_rows);
-      s.txt_ids = in.txt_ids.narrow(0, 0, text_rows);
-      s.img = in.img.index_select(0, rows);
-      s.img_ids = in.img_ids.index_select(0, rows);
-      s.positions = at::cat({at::arange(text_rows, at::kLong), rows + text_tokens});
-      s.sequence_length = length;
-      s.timestep = t;
-      s.kv = resident_source ? static_cast<infill::KvSource*>(resident_source.get()) : &source;
+      Flux2Segment s = masked_segment(
+          in, rows, text_rows, t, resident_source ? static_cast<infill::KvSource*>(resident_source.get()) : &source);
       const double ms = median_ms(repeats, [&] { run(s); });
       const double flop = forward_flop(cfg, text_rows + r, r, text_rows, length);
       nlohmann::ordered_json result = {
@@ -394,15 +402,7 @@ int main(int argc, char** argv) {
       // CPU). Each timed to the prediction's arrival on the host (what the eager step returns).
       if (resident_source || !device.cuda) {
         s.kv = resident_source ? static_cast<infill::KvSource*>(resident_source.get()) : &source;
-        const auto on_device = at::TensorOptions().device(model.device()).dtype(model.compute_dtype());
-        Flux2Segment d = s;
-        d.txt = s.txt.to(on_device);
-        d.img = s.img.to(on_device);
-        auto [cos, sin] = infill::flux2_rope_angles(at::cat({d.txt_ids, d.img_ids}), cfg.axes_dim, cfg.theta);
-        d.rope_cos = cos.to(on_device);
-        d.rope_sin = sin.to(on_device);
-        d.time_embedding = infill::flux2_timestep_embedding(t, cfg.time_embed_dim).to(model.device());
-        d.positions_on_device = d.positions.to(model.device());
+        Flux2Segment d = on_device(model, s);
         std::span<Flux2Segment> round(&d, 1);
         const at::Tensor eager = model.forward_on_device(round).to(at::kCPU);
         const double device_ms = median_ms(repeats, [&] { (void)model.forward_on_device(round).to(at::kCPU); });
@@ -452,8 +452,7 @@ int main(int argc, char** argv) {
     if (const infill::Status usable = infill::float8_compute_status(device); !usable.ok()) {
       out["float8_weights"] = {{"skipped", usable.message()}};
     } else {
-      out["float8_weights"] = float8_comparison(model, in, cfg, text_tokens, grid, t, full_ms, full_repeats, repeats,
-                                                resident_source.get());
+      out["float8_weights"] = float8_comparison(model, in, grid, t, full_ms, full_repeats, repeats, resident_source.get());
     }
   }
   out["repeats"] = {{"masked", repeats}, {"full", full_repeats}, {"statistic", "median"}};
