@@ -59,6 +59,11 @@ std::string Qwen3PromptEncoder::placement() const {
   return placement_;
 }
 
+bool Qwen3PromptEncoder::on_gpu() const {
+  std::lock_guard lock(mutex_);
+  return on_gpu_locked();
+}
+
 Result<std::unique_ptr<Qwen3PromptEncoder>> Qwen3PromptEncoder::load(const std::string& tokenizer_dir,
                                                                      const std::string& encoder_dir,
                                                                      std::shared_ptr<PromptEmbeddingCache> cache,
@@ -93,7 +98,7 @@ Result<std::unique_ptr<Qwen3PromptEncoder>> Qwen3PromptEncoder::load(const std::
     INFILL_RETURN_IF_ERROR(out->load_encoder());
   }
   // Encodings on a GPU are bf16's, on the CPU float32's: entries of one are not the other's.
-  if (out->placement_ == out->options_.device.name() && out->options_.device.cuda) out->id_ += "|bf16";
+  if (out->on_gpu_locked()) out->id_ += "|bf16";
   return out;
 }
 
@@ -117,8 +122,7 @@ Result<std::shared_ptr<const PromptEmbedding>> Qwen3PromptEncoder::encode(std::s
   embedding->full_length = tokens.full_length;
   embedding->truncated = tokens.truncated;
   // On a GPU the encoder stays: its memory was judged to fit there, and reloading costs seconds.
-  const bool on_gpu = options_.device.cuda && placement_ == options_.device.name();
-  if (options_.residency == Residency::kUnloadAfterEncode && !on_gpu) encoder_.reset();
+  if (options_.residency == Residency::kUnloadAfterEncode && !on_gpu_locked()) encoder_.reset();
   if (cache_) cache_->insert(id_, prompt, embedding);
   return std::shared_ptr<const PromptEmbedding>(std::move(embedding));
 }

@@ -69,6 +69,8 @@ class Qwen3PromptEncoder {
   const std::string& id() const { return id_; }
   /// Where the encoder computes: "cpu", "cuda:0", or "cpu (cuda:0: <why not there>)".
   std::string placement() const;
+  /// The encoder computes on Options::device, a GPU (its rows are bf16's).
+  bool on_gpu() const;
 
  private:
   Qwen3PromptEncoder() = default;
@@ -84,6 +86,7 @@ class Qwen3PromptEncoder {
   // Loads the encoder and moves it to options_.device where one is given (falling back to
   // the CPU, noted in placement_). Called with mutex_ held, or before the object is shared.
   Status load_encoder();
+  bool on_gpu_locked() const { return options_.device.cuda && placement_ == options_.device.name(); }
 };
 
 }  // namespace infill

@@ -531,7 +531,7 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
   }
   // Prompt rows encoded in bf16 on the GPU are not the CPU's float32 ones: neither reads the
   // other's activation entries.
-  if (text->placement() == options.device.name() && options.device.cuda) {
+  if (text->on_gpu()) {
     parts.id += "-text-bf16";
     parts.description += ", text encoder on " + options.device.name();
   }
