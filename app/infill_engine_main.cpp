@@ -215,6 +215,7 @@ int main(int argc, char** argv) {
   so.team_masked_share = config.device_team_masked_share;
   so.step_graph_bytes = config.step_graph_bytes;
   so.float8_weights = config.float8_weights;
+  so.fused_norms = config.fused_norm_kernels;
   so.cache_dir = config.cache_dir.empty() ? infill::default_cache_dir() : config.cache_dir;
   so.ram_cache_bytes = config.ram_cache_bytes;
   so.adapter_ram_bytes = static_cast<int64_t>(config.adapter_ram_bytes);

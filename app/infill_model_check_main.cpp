@@ -110,13 +110,14 @@ int describe_folder(const std::string& path, const std::vector<LoraArg>& loras) 
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "usage: infill-model-check [--blocks] [--device cpu|cuda[:N]] [--bf16 [--fp8]] FILE...\n"
+               "usage: infill-model-check [--blocks] [--device cpu|cuda[:N]] [--bf16 [--fp8]] [--fused-norms] FILE...\n"
                "       infill-model-check --folder PATH [--lora FILE[:STRENGTH]]...\n"
                "Runs the call recorded in each reference file (weights.*, input.*, output.*, trace.*)\n"
                "and prints one JSON line per file: {\"file\", \"model\", \"max_abs_err\", \"max_rel_err\", \"ok\"}.\n"
                "ok: max |diff| / max |reference| <= %g (%g with --bf16, %g with --fp8). --blocks adds every\n"
                "compared tensor. --device runs the transformer there (default cpu); --bf16 computes in bf16\n"
                "on a CUDA device; --fp8 with it keeps the block projections in FP8 (compute capability 8.9+).\n"
+               "--fused-norms runs the transformer's row norms as the project's CUDA kernels (a CUDA --device).\n"
                "A transformer reference file applies the LoRA files its metadata \"loras\" names, from its folder.\n"
                "--folder loads a FLUX.2 model folder (diffusers or single-file layout) and describes it,\n"
                "with each --lora file read for that model (format, ranks, layers; errors name the key).\n"
@@ -161,6 +162,8 @@ int main(int argc, char** argv) {
       options.bfloat16 = true;
     } else if (std::strcmp(argv[i], "--fp8") == 0) {
       options.float8 = true;
+    } else if (std::strcmp(argv[i], "--fused-norms") == 0) {
+      options.fused_norms = true;
     } else if (std::strcmp(argv[i], "--device") == 0) {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "infill-model-check: --device needs a value (cpu, cuda or cuda:N)\n");
@@ -200,6 +203,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "infill-model-check: --fp8 goes with --bf16 and a CUDA --device (FP8 layers compute in bf16)\n");
     return 2;
   }
+  if (options.fused_norms && !options.device.cuda) {
+    std::fprintf(stderr, "infill-model-check: --fused-norms needs a CUDA --device (they are CUDA kernels)\n");
+    return 2;
+  }
   bool all_ok = true;
   for (const std::string& file : files) {
     nlohmann::ordered_json line;
@@ -216,6 +223,7 @@ int main(int argc, char** argv) {
       line["max_rel_err"] = check->max_rel_err;
       line["device"] = options.device.name();
       line["dtype"] = options.float8 ? "bfloat16, FP8 block weights" : options.bfloat16 ? "bfloat16" : "float32";
+      if (options.fused_norms) line["norms"] = "fused CUDA kernels";
       line["tolerance"] = options.tolerance();
       if (check->loras > 0) line["loras"] = check->loras;
       line["ok"] = check->ok;

@@ -142,6 +142,62 @@ nlohmann::ordered_json difference(const at::Tensor& a, const at::Tensor& b) {
           {"rms_rel", d.pow(2).mean().sqrt().item<double>() / (1e-12 + r.pow(2).mean().sqrt().item<double>())}};
 }
 
+// How a variant of `model` (the same weights computed another way) compares with it in this
+// run: the full step, and the masked step at m = 0.1 with its state on the device, prompt- and
+// template-keyed, eager and through its step graph; each time as `<base>_ms`, `<variant>_ms`
+// and speedup, and how far the variant's prediction is from the model's. The masked steps of
+// both read the cache the model's prepare run recorded, so their difference is the masked
+// rows' own; the full step's is the whole model's. Kept (the house rule) only where it
+// measures faster: `faster_than_<base>`, per path.
+nlohmann::ordered_json variant_comparison(const Flux2Transformer& model, const Flux2Transformer& variant,
+                                          const std::string& base, const std::string& name,
+                                          const infill::bench::Flux2BenchInputs& in, int grid, double t,
+                                          double full_ms, int full_repeats, int repeats, infill::KvSource* cache) {
+  nlohmann::ordered_json out;
+  const std::string base_ms = base + "_ms", name_ms = name + "_ms";
+  const Flux2Segment full = full_segment(in, t);
+  auto run = [&](const Flux2Transformer& m, Flux2Segment s) { return m.forward(std::span<Flux2Segment>(&s, 1)); };
+  const at::Tensor full_base = run(model, full), full_variant = run(variant, full);
+  const double variant_full_ms = median_ms(full_repeats, [&] { run(variant, full); }, /*warm_up=*/false);
+  out["full_step"] = {{base_ms, full_ms}, {name_ms, variant_full_ms}, {"speedup", full_ms / variant_full_ms},
+                      {"difference", difference(full_variant, full_base)}};
+  const at::Tensor rows = infill::bench::rectangle_tokens(grid, 0.1);
+  nlohmann::ordered_json masked;
+  for (const bool prompt_keyed : {true, false}) {
+    const int64_t text_rows = prompt_keyed ? 0 : in.txt.size(0);
+    Flux2Segment d = on_device(model, masked_segment(in, rows, text_rows, t, cache));
+    std::span<Flux2Segment> round(&d, 1);
+    nlohmann::ordered_json row = {{"rows", text_rows + rows.size(0)}};
+    at::Tensor eager[2];
+    double eager_ms[2], graph_ms[2];
+    const Flux2Transformer* models[2] = {&model, &variant};
+    const std::string refusal = infill::flux2_graph_refusal(round, model.config());
+    for (int i = 0; i < 2; ++i) {
+      eager[i] = models[i]->forward_on_device(round).to(at::kCPU);
+      eager_ms[i] = median_ms(repeats, [&] { (void)models[i]->forward_on_device(round).to(at::kCPU); });
+      if (!refusal.empty()) continue;
+      infill::Flux2StepGraph graph(*models[i], infill::flux2_graph_key(round), infill::make_work_capture(model.device()));
+      const at::Tensor replayed = graph.run(round).to(at::kCPU);
+      graph_ms[i] = median_ms(repeats, [&] { (void)graph.run(round).to(at::kCPU); });
+      if (i == 1) row[name + "_graph_vs_eager"] = difference(replayed, eager[1]);
+    }
+    row["eager"] = {{base_ms, eager_ms[0]}, {name_ms, eager_ms[1]}, {"speedup", eager_ms[0] / eager_ms[1]}};
+    if (refusal.empty()) {
+      row["graph"] = {{base_ms, graph_ms[0]}, {name_ms, graph_ms[1]}, {"speedup", graph_ms[0] / graph_ms[1]}};
+    } else {
+      row["graph"] = {{"skipped", refusal}, {"speedup", 0.0}};
+    }
+    row["difference"] = difference(eager[1], eager[0]);
+    masked[prompt_keyed ? "prompt_keyed_at_0.1" : "template_keyed_at_0.1"] = row;
+  }
+  out["masked_steps"] = masked;
+  out["faster_than_" + base] = {
+      {"full_step", variant_full_ms < full_ms},
+      {"masked_graph_prompt_keyed", masked["prompt_keyed_at_0.1"]["graph"]["speedup"].get<double>() > 1},
+      {"masked_graph_template_keyed", masked["template_keyed_at_0.1"]["graph"]["speedup"].get<double>() > 1}};
+  return out;
+}
+
 // The FP8 block weights (Flux2Transformer::with_float8_weights) against `model`'s bf16 ones.
 nlohmann::ordered_json float8_comparison(const Flux2Transformer& model, const infill::bench::Flux2BenchInputs& in,
                                          int grid, double t, double full_ms, int full_repeats, int repeats,
@@ -152,48 +208,23 @@ nlohmann::ordered_json float8_comparison(const Flux2Transformer& model, const in
   nlohmann::ordered_json out;
   out["layers"] = fp8.float8_layers();
   out["weight_bytes"] = {{"bf16", model.weight_bytes()}, {"fp8", fp8.weight_bytes()}};
-  const Flux2Segment full = full_segment(in, t);
-  auto run = [&](const Flux2Transformer& m, Flux2Segment s) { return m.forward(std::span<Flux2Segment>(&s, 1)); };
-  const at::Tensor full_bf16 = run(model, full), full_fp8 = run(fp8, full);
-  const double fp8_full_ms = median_ms(full_repeats, [&] { run(fp8, full); }, /*warm_up=*/false);
-  out["full_step"] = {{"bf16_ms", full_ms}, {"fp8_ms", fp8_full_ms}, {"speedup", full_ms / fp8_full_ms},
-                      {"difference", difference(full_fp8, full_bf16)}};
-  const at::Tensor rows = infill::bench::rectangle_tokens(grid, 0.1);
-  nlohmann::ordered_json masked;
-  for (const bool prompt_keyed : {true, false}) {
-    const int64_t text_rows = prompt_keyed ? 0 : in.txt.size(0);
-    Flux2Segment d = on_device(model, masked_segment(in, rows, text_rows, t, cache));
-    std::span<Flux2Segment> round(&d, 1);
-    nlohmann::ordered_json row = {{"rows", text_rows + rows.size(0)}};
-    at::Tensor eager[2];
-    double eager_ms[2], graph_ms[2];
-    const Flux2Transformer* models[2] = {&model, &fp8};
-    const std::string refusal = infill::flux2_graph_refusal(round, model.config());
-    for (int i = 0; i < 2; ++i) {
-      eager[i] = models[i]->forward_on_device(round).to(at::kCPU);
-      eager_ms[i] = median_ms(repeats, [&] { (void)models[i]->forward_on_device(round).to(at::kCPU); });
-      if (!refusal.empty()) continue;
-      infill::Flux2StepGraph graph(*models[i], infill::flux2_graph_key(round), infill::make_work_capture(model.device()));
-      const at::Tensor replayed = graph.run(round).to(at::kCPU);
-      graph_ms[i] = median_ms(repeats, [&] { (void)graph.run(round).to(at::kCPU); });
-      if (i == 1) row["fp8_graph_vs_eager"] = difference(replayed, eager[1]);
-    }
-    row["eager"] = {{"bf16_ms", eager_ms[0]}, {"fp8_ms", eager_ms[1]}, {"speedup", eager_ms[0] / eager_ms[1]}};
-    if (refusal.empty()) {
-      row["graph"] = {{"bf16_ms", graph_ms[0]}, {"fp8_ms", graph_ms[1]}, {"speedup", graph_ms[0] / graph_ms[1]}};
-    } else {
-      row["graph"] = {{"skipped", refusal}, {"speedup", 0.0}};
-    }
-    row["difference"] = difference(eager[1], eager[0]);
-    masked[prompt_keyed ? "prompt_keyed_at_0.1" : "template_keyed_at_0.1"] = row;
-  }
-  out["masked_steps"] = masked;
-  // Kept (the house rule) only where it measures faster than bf16: the verdict per path.
-  out["faster_than_bf16"] = {{"full_step", fp8_full_ms < full_ms},
-                             {"masked_graph_prompt_keyed", masked["prompt_keyed_at_0.1"]["graph"]["speedup"].get<double>() > 1},
-                             {"masked_graph_template_keyed",
-                              masked["template_keyed_at_0.1"]["graph"]["speedup"].get<double>() > 1}};
+  out.update(variant_comparison(model, fp8, "bf16", "fp8", in, grid, t, full_ms, full_repeats, repeats, cache));
   out["method"] = "E4M3 codes, a float32 scale per weight row and per activation row (dynamic), at::_scaled_mm into bf16";
+  return out;
+}
+
+// The fused norm kernels (Flux2Transformer::with_fused_norms) against libtorch's ops.
+nlohmann::ordered_json fused_norms_comparison(const Flux2Transformer& model, const infill::bench::Flux2BenchInputs& in,
+                                              int grid, double t, double full_ms, int full_repeats, int repeats,
+                                              infill::KvSource* cache) {
+  auto made = model.with_fused_norms();
+  if (!made.ok()) return {{"skipped", made.status().message()}};
+  nlohmann::ordered_json out =
+      variant_comparison(model, *made, "libtorch", "fused", in, grid, t, full_ms, full_repeats, repeats, cache);
+  out["method"] =
+      "per block and segment: the pre-norm LayerNorm with its modulation, one kernel each (libtorch: 3), and the QK "
+      "RMSNorm with RoPE written into the attention's q/k, one kernel each (libtorch: about 13 with the copy); float32 "
+      "inside, upstream's rounding points";
   return out;
 }
 
@@ -443,17 +474,16 @@ int main(int argc, char** argv) {
     masked.push_back(row);
   }
   out["masked_steps"] = masked;
-  // Issue 39's FP8 option, against the bf16 model in the same run (a GPU of compute capability
-  // 8.9+ only): the full step, and the masked step at m = 0.1 with its state on the device,
-  // eager and through its step graph, each with how far its prediction is from bf16's. The
-  // masked steps of both read the cache the bf16 prepare run recorded, so their difference is
-  // the masked rows' own; the full step's is the whole model's.
+  // Issue 39's FP8 option against the bf16 model in the same run (a GPU of compute capability
+  // 8.9+ only), by variant_comparison's protocol.
   if (device.cuda) {
     if (const infill::Status usable = infill::float8_compute_status(device); !usable.ok()) {
       out["float8_weights"] = {{"skipped", usable.message()}};
     } else {
       out["float8_weights"] = float8_comparison(model, in, grid, t, full_ms, full_repeats, repeats, resident_source.get());
     }
+    // Issue 39 item 3's kernels against libtorch's ops, the same protocol.
+    out["fused_norms"] = fused_norms_comparison(model, in, grid, t, full_ms, full_repeats, repeats, resident_source.get());
   }
   out["repeats"] = {{"masked", repeats}, {"full", full_repeats}, {"statistic", "median"}};
   out["peak_rss_bytes"] = std::max<int64_t>(peak_rss_bytes(), out["load"]["peak_rss_bytes"].get<int64_t>());

@@ -10,10 +10,12 @@
 #      and bf16), CPU equals CUDA, mask-aware equals full, packed equals alone, the device
 #      K/V tier, row attention against matmul-softmax, edits through the worker;
 #   2. infill-model-check --device cuda on the reference files (float32, then --bf16, then
-#      --bf16 --fp8: the float8_weights option) and on the LoRA reference files (float32) where
-#      they were staged;
+#      --bf16 --fp8: the float8_weights option; then --fused-norms in float32 and bf16: the
+#      fused_norm_kernels option) and on the LoRA reference files (float32) where they were
+#      staged;
 #   3. bench_row_attention --device cuda, bench_flux2 --device cuda at klein 4B sizes at 512x512
-#      and 1024x1024 (2560 and 8704 tokens; with FP8 block weights against bf16 in the same run),
+#      and 1024x1024 (2560 and 8704 tokens; with FP8 block weights and with the fused norm
+#      kernels, each against libtorch's bf16 path in the same run),
 #      bench_loading --device cuda (the bundled model
 #      through the worker, its entry resident, streamed from disk under the load plan, read
 #      whole first), bench_adapters --device cuda (LoRAs of rank 16 and 64 at klein 4B sizes,
@@ -151,6 +153,9 @@ check model_check_float32 "$build/app/infill-model-check" --device cuda --blocks
 check model_check_bf16 "$build/app/infill-model-check" --device cuda --bf16 --blocks "${refs[@]}"
 # The float8_weights option: FP8 block weights against the same upstream tensors.
 check model_check_fp8 "$build/app/infill-model-check" --device cuda --bf16 --fp8 --blocks "${refs[@]}"
+# The fused norm kernels (kernels/fused_norms.h) against the same tensors, in float32 and bf16.
+check model_check_fused_float32 "$build/app/infill-model-check" --device cuda --fused-norms --blocks "${refs[@]}"
+check model_check_fused_bf16 "$build/app/infill-model-check" --device cuda --bf16 --fused-norms --blocks "${refs[@]}"
 # LoRAs applied on the GPU (each reference file names its LoRA files beside it).
 lora_refs=()
 for c in aitoolkit kohya diffusers stack; do

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -59,6 +60,9 @@ struct Flux2Transformer::Weights {
   Linear mod_img, mod_txt, mod_single, final_ada, final_linear;
   std::vector<flux2::DoubleBlock> doubles;
   std::vector<flux2::SingleBlock> singles;
+  // The row norms as the project's CUDA kernels (Flux2Transformer::with_fused_norms) where the
+  // rows are on a CUDA device; libtorch's ops otherwise.
+  bool fused_norms = false;
 
   struct Slot {
     std::string name;
@@ -138,6 +142,25 @@ void modulate_(at::Tensor x, const at::Tensor& shift, const at::Tensor& scale);
 at::Tensor rms_norm_heads(const at::Tensor& x, const at::Tensor& scale, int64_t heads);
 /// Rotates each adjacent channel pair (2i, 2i+1) of every head by the row's angle i.
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads);
+
+// A pre-norm and its modulation, in two calls so that libtorch's path stays one LayerNorm over
+// all of a round's rows and an in-place modulation per segment, and the fused path one kernel
+// per segment (kernels/fused_norms.h) from x's rows into the result's:
+//   h = pre_norm(x, fused); then for each segment modulate_rows(x's rows, h's rows, ...).
+at::Tensor pre_norm(const at::Tensor& x, bool fused);
+void modulate_rows(const at::Tensor& x_rows, at::Tensor h_rows, const at::Tensor& shift, const at::Tensor& scale,
+                   bool fused);
+/// The QK norm and RoPE of a double block's computed rows: text rows first (their qkv
+/// projections `t`, none when undefined or empty), then image rows (`im`); cos and sin
+/// [R_t + R_i, head_dim / 2]. Returns q and k [R_t + R_i, H]: written into q_out and k_out when
+/// given (a round's buffers), new tensors otherwise.
+std::pair<at::Tensor, at::Tensor> double_block_qk(const DoubleBlock& blk, const at::Tensor& t, const at::Tensor& im,
+                                                  const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                                                  bool fused, at::Tensor q_out = {}, at::Tensor k_out = {});
+/// The same for a single block's rows (`y`: their linear1 outputs, q then k first).
+std::pair<at::Tensor, at::Tensor> single_block_qk(const SingleBlock& blk, const at::Tensor& y, const at::Tensor& cos,
+                                                  const at::Tensor& sin, int64_t heads, bool fused,
+                                                  at::Tensor q_out = {}, at::Tensor k_out = {});
 /// Attention of one segment's computed rows over all of its positions in block `block`:
 /// q, k, v [R, H] are the fresh rows (post norm and RoPE); the segment's source gives the
 /// cached rows of the other positions, its sink takes a full forward's.

@@ -203,6 +203,7 @@ void Flux2StepGraph::stage_inputs(std::span<Flux2Segment> segments) {
 
 void Flux2StepGraph::piece(int p) {
   const Flux2Transformer::Weights& w = model_.weights();
+  const bool fused = w.fused_norms;
   const Flux2Config& cfg = w.cfg;
   Round& r = *round_;
   const size_t n = key_.segments.size();
@@ -248,12 +249,12 @@ void Flux2StepGraph::piece(int p) {
     for (size_t i = 0; i < n; ++i) r.image_of(r.x_img, i, bucket(i)).addcmul_(r.image_of(proj_i, i, bucket(i)), r.mod_img[i][2]);
     auto mlp = [&](const Stream& st, at::Tensor& x, bool text) {
       if (x.size(0) == 0) return;
-      at::Tensor h = layer_norm(x);
+      at::Tensor h = pre_norm(x, fused);
       auto slice = [&](const at::Tensor& t, size_t i) { return text ? r.text_of(t, i, rt(i)) : r.image_of(t, i, bucket(i)); };
       for (size_t i = 0; i < n; ++i) {
         if (text && rt(i) == 0) continue;
         const auto& mod = text ? r.mod_txt[i] : r.mod_img[i];
-        modulate_(slice(h, i), mod[3], mod[4]);
+        modulate_rows(slice(x, i), slice(h, i), mod[3], mod[4], fused);
       }
       at::Tensor up = st.mlp_in(h);
       at::Tensor out = st.mlp_out(at::silu(up.narrow(1, 0, M)).mul_(up.narrow(1, M, M)));
@@ -289,48 +290,44 @@ void Flux2StepGraph::piece(int p) {
 
   if (p < cfg.double_blocks) {  // double block p up to its attention
     const DoubleBlock& blk = w.doubles[p];
-    at::Tensor ht = r.text_total > 0 ? layer_norm(r.x_txt) : at::Tensor();
-    at::Tensor hi = layer_norm(r.x_img);
+    at::Tensor ht = r.text_total > 0 ? pre_norm(r.x_txt, fused) : at::Tensor();
+    at::Tensor hi = pre_norm(r.x_img, fused);
     for (size_t i = 0; i < n; ++i) {
-      if (rt(i) > 0) modulate_(r.text_of(ht, i, rt(i)), r.mod_txt[i][0], r.mod_txt[i][1]);
-      modulate_(r.image_of(hi, i, bucket(i)), r.mod_img[i][0], r.mod_img[i][1]);
+      if (rt(i) > 0) {
+        modulate_rows(r.text_of(r.x_txt, i, rt(i)), r.text_of(ht, i, rt(i)), r.mod_txt[i][0], r.mod_txt[i][1], fused);
+      }
+      modulate_rows(r.image_of(r.x_img, i, bucket(i)), r.image_of(hi, i, bucket(i)), r.mod_img[i][0], r.mod_img[i][1],
+                    fused);
     }
     const at::Tensor qkv_t = r.text_total > 0 ? blk.txt.qkv(ht) : at::Tensor();
     const at::Tensor qkv_i = blk.img.qkv(hi);
     for (size_t i = 0; i < n; ++i) {
       const at::Tensor im = r.image_of(qkv_i, i, bucket(i));
-      at::Tensor q = rms_norm_heads(im.narrow(1, 0, H), blk.img.q_scale, heads);
-      at::Tensor k = rms_norm_heads(im.narrow(1, H, H), blk.img.k_scale, heads);
-      at::Tensor v = im.narrow(1, 2 * H, H);
-      if (rt(i) > 0) {
-        const at::Tensor t = r.text_of(qkv_t, i, rt(i));
-        q = at::cat({rms_norm_heads(t.narrow(1, 0, H), blk.txt.q_scale, heads), q});
-        k = at::cat({rms_norm_heads(t.narrow(1, H, H), blk.txt.k_scale, heads), k});
-        v = at::cat({t.narrow(1, 2 * H, H), v});
-      }
-      r.q[i].copy_(apply_rope(q, r.cos[i], r.sin[i], heads));
-      r.k[i].copy_(apply_rope(k, r.cos[i], r.sin[i], heads));
-      r.v[i].copy_(v);
+      const at::Tensor t = rt(i) > 0 ? r.text_of(qkv_t, i, rt(i)) : at::Tensor();
+      double_block_qk(blk, t, im, r.cos[i], r.sin[i], heads, fused, r.q[i], r.k[i]);
+      if (rt(i) > 0) r.v[i].narrow(0, 0, rt(i)).copy_(t.narrow(1, 2 * H, H));
+      r.v[i].narrow(0, rt(i), bucket(i)).copy_(im.narrow(1, 2 * H, H));
     }
   } else if (p < depth) {  // single block up to its attention
     const SingleBlock& blk = w.singles[p - cfg.double_blocks];
-    at::Tensor h = layer_norm(r.x);
+    at::Tensor h = pre_norm(r.x, fused);
     for (size_t i = 0; i < n; ++i) {
-      modulate_(r.joined_of(h, i, rt(i) + bucket(i)), r.mod_single[i][0], r.mod_single[i][1]);
+      const int64_t rows = rt(i) + bucket(i);
+      modulate_rows(r.joined_of(r.x, i, rows), r.joined_of(h, i, rows), r.mod_single[i][0], r.mod_single[i][1], fused);
     }
     const at::Tensor y = blk.linear1(h);  // [R, 3H + 2M]: q, k, v, then the MLP's gate and up halves
     for (size_t i = 0; i < n; ++i) {
       const at::Tensor ys = r.joined_of(y, i, rt(i) + bucket(i));
-      r.q[i].copy_(apply_rope(rms_norm_heads(ys.narrow(1, 0, H), blk.q_scale, heads), r.cos[i], r.sin[i], heads));
-      r.k[i].copy_(apply_rope(rms_norm_heads(ys.narrow(1, H, H), blk.k_scale, heads), r.cos[i], r.sin[i], heads));
+      single_block_qk(blk, ys, r.cos[i], r.sin[i], heads, fused, r.q[i], r.k[i]);
       r.v[i].copy_(ys.narrow(1, 2 * H, H));
     }
     r.inner.narrow(1, H, M).copy_(at::silu(y.narrow(1, 3 * H, M)).mul_(y.narrow(1, 3 * H + M, M)));
   } else {  // the final layer on every image row
     std::vector<at::Tensor> rows;
     for (size_t i = 0; i < n; ++i) {
-      at::Tensor h = layer_norm(r.x.narrow(0, r.joined_begin[i] + rt(i), bucket(i)));
-      modulate_(h, r.mod_final[i][0], r.mod_final[i][1]);
+      const at::Tensor image = r.x.narrow(0, r.joined_begin[i] + rt(i), bucket(i));
+      at::Tensor h = pre_norm(image, fused);
+      modulate_rows(image, h, r.mod_final[i][0], r.mod_final[i][1], fused);
       rows.push_back(h);
     }
     r.out.copy_(w.final_linear(n == 1 ? rows[0] : at::cat(rows, 0)));

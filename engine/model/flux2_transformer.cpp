@@ -9,6 +9,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "common/shape_text.h"
+#include "kernels/fused_norms.h"
 #include "kernels/masked_attention.h"
 #include "kernels/token_rows.h"
 #include "model/attention_over_cache.h"
@@ -265,6 +266,17 @@ Result<Flux2Transformer> Flux2Transformer::with_float8_weights() const {
   return Flux2Transformer(std::move(w));
 }
 
+Result<Flux2Transformer> Flux2Transformer::with_fused_norms() const {
+  if (const std::string why = kernels::fused_norms_unavailable(device()); !why.empty()) {
+    return invalid_argument("fused norms: " + why);
+  }
+  auto w = std::make_unique<Weights>(*w_);  // every tensor shared
+  w->fused_norms = true;
+  return Flux2Transformer(std::move(w));
+}
+
+bool Flux2Transformer::fused_norms() const { return w_->fused_norms && device().is_cuda(); }
+
 at::Device Flux2Transformer::device() const { return w_->img_in.w.device(); }
 
 at::ScalarType Flux2Transformer::compute_dtype() const {
@@ -452,6 +464,80 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return at::stack({c * x0 - s * x1, s * x0 + c * x1}, 3).reshape({r, heads * half * 2});
 }
 
+at::Tensor pre_norm(const at::Tensor& x, bool fused) {
+  return fused && x.is_cuda() ? at::empty_like(x) : layer_norm(x);
+}
+
+void modulate_rows(const at::Tensor& x_rows, at::Tensor h_rows, const at::Tensor& shift, const at::Tensor& scale,
+                   bool fused) {
+  if (fused && x_rows.is_cuda()) {
+    kernels::fused_layer_norm_modulate(x_rows, shift, scale, std::move(h_rows), kNormEps);
+  } else {
+    modulate_(std::move(h_rows), shift, scale);
+  }
+}
+
+namespace {
+
+// q and k into the given buffers, or as they are when none are given.
+std::pair<at::Tensor, at::Tensor> into(at::Tensor q, at::Tensor k, at::Tensor q_out, at::Tensor k_out) {
+  if (!q_out.defined()) return {std::move(q), std::move(k)};
+  q_out.copy_(q);
+  k_out.copy_(k);
+  return {std::move(q_out), std::move(k_out)};
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> double_block_qk(const DoubleBlock& blk, const at::Tensor& t, const at::Tensor& im,
+                                                  const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                                                  bool fused, at::Tensor q_out, at::Tensor k_out) {
+  const int64_t H = im.size(1) / 3, rt = t.defined() ? t.size(0) : 0, ri = im.size(0);
+  if (fused && im.is_cuda()) {
+    if (!q_out.defined()) {
+      q_out = at::empty({rt + ri, H}, im.options());
+      k_out = at::empty({rt + ri, H}, im.options());
+    }
+    // Each stream's rows with its own scales, straight into their rows of q and k.
+    auto rows = [&](const Stream& st, const at::Tensor& qkv, int64_t begin, int64_t count) {
+      if (count == 0) return;
+      const at::Tensor c = cos.narrow(0, begin, count), s = sin.narrow(0, begin, count);
+      kernels::fused_rms_norm_rope(qkv.narrow(1, 0, H), st.q_scale, c, s, heads, kNormEps,
+                                   q_out.narrow(0, begin, count));
+      kernels::fused_rms_norm_rope(qkv.narrow(1, H, H), st.k_scale, c, s, heads, kNormEps,
+                                   k_out.narrow(0, begin, count));
+    };
+    rows(blk.txt, t, 0, rt);
+    rows(blk.img, im, rt, ri);
+    return {std::move(q_out), std::move(k_out)};
+  }
+  at::Tensor q = rms_norm_heads(im.narrow(1, 0, H), blk.img.q_scale, heads);
+  at::Tensor k = rms_norm_heads(im.narrow(1, H, H), blk.img.k_scale, heads);
+  if (rt > 0) {
+    q = at::cat({rms_norm_heads(t.narrow(1, 0, H), blk.txt.q_scale, heads), q});
+    k = at::cat({rms_norm_heads(t.narrow(1, H, H), blk.txt.k_scale, heads), k});
+  }
+  return into(apply_rope(q, cos, sin, heads), apply_rope(k, cos, sin, heads), std::move(q_out), std::move(k_out));
+}
+
+std::pair<at::Tensor, at::Tensor> single_block_qk(const SingleBlock& blk, const at::Tensor& y, const at::Tensor& cos,
+                                                  const at::Tensor& sin, int64_t heads, bool fused, at::Tensor q_out,
+                                                  at::Tensor k_out) {
+  const int64_t H = blk.q_scale.size(0) * heads;  // y also holds v and the MLP's halves
+  if (fused && y.is_cuda()) {
+    if (!q_out.defined()) {
+      q_out = at::empty({y.size(0), H}, y.options());
+      k_out = at::empty({y.size(0), H}, y.options());
+    }
+    kernels::fused_rms_norm_rope(y.narrow(1, 0, H), blk.q_scale, cos, sin, heads, kNormEps, q_out);
+    kernels::fused_rms_norm_rope(y.narrow(1, H, H), blk.k_scale, cos, sin, heads, kNormEps, k_out);
+    return {std::move(q_out), std::move(k_out)};
+  }
+  return into(apply_rope(rms_norm_heads(y.narrow(1, 0, H), blk.q_scale, heads), cos, sin, heads),
+              apply_rope(rms_norm_heads(y.narrow(1, H, H), blk.k_scale, heads), cos, sin, heads), std::move(q_out),
+              std::move(k_out));
+}
+
 // Attention of one segment's computed rows over all of its positions in block `block`:
 // q, k, v [R, H] are the fresh rows (post norm and RoPE).
 at::Tensor segment_attention(SegmentState& s, int block, const at::Tensor& q, const at::Tensor& k,
@@ -544,6 +630,7 @@ at::Tensor Flux2Transformer::forward(std::span<Flux2Segment> segments, Flux2Trac
 at::Tensor Flux2Transformer::forward_on_device(std::span<Flux2Segment> segments, Flux2Trace* trace) const {
   c10::InferenceMode guard;
   const Weights& w = *w_;
+  const bool fused = w.fused_norms;
   const Flux2Config& cfg = w.cfg;
   const int64_t H = cfg.hidden_size, M = cfg.mlp_hidden, heads = cfg.num_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim()));
@@ -740,10 +827,10 @@ at::Tensor Flux2Transformer::forward_on_device(std::span<Flux2Segment> segments,
   // Double blocks: two streams, each with its own weights, attending jointly.
   for (int b = 0; b < cfg.double_blocks; ++b) {
     const DoubleBlock& blk = w.doubles[b];
-    at::Tensor ht = layer_norm(x_txt), hi = layer_norm(x_img);
+    at::Tensor ht = pre_norm(x_txt, fused), hi = pre_norm(x_img, fused);
     for (size_t i = 0; i < n; ++i) {
-      modulate_(pt.slice(ht, i), states[i].mod_txt[0], states[i].mod_txt[1]);
-      modulate_(pi.slice(hi, i), states[i].mod_img[0], states[i].mod_img[1]);
+      modulate_rows(pt.slice(x_txt, i), pt.slice(ht, i), states[i].mod_txt[0], states[i].mod_txt[1], fused);
+      modulate_rows(pi.slice(x_img, i), pi.slice(hi, i), states[i].mod_img[0], states[i].mod_img[1], fused);
     }
     const at::Tensor qkv_t = total_txt > 0 ? linear(blk.txt.qkv, ht, ct) : at::empty({0, 3 * H}, opts);
     const at::Tensor qkv_i = linear(blk.img.qkv, hi, ci);
@@ -751,13 +838,9 @@ at::Tensor Flux2Transformer::forward_on_device(std::span<Flux2Segment> segments,
     for (size_t i = 0; i < n; ++i) {
       SegmentState& s = states[i];
       const at::Tensor t = pt.slice(qkv_t, i), im = pi.slice(qkv_i, i);
-      const at::Tensor q = at::cat({rms_norm_heads(t.narrow(1, 0, H), blk.txt.q_scale, heads),
-                                    rms_norm_heads(im.narrow(1, 0, H), blk.img.q_scale, heads)});
-      const at::Tensor k = at::cat({rms_norm_heads(t.narrow(1, H, H), blk.txt.k_scale, heads),
-                                    rms_norm_heads(im.narrow(1, H, H), blk.img.k_scale, heads)});
+      const auto [q, k] = double_block_qk(blk, t, im, s.cos, s.sin, heads, fused);
       const at::Tensor v = at::cat({t.narrow(1, 2 * H, H), im.narrow(1, 2 * H, H)});
-      const at::Tensor out = segment_attention(s, b, apply_rope(q, s.cos, s.sin, heads),
-                                               apply_rope(k, s.cos, s.sin, heads), v, heads, scale);
+      const at::Tensor out = segment_attention(s, b, q, k, v, heads, scale);
       pt.slice(attn_t, i).copy_(out.narrow(0, 0, s.rt));
       pi.slice(attn_i, i).copy_(out.narrow(0, s.rt, s.ri));
     }
@@ -769,10 +852,10 @@ at::Tensor Flux2Transformer::forward_on_device(std::span<Flux2Segment> segments,
     }
     auto mlp = [&](const Stream& st, at::Tensor& x, const Packing& p, const at::Tensor& coef, bool text) {
       if (x.size(0) == 0) return;
-      at::Tensor h = layer_norm(x);
+      at::Tensor h = pre_norm(x, fused);
       for (size_t i = 0; i < n; ++i) {
         const auto& mod = text ? states[i].mod_txt : states[i].mod_img;
-        modulate_(p.slice(h, i), mod[3], mod[4]);
+        modulate_rows(p.slice(x, i), p.slice(h, i), mod[3], mod[4], fused);
       }
       at::Tensor up = linear(st.mlp_in, h, coef);
       at::Tensor out = linear(st.mlp_out, at::silu(up.narrow(1, 0, M)).mul_(up.narrow(1, M, M)), coef);
@@ -800,15 +883,16 @@ at::Tensor Flux2Transformer::forward_on_device(std::span<Flux2Segment> segments,
   for (int sb = 0; sb < cfg.single_blocks; ++sb) {
     const SingleBlock& blk = w.singles[sb];
     const int block = cfg.double_blocks + sb;
-    at::Tensor h = layer_norm(x);
-    for (size_t i = 0; i < n; ++i) modulate_(pa.slice(h, i), states[i].mod_single[0], states[i].mod_single[1]);
+    at::Tensor h = pre_norm(x, fused);
+    for (size_t i = 0; i < n; ++i) {
+      modulate_rows(pa.slice(x, i), pa.slice(h, i), states[i].mod_single[0], states[i].mod_single[1], fused);
+    }
     const at::Tensor y = linear(blk.linear1, h, ca);  // [R, 3H + 2M]: q, k, v, then the MLP's gate and up halves
     at::Tensor inner = at::empty({x.size(0), H + M}, opts);
     for (size_t i = 0; i < n; ++i) {
       SegmentState& s = states[i];
       const at::Tensor ys = pa.slice(y, i);
-      const at::Tensor q = apply_rope(rms_norm_heads(ys.narrow(1, 0, H), blk.q_scale, heads), s.cos, s.sin, heads);
-      const at::Tensor k = apply_rope(rms_norm_heads(ys.narrow(1, H, H), blk.k_scale, heads), s.cos, s.sin, heads);
+      const auto [q, k] = single_block_qk(blk, ys, s.cos, s.sin, heads, fused);
       const at::Tensor v = ys.narrow(1, 2 * H, H);
       pa.slice(inner, i).narrow(1, 0, H).copy_(segment_attention(s, block, q, k, v, heads, scale));
     }
@@ -822,8 +906,9 @@ at::Tensor Flux2Transformer::forward_on_device(std::span<Flux2Segment> segments,
   // Final layer on the image rows.
   std::vector<at::Tensor> outs;
   for (size_t i = 0; i < n; ++i) {
-    at::Tensor h = layer_norm(pa.slice(x, i).narrow(0, states[i].rt, states[i].ri));
-    modulate_(h, states[i].mod_final[0], states[i].mod_final[1]);
+    const at::Tensor rows = pa.slice(x, i).narrow(0, states[i].rt, states[i].ri);
+    at::Tensor h = pre_norm(rows, fused);
+    modulate_rows(rows, h, states[i].mod_final[0], states[i].mod_final[1], fused);
     outs.push_back(h);
   }
   return linear(w.final_linear, concat_rows(outs), ci).to(at::kFloat);

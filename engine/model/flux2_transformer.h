@@ -205,6 +205,15 @@ class Flux2Transformer {
   Result<Flux2Transformer> with_float8_weights() const;
   /// How many layers are FP8 (with_float8_weights); 0 for a bf16, fp16 or float32 one.
   int float8_layers() const;
+  /// A transformer sharing these weights whose row norms (the pre-norms with their modulation,
+  /// the QK RMSNorm with RoPE) are the project's CUDA kernels, one launch each instead of
+  /// libtorch's dozen (kernels/fused_norms.h: issue 39 item 3), computing in float32 with
+  /// upstream's rounding points. Kept where it measures faster (bench_flux2's `fused_norms`).
+  /// The weights must be on a CUDA device and this build must have the kernels; errors name
+  /// the device and why. This one is unchanged.
+  Result<Flux2Transformer> with_fused_norms() const;
+  /// Whether the forward uses the fused norms (with_fused_norms; on a CUDA device).
+  bool fused_norms() const;
 
   /// One forward over all segments, on the weights' device (inputs may be on the CPU).
   /// Returns the prediction of every computed image (and reference) row in segment order:

@@ -74,6 +74,10 @@ Status check_transformer(const SafetensorsFile& file, ReferenceCheck& check, con
     INFILL_ASSIGN_OR_RETURN(Flux2Transformer float8, model.with_float8_weights());
     model = std::move(float8);
   }
+  if (options.fused_norms) {
+    INFILL_ASSIGN_OR_RETURN(Flux2Transformer fused, model.with_fused_norms());
+    model = std::move(fused);
+  }
   INFILL_ASSIGN_OR_RETURN(at::Tensor x, required(file, "input.x"));
   INFILL_ASSIGN_OR_RETURN(at::Tensor x_ids, required(file, "input.x_ids"));
   INFILL_ASSIGN_OR_RETURN(at::Tensor ctx, required(file, "input.ctx"));

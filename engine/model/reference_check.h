@@ -59,6 +59,9 @@ struct ReferenceCheckOptions {
   bool bfloat16 = false;
   /// With bfloat16: the block projections in FP8 (kReferenceToleranceFloat8).
   bool float8 = false;
+  /// On a CUDA device, the row norms as the project's fused kernels
+  /// (Flux2Transformer::with_fused_norms), at the tolerance of the dtype computed in.
+  bool fused_norms = false;
   double tolerance() const {
     return float8 ? kReferenceToleranceFloat8 : bfloat16 ? kReferenceToleranceBf16 : kReferenceTolerance;
   }

@@ -508,6 +508,11 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
   } else if (options.float8_weights) {
     return invalid_argument(folder.root + ": float8_weights: " + float8_compute_status(options.device).message());
   }
+  if (options.fused_norms) {
+    auto fused = loaded->transformer.with_fused_norms();
+    if (!fused.ok()) return invalid_argument(folder.root + ": fused_norm_kernels: " + fused.status().message());
+    loaded->transformer = std::move(*fused);
+  }
   INFILL_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3PromptEncoder> text,
                           Qwen3PromptEncoder::load(folder.tokenizer_dir, folder.text_encoder_dir,
                                                    std::make_shared<PromptEmbeddingCache>(options.prompt_cache_bytes),
@@ -529,6 +534,7 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
     parts.id += "-fp8";
     parts.description += ", FP8 block weights";
   }
+  if (loaded->transformer.fused_norms()) parts.description += ", fused norm kernels";
   // Prompt rows encoded in bf16 on the GPU are not the CPU's float32 ones: neither reads the
   // other's activation entries.
   if (text->on_gpu()) {

@@ -157,6 +157,11 @@ struct Flux2LoadOptions {
   /// On that CUDA device, the block projections in FP8 (Flux2Transformer::with_float8_weights).
   /// The model's id and description say so: its activation entries differ from bf16's.
   bool float8_weights = false;
+  /// On that CUDA device, the transformer's row norms as the project's fused kernels
+  /// (Flux2Transformer::with_fused_norms). Refused elsewhere, naming the device. Its entries
+  /// are read by the model without them and the other way round: the two differ by bf16
+  /// rounding, as two GEMM algorithms do.
+  bool fused_norms = false;
 };
 
 /// Loads a FLUX.2 folder (diffusers or single-file layout) with its text encoder and

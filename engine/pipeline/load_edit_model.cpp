@@ -13,6 +13,10 @@ Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDe
   if (gpu.float8_weights && !device.cuda) {
     return invalid_argument(path + ": float8_weights: " + float8_compute_status(device).message());
   }
+  if (gpu.fused_norms && !device.cuda) {
+    return invalid_argument(path + ": fused_norm_kernels: " + device.name() +
+                            ": the fused norms are CUDA kernels (on the CPU libtorch's ops run)");
+  }
   std::error_code ec;
   if (std::filesystem::exists(std::filesystem::path(path) / "manifest.json", ec)) {
     if (device.cuda) {
@@ -27,6 +31,7 @@ Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDe
   options.device = device;
   options.step_graph_bytes = gpu.step_graph_bytes;
   options.float8_weights = gpu.float8_weights;
+  options.fused_norms = gpu.fused_norms;
   INFILL_ASSIGN_OR_RETURN(out.model, load_flux2_edit_model(path, options));
   return out;
 }

@@ -27,6 +27,9 @@ struct GpuModelOptions {
   /// FP8 block projections (Flux2LoadOptions::float8_weights). Refused on the CPU, naming the
   /// device, for either family.
   bool float8_weights = false;
+  /// The fused norm kernels (Flux2LoadOptions::fused_norms). Refused on the CPU, naming the
+  /// device, for either family.
+  bool fused_norms = false;
 };
 
 /// Errors name the file at fault and what was expected there. `device`: where the model

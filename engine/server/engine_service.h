@@ -56,9 +56,10 @@ struct ServiceOptions {
   double team_round_ms = 50;
   std::optional<DeviceTeamLink> team_link;
   double team_masked_share = 0.25;
-  /// ModelRegistryOptions::step_graph_bytes and ::float8_weights.
+  /// ModelRegistryOptions::step_graph_bytes, ::float8_weights and ::fused_norms.
   int64_t step_graph_bytes = 0;
   bool float8_weights = false;
+  bool fused_norms = false;
   std::string cache_dir;      ///< disk tier; "" = RAM only
   uint64_t ram_cache_bytes = uint64_t{1} << 30;
   /// Time the step cost model at load (cached in calibration_path when set); false = a fixed

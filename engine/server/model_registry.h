@@ -60,6 +60,8 @@ struct ModelRegistryOptions {
   int64_t step_graph_bytes = 0;
   /// FLUX.2 transformers on a GPU in FP8 (GpuModelOptions::float8_weights).
   bool float8_weights = false;
+  /// Their row norms as the project's fused CUDA kernels (GpuModelOptions::fused_norms).
+  bool fused_norms = false;
   std::string cache_dir;  ///< the store's disk tier; "" = RAM only
   uint64_t ram_cache_bytes = uint64_t{1} << 30;
   /// Time each DiT-family model's step cost at load (cached per model, see

@@ -187,6 +187,8 @@ Result<EngineConfig> parse_engine_config(std::string_view json_text, const std::
       {"adapter_device_bytes", int_field(c.adapter_device_bytes, 0, int64_t{1} << 40)},
       {"step_graph_bytes", int_field(c.step_graph_bytes, 0, int64_t{1} << 40)},
       {"float8_weights", [&](const json& v, const std::string& k) { return read_bool(v, k, c.float8_weights); }},
+      {"fused_norm_kernels",
+       [&](const json& v, const std::string& k) { return read_bool(v, k, c.fused_norm_kernels); }},
       {"drain_timeout_ms", [&](const json& v, const std::string& k) { return read_ms(v, k, c.drain_timeout_ms); }},
       {"calibrate", [&](const json& v, const std::string& k) { return read_bool(v, k, c.calibrate); }},
       {"sequence_parallel",

@@ -79,6 +79,12 @@ struct EngineConfig {
   /// 8.9+; refused at start on the CPU. Changes the models' ids (so no cache entry recorded
   /// with the other weights is read). Config key `float8_weights`, default false.
   bool float8_weights = false;
+  /// FLUX.2 transformers on a GPU run their row norms (the pre-norms with their modulation,
+  /// the QK RMSNorm with RoPE) as the project's fused CUDA kernels, one launch each instead of
+  /// libtorch's dozen (kernels/fused_norms.h). Refused at start on the CPU. Config key
+  /// `fused_norm_kernels`, default false until a GPU run has measured it faster
+  /// (bench_flux2's `fused_norms` section).
+  bool fused_norm_kernels = false;
   /// Workers per device.
   int workers = 1;
   int threads = 0;          ///< compute threads per worker; 0 = cores / (workers x devices)

@@ -284,9 +284,10 @@ TEST_CASE("CUDA graphs of a padded masked round replay equal to the eager step a
           "[step-graph][cuda]") {
   const ComputeDevice cuda = test::require_cuda_or_skip();
   c10::InferenceMode guard;
-  // float32, bf16, and bf16 with FP8 block weights (where the GPU multiplies FP8).
-  for (const int variant : {0, 1, 2}) {
-    const at::ScalarType dtype = variant == 0 ? at::kFloat : at::kBFloat16;
+  // float32, bf16, bf16 with FP8 block weights (where the GPU multiplies FP8), and bf16 and
+  // float32 with the fused norm kernels (recorded like libtorch's: they run on the current stream).
+  for (const int variant : {0, 1, 2, 3, 4}) {
+    const at::ScalarType dtype = variant == 0 || variant == 4 ? at::kFloat : at::kBFloat16;
     auto model = std::make_shared<Flux2Transformer>(Flux2Transformer::random(test::tiny_flux2_config(32), 7, at::kFloat));
     REQUIRE(model->to_device(cuda, dtype).ok());
     if (variant == 2) {
@@ -295,6 +296,12 @@ TEST_CASE("CUDA graphs of a padded masked round replay equal to the eager step a
       REQUIRE(float8.ok());
       model = std::make_shared<Flux2Transformer>(std::move(*float8));
       REQUIRE(model->float8_layers() > 0);
+    }
+    if (variant >= 3) {
+      auto fused = model->with_fused_norms();
+      REQUIRE(fused.ok());
+      model = std::make_shared<Flux2Transformer>(std::move(*fused));
+      REQUIRE(model->fused_norms());
     }
     INFO("variant " << variant);
     Edits edits(model);

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <string>
+#include <utility>
 
 #include "engine_process.h"
 #include "server_fixture.h"
@@ -134,24 +136,31 @@ TEST_CASE("infill-engine serves an FP8 FLUX.2 folder: its edits are the bf16 twi
   CHECK(wait_exit(pid, 20000) == 0);
 }
 
-TEST_CASE("infill-engine refuses float8_weights on the CPU at start naming the option the device and the model",
-          "[server][process][flux2][float8]") {
+TEST_CASE("infill-engine refuses the GPU-only options on the CPU at start naming the option the device and the model",
+          "[server][process][flux2][float8][fused-norms]") {
   const std::string bin = required_engine_binary();
   c10::InferenceMode guard;
-  TempDir dir("infill-engine-fp8-cpu");
+  TempDir dir("infill-engine-gpu-options-cpu");
   write_tiny_flux2_folder(dir.file("flux2"));
-  std::ofstream(dir.file("engine.json")) << R"({"float8_weights": true})";
-  pid_t pid = spawn({bin, "--config", dir.file("engine.json"), "--model", dir.file("flux2"), "--socket",
-                     dir.file("run/engine.sock"), "--no-calibrate", "--threads", "1", "--journal", "off"},
-                    dir.file("engine.log"));
-  ReapOnExit reap{pid};
-  const int code = wait_exit(pid, 120000);
-  std::ifstream in(dir.file("engine.log"));
-  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  INFO(log);
-  CHECK(code != 0);
-  CHECK(code != 128 + SIGKILL);  // it exited by itself
-  CHECK(log.find("float8_weights") != std::string::npos);
-  CHECK(log.find("cpu: FP8 weights are for CUDA devices") != std::string::npos);
-  CHECK(log.find(dir.file("flux2")) != std::string::npos);
+  // Each option with what its refusal says of the CPU.
+  const std::pair<std::string, std::string> options[] = {
+      {"float8_weights", "cpu: FP8 weights are for CUDA devices"},
+      {"fused_norm_kernels", "cpu: the fused norms are CUDA kernels"}};
+  for (const auto& [key, why] : options) {
+    INFO(key);
+    std::ofstream(dir.file("engine.json"), std::ios::trunc) << "{\"" << key << "\": true}";
+    pid_t pid = spawn({bin, "--config", dir.file("engine.json"), "--model", dir.file("flux2"), "--socket",
+                       dir.file("run/engine.sock"), "--no-calibrate", "--threads", "1", "--journal", "off"},
+                      dir.file(key + ".log"));
+    ReapOnExit reap{pid};
+    const int code = wait_exit(pid, 120000);
+    std::ifstream in(dir.file(key + ".log"));
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    INFO(log);
+    CHECK(code != 0);
+    CHECK(code != 128 + SIGKILL);  // it exited by itself
+    CHECK(log.find(key) != std::string::npos);
+    CHECK(log.find(why) != std::string::npos);
+    CHECK(log.find(dir.file("flux2")) != std::string::npos);
+  }
 }

@@ -250,3 +250,17 @@ TEST_CASE("engine config: float8_weights turns FP8 block weights on for FLUX.2 o
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(refused.status().message(), Catch::Contains("float8_weights"));
 }
+
+TEST_CASE("engine config: fused_norm_kernels turns the fused norm kernels on for FLUX.2 on a GPU and is off by default",
+          "[server][config][fused-norms]") {
+  auto defaults = parse_engine_config(R"({})", "e.json");
+  REQUIRE(defaults.ok());
+  CHECK_FALSE(defaults->fused_norm_kernels);
+  auto set = parse_engine_config(R"({"fused_norm_kernels": true})", "e.json");
+  REQUIRE(set.ok());
+  CHECK(set->fused_norm_kernels);
+  CHECK_FALSE(set->float8_weights);  // each option its own
+  auto refused = parse_engine_config(R"({"fused_norm_kernels": 1})", "e.json");
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(), Catch::Contains("fused_norm_kernels") && Catch::Contains("e.json"));
+}
