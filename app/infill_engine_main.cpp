@@ -218,6 +218,7 @@ int main(int argc, char** argv) {
   so.fused_norms = config.fused_norm_kernels;
   so.cache_dir = config.cache_dir.empty() ? infill::default_cache_dir() : config.cache_dir;
   so.ram_cache_bytes = config.ram_cache_bytes;
+  so.device_cache_bytes = config.device_cache_bytes;
   so.adapter_ram_bytes = static_cast<int64_t>(config.adapter_ram_bytes);
   so.adapter_device_bytes = static_cast<int64_t>(config.adapter_device_bytes);
   so.calibrate = config.calibrate;

@@ -32,6 +32,7 @@ Result<LoadedEditModel> load_edit_model(const std::string& path, const ComputeDe
   options.step_graph_bytes = gpu.step_graph_bytes;
   options.float8_weights = gpu.float8_weights;
   options.fused_norms = gpu.fused_norms;
+  options.device_cache_bytes = gpu.device_cache_bytes;
   INFILL_ASSIGN_OR_RETURN(out.model, load_flux2_edit_model(path, options));
   return out;
 }

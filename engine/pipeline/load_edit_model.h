@@ -30,6 +30,9 @@ struct GpuModelOptions {
   /// The fused norm kernels (Flux2LoadOptions::fused_norms). Refused on the CPU, naming the
   /// device, for either family.
   bool fused_norms = false;
+  /// The device tier's budget of cached K/V (Flux2LoadOptions::device_cache_bytes), which the
+  /// text encoder's place on the GPU is decided beside.
+  int64_t device_cache_bytes = int64_t{8} << 30;
 };
 
 /// Errors name the file at fault and what was expected there. `device`: where the model

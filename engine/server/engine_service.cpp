@@ -193,6 +193,7 @@ ModelRegistryOptions model_registry_options(const ServiceOptions& options) {
   mo.step_graph_bytes = options.step_graph_bytes;
   mo.float8_weights = options.float8_weights;
   mo.fused_norms = options.fused_norms;
+  mo.device_cache_bytes = options.device_cache_bytes;
   mo.cache_dir = options.cache_dir;
   mo.ram_cache_bytes = options.ram_cache_bytes;
   mo.calibrate = options.calibrate;

@@ -56,10 +56,12 @@ struct ServiceOptions {
   double team_round_ms = 50;
   std::optional<DeviceTeamLink> team_link;
   double team_masked_share = 0.25;
-  /// ModelRegistryOptions::step_graph_bytes, ::float8_weights and ::fused_norms.
+  /// ModelRegistryOptions::step_graph_bytes, ::float8_weights, ::fused_norms and
+  /// ::device_cache_bytes.
   int64_t step_graph_bytes = 0;
   bool float8_weights = false;
   bool fused_norms = false;
+  int64_t device_cache_bytes = int64_t{8} << 30;
   std::string cache_dir;      ///< disk tier; "" = RAM only
   uint64_t ram_cache_bytes = uint64_t{1} << 30;
   /// Time the step cost model at load (cached in calibration_path when set); false = a fixed

@@ -54,7 +54,7 @@ Result<std::unique_ptr<ModelRegistry>> ModelRegistry::load(const ModelRegistryOp
         models.push_back(loaded[*cpu_copy][i]);
         continue;
       } else {
-        auto model = load_edit_model(paths[i], device.device, {options.step_graph_bytes, options.float8_weights, options.fused_norms});
+        auto model = load_edit_model(paths[i], device.device, {options.step_graph_bytes, options.float8_weights, options.fused_norms, options.device_cache_bytes});
         if (!model.ok()) {
           failed = model.status();
         } else {

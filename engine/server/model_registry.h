@@ -62,6 +62,8 @@ struct ModelRegistryOptions {
   bool float8_weights = false;
   /// Their row norms as the project's fused CUDA kernels (GpuModelOptions::fused_norms).
   bool fused_norms = false;
+  /// Their device tiers' budget of cached K/V (GpuModelOptions::device_cache_bytes).
+  int64_t device_cache_bytes = int64_t{8} << 30;
   std::string cache_dir;  ///< the store's disk tier; "" = RAM only
   uint64_t ram_cache_bytes = uint64_t{1} << 30;
   /// Time each DiT-family model's step cost at load (cached per model, see

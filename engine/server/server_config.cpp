@@ -183,6 +183,7 @@ Result<EngineConfig> parse_engine_config(std::string_view json_text, const std::
       {"workers", int_field(c.workers, 1, 64)},
       {"threads", int_field(c.threads, 0, 1024)},
       {"ram_cache_bytes", int_field(c.ram_cache_bytes, 0, int64_t{1} << 40)},
+      {"device_cache_bytes", int_field(c.device_cache_bytes, 0, int64_t{1} << 40)},
       {"adapter_ram_bytes", int_field(c.adapter_ram_bytes, 0, int64_t{1} << 40)},
       {"adapter_device_bytes", int_field(c.adapter_device_bytes, 0, int64_t{1} << 40)},
       {"step_graph_bytes", int_field(c.step_graph_bytes, 0, int64_t{1} << 40)},

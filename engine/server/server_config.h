@@ -92,6 +92,11 @@ struct EngineConfig {
   /// Journal of accepted batch edits; "" = default_state_dir()/journal.sqlite, "off" = none.
   std::string journal;
   uint64_t ram_cache_bytes = uint64_t{2} << 30;
+  /// Each FLUX.2 model's budget on its GPU for cached K/V in the compute dtype (the device tier,
+  /// pipeline/device_kv_tier.h). The Qwen3 text encoder goes to the GPU only where it fits
+  /// beside the transformer and this budget, so a smaller one leaves room for it on a smaller
+  /// card. Config key `device_cache_bytes`, 0..2^40, default 8 GiB.
+  int64_t device_cache_bytes = int64_t{8} << 30;
   /// The adapter store's memory tiers: LoRAs as read (host memory, pinned on a GPU) and their
   /// copies on a GPU model's device.
   uint64_t adapter_ram_bytes = uint64_t{2} << 30;

@@ -41,3 +41,17 @@ TEST_CASE("On a GPU the bundled FLUX.2 model's text encoder computes there and i
   CHECK(difference <= 3e-2);  // bf16 activations over the encoder's layers
   WARN("infill-tiny 2's text encoder on " << cuda.name() << " vs the CPU: max_rel " << difference);
 }
+
+TEST_CASE("A device K/V budget that leaves no room keeps the text encoder on the CPU", "[pipeline][cuda]") {
+  const ComputeDevice cuda = test::require_cuda_or_skip();
+  c10::InferenceMode guard;
+  const std::string folder = test::source_path("resources/models/infill-tiny-2");
+  GpuModelOptions gpu;
+  gpu.device_cache_bytes = int64_t{1} << 40;  // more than any GPU has free (the config's upper bound)
+  auto loaded = load_edit_model(folder, cuda, gpu);
+  REQUIRE(loaded.ok());
+  const auto& parts = static_cast<const Flux2EditModel&>(*loaded->model).parts();
+  CHECK(parts.text->placement() == "cpu");
+  CHECK(loaded->model->info().id.find("-text-bf16") == std::string::npos);
+  CHECK(parts.device_cache_bytes == gpu.device_cache_bytes);  // and the tier has that budget
+}

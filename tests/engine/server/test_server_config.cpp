@@ -251,6 +251,19 @@ TEST_CASE("engine config: float8_weights turns FP8 block weights on for FLUX.2 o
   CHECK_THAT(refused.status().message(), Catch::Contains("float8_weights"));
 }
 
+TEST_CASE("engine config: device_cache_bytes sets the device K/V tier's budget of each FLUX.2 model on a GPU",
+          "[server][config]") {
+  auto defaults = parse_engine_config(R"({})", "e.json");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->device_cache_bytes == int64_t{8} << 30);
+  auto set = parse_engine_config(R"({"device_cache_bytes": 1073741824})", "e.json");
+  REQUIRE(set.ok());
+  CHECK(set->device_cache_bytes == int64_t{1} << 30);
+  auto refused = parse_engine_config(R"({"device_cache_bytes": -5})", "e.json");
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(), Catch::Contains("device_cache_bytes") && Catch::Contains("-5"));
+}
+
 TEST_CASE("engine config: fused_norm_kernels turns the fused norm kernels on for FLUX.2 on a GPU and is off by default",
           "[server][config][fused-norms]") {
   auto defaults = parse_engine_config(R"({})", "e.json");
