@@ -502,9 +502,10 @@ std::pair<at::Tensor, at::Tensor> double_block_qk(const DoubleBlock& blk, const 
     auto rows = [&](const Stream& st, const at::Tensor& qkv, int64_t begin, int64_t count) {
       if (count == 0) return;
       const at::Tensor c = cos.narrow(0, begin, count), s = sin.narrow(0, begin, count);
-      kernels::fused_rms_norm_rope(qkv.narrow(1, 0, H), st.q_scale, c, s, heads, kNormEps,
+      // (The scales are in the compute dtype after to_device: .to is then no operation.)
+      kernels::fused_rms_norm_rope(qkv.narrow(1, 0, H), st.q_scale.to(qkv.scalar_type()), c, s, heads, kNormEps,
                                    q_out.narrow(0, begin, count));
-      kernels::fused_rms_norm_rope(qkv.narrow(1, H, H), st.k_scale, c, s, heads, kNormEps,
+      kernels::fused_rms_norm_rope(qkv.narrow(1, H, H), st.k_scale.to(qkv.scalar_type()), c, s, heads, kNormEps,
                                    k_out.narrow(0, begin, count));
     };
     rows(blk.txt, t, 0, rt);
@@ -529,8 +530,8 @@ std::pair<at::Tensor, at::Tensor> single_block_qk(const SingleBlock& blk, const 
       q_out = at::empty({y.size(0), H}, y.options());
       k_out = at::empty({y.size(0), H}, y.options());
     }
-    kernels::fused_rms_norm_rope(y.narrow(1, 0, H), blk.q_scale, cos, sin, heads, kNormEps, q_out);
-    kernels::fused_rms_norm_rope(y.narrow(1, H, H), blk.k_scale, cos, sin, heads, kNormEps, k_out);
+    kernels::fused_rms_norm_rope(y.narrow(1, 0, H), blk.q_scale.to(y.scalar_type()), cos, sin, heads, kNormEps, q_out);
+    kernels::fused_rms_norm_rope(y.narrow(1, H, H), blk.k_scale.to(y.scalar_type()), cos, sin, heads, kNormEps, k_out);
     return {std::move(q_out), std::move(k_out)};
   }
   return into(apply_rope(rms_norm_heads(y.narrow(1, 0, H), blk.q_scale, heads), cos, sin, heads),
