@@ -29,6 +29,7 @@ Result<DeviceMemory> cuda_device_memory(int index) {
     DeviceMemory m;
     m.allocated_bytes = stats.allocated_bytes[aggregate].current;
     m.reserved_bytes = stats.reserved_bytes[aggregate].current;
+    m.peak_allocated_bytes = stats.allocated_bytes[aggregate].peak;
     const auto [free_now, total] = allocator::get()->getMemoryInfo(d);
     m.free_bytes = static_cast<int64_t>(free_now);
     m.total_bytes = static_cast<int64_t>(total);
@@ -41,6 +42,22 @@ Result<DeviceMemory> cuda_device_memory(int index) {
   }
 #else
   // check_compute_device refused already: this libtorch has no CUDA.
+  return Status(ErrorCode::kUnimplemented, device.name() + ": this build's libtorch has no CUDA");
+#endif
+}
+
+Status reset_cuda_memory_peak(int index) {
+  const ComputeDevice device{true, index};
+  INFILL_RETURN_IF_ERROR(check_compute_device(device));
+#ifdef INFILL_TORCH_CUDA
+  try {
+    at::globalContext().lazyInitDevice(at::kCUDA);
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
+    return {};
+  } catch (const c10::Error& e) {
+    return Status(ErrorCode::kInternal, device.name() + ": resetting its memory peak failed: " + e.what_without_backtrace());
+  }
+#else
   return Status(ErrorCode::kUnimplemented, device.name() + ": this build's libtorch has no CUDA");
 #endif
 }

@@ -19,6 +19,9 @@ struct DeviceMemory {
   /// Bytes the caching allocator holds on the device: the tensors' blocks and the cached free
   /// ones it keeps for reuse (>= allocated_bytes). What this process uses there.
   int64_t reserved_bytes = 0;
+  /// The most allocated_bytes has been since the process began or reset_cuda_memory_peak: what
+  /// a load or a step needed at its height.
+  int64_t peak_allocated_bytes = 0;
   /// Free on the device now, as the driver says (every process's use counted).
   int64_t free_bytes = 0;
   /// The device's memory.
@@ -30,5 +33,9 @@ struct DeviceMemory {
 /// ("cuda:0: this build's libtorch has no CUDA ..."), a device that is not there, or the
 /// driver's error.
 Result<DeviceMemory> cuda_device_memory(int index);
+
+/// Starts peak_allocated_bytes of CUDA device `index` again from what is allocated now. Errors
+/// as cuda_device_memory's.
+Status reset_cuda_memory_peak(int index);
 
 }  // namespace infill

@@ -204,4 +204,17 @@ Result<at::Tensor> load_weight_tensor(const std::vector<SafetensorsFile>& files,
   return values;
 }
 
+Result<at::Tensor> float8_e4m3_row_scales(const std::vector<SafetensorsFile>& files, size_t file,
+                                          const std::string& name, const Float8Layout& layout) {
+  const TensorInfo* info = files[file].find(name);
+  if (info == nullptr || info->dtype != DType::kF8E4M3 || info->shape.empty()) return at::Tensor();
+  const int64_t rows = info->shape[0];
+  const auto s = layout.scale_of.find(name);
+  if (s == layout.scale_of.end()) return at::ones({rows}, at::kFloat);  // a plain cast: scale 1
+  INFILL_ASSIGN_OR_RETURN(at::Tensor scales, load_float_tensor(files[s->second.file], s->second.name));
+  scales = scales.reshape({-1});
+  // read_float8_layout admitted one scale or one per row.
+  return scales.numel() == 1 ? scales.expand({rows}).contiguous() : scales.contiguous();
+}
+
 }  // namespace infill

@@ -57,4 +57,17 @@ Result<Float8Layout> read_float8_layout(const std::vector<SafetensorsFile>& file
 Result<at::Tensor> load_weight_tensor(const std::vector<SafetensorsFile>& files, size_t file, const std::string& name,
                                       const std::vector<int64_t>& expected_shape, const Float8Layout& layout);
 
+/// The scale of each row of tensor `name` of files[file] ([rows] float32: the tensor's one scale
+/// repeated, or its own per row) when it is stored as E4M3 codes; an undefined tensor when it
+/// is stored otherwise (bf16, fp16, float32, or E5M2, whose codes E4M3 cannot all hold).
+///
+/// With these scales the file's own codes come back from the bf16 tensor load_weight_tensor
+/// made: bf16(value x scale) / scale is within 2^-8 of the code's value relatively, while
+/// neighbouring E4M3 values lie more than 2^-4 apart relatively (2^-9 apart, in units of the
+/// scale, below the normals), so rounding it to the nearest E4M3 value gives the stored code.
+/// The FP8 compute path (Flux2Transformer::to_device_float8) multiplies the numbers the file's
+/// publisher quantized, not a second quantization of them.
+Result<at::Tensor> float8_e4m3_row_scales(const std::vector<SafetensorsFile>& files, size_t file,
+                                          const std::string& name, const Float8Layout& layout);
+
 }  // namespace infill

@@ -57,6 +57,19 @@ Float8Weight quantize_float8_rows(const at::Tensor& w) {
   return {codes.contiguous(), scale.reshape({1, -1}).contiguous()};
 }
 
+Float8Weight quantize_float8_rows(const at::Tensor& w, const at::Tensor& row_scale) {
+  TORCH_CHECK(w.dim() == 2 && row_scale.dim() == 1 && row_scale.size(0) == w.size(0),
+              "quantize_float8_rows: the weight must be [out, in] and its scales [out]");
+  const at::Tensor scale = row_scale.to(w.device(), at::kFloat).reshape({-1, 1});
+  // One float32 copy, divided and clamped in place: a layer's transients stay 2x its bf16
+  // (Flux2Transformer::to_device_float8 counts on it).
+  const at::Tensor codes = w.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                               .div_(scale)
+                               .clamp_(-kFloat8E4M3Max, kFloat8E4M3Max)
+                               .to(c10::ScalarType::Float8_e4m3fn);
+  return {codes.contiguous(), scale.reshape({1, -1}).contiguous()};
+}
+
 at::Tensor dequantize_float8_rows(const Float8Weight& w, at::ScalarType dtype) {
   return w.codes.to(at::kFloat).mul_(w.scale.reshape({-1, 1})).to(dtype);
 }
@@ -77,6 +90,10 @@ at::Tensor float8_linear(const at::Tensor& x, const Float8Weight& w) {
 #else
 
 Float8Weight quantize_float8_rows(const at::Tensor&) {
+  TORCH_CHECK(false, "quantize_float8_rows: this build's libtorch has no FP8 types");
+}
+
+Float8Weight quantize_float8_rows(const at::Tensor&, const at::Tensor&) {
   TORCH_CHECK(false, "quantize_float8_rows: this build's libtorch has no FP8 types");
 }
 

@@ -34,6 +34,10 @@ struct Float8Weight {
 /// row's scale is max |row| / 448 (1 for a row of zeros), its codes w / scale rounded to
 /// nearest E4M3.
 Float8Weight quantize_float8_rows(const at::Tensor& w);
+/// Quantizes w [out, in] with the given scale of each row (`row_scale` [out] float32, on w's
+/// device): codes w / scale rounded to nearest E4M3. With an E4M3 file's own scales this gives
+/// back the file's codes (model/float8_checkpoint.h: float8_e4m3_row_scales).
+Float8Weight quantize_float8_rows(const at::Tensor& w, const at::Tensor& row_scale);
 
 /// The weight the codes stand for, codes * scale, in `dtype`: for merging adapters and checks.
 at::Tensor dequantize_float8_rows(const Float8Weight& w, at::ScalarType dtype);

@@ -176,4 +176,21 @@ Result<at::Tensor> Flux2Checkpoint::read(const std::string& upstream_name,
   return t;
 }
 
+Result<at::Tensor> Flux2Checkpoint::float8_row_scales(const std::string& upstream_name) const {
+  const auto it = sources_->find(upstream_name);
+  if (it == sources_->end()) return not_found(where_ + ": weight " + upstream_name + " is missing");
+  std::vector<at::Tensor> parts;
+  for (const auto& [file, name] : it->second.parts) {
+    INFILL_ASSIGN_OR_RETURN(at::Tensor scales, float8_e4m3_row_scales(files_, file, name, *float8_));
+    if (!scales.defined()) return at::Tensor();
+    parts.push_back(std::move(scales));
+  }
+  at::Tensor scales = at::cat(parts, 0);  // q, k, v rows in the order read fuses them
+  if (it->second.kind == Source::Kind::kSwappedHalves) {
+    const auto halves = scales.chunk(2, 0);
+    return at::cat({halves[1], halves[0]}, 0);
+  }
+  return scales;
+}
+
 }  // namespace infill

@@ -54,6 +54,11 @@ class Flux2Checkpoint {
   /// Reads one tensor by its upstream name, checking `expected_shape` (when non-empty) and
   /// finiteness; errors name the stored tensor and file.
   Result<at::Tensor> read(const std::string& upstream_name, const std::vector<int64_t>& expected_shape) const;
+  /// The scale of each output row of a weight stored as E4M3 codes ([rows] float32, a
+  /// diffusers q, k and v each with its own), so that the FP8 compute path takes the file's own
+  /// codes back from what read gives (model/float8_checkpoint.h: float8_e4m3_row_scales); an
+  /// undefined tensor when any part of it is stored otherwise.
+  Result<at::Tensor> float8_row_scales(const std::string& upstream_name) const;
 
   struct Source;
 

@@ -26,6 +26,10 @@ constexpr double kNormEps = 1e-6;  // LayerNorm and QK RMSNorm, as upstream
 struct Linear {
   at::Tensor w;      // [out, in]: the weight, or its E4M3 codes when `scale` is defined
   at::Tensor scale;  // [1, out] float32 for FP8 codes; undefined otherwise
+  // [out] float32 on the CPU: the scales of the rows as an E4M3 file stored them, from which
+  // the FP8 path takes the file's own codes back (Flux2Checkpoint::float8_row_scales);
+  // undefined when the file stored the weight otherwise, or once the weight is changed.
+  at::Tensor file_scale;
   std::string name;  // the weight's checkpoint name: what LoRAs adapt
   at::Tensor operator()(const at::Tensor& x) const {
     return scale.defined() ? float8_linear(x, Float8Weight{w, scale}) : stored_linear(x, w);

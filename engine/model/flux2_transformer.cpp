@@ -184,6 +184,9 @@ Result<Flux2Transformer> Flux2Transformer::load(const Flux2Checkpoint& checkpoin
   for (auto& slot : w->slots()) {
     expected.insert(slot.name);
     INFILL_ASSIGN_OR_RETURN(*slot.tensor, checkpoint.read(slot.name, slot.shape));
+    if (slot.linear != nullptr) {
+      INFILL_ASSIGN_OR_RETURN(slot.linear->file_scale, checkpoint.float8_row_scales(slot.name));
+    }
   }
   for (const auto& [name, _] : checkpoint.shapes()) {
     if (expected.count(name) == 0) {
@@ -241,6 +244,23 @@ int Flux2Transformer::float8_layers() const {
   return layers;
 }
 
+namespace {
+
+// The layers the FP8 path holds in FP8: the block projections whose sizes suit _scaled_mm.
+bool takes_float8(const Flux2Transformer::Weights::Slot& slot) {
+  const bool block = slot.name.starts_with("double_blocks.") || slot.name.starts_with("single_blocks.");
+  return slot.linear != nullptr && block && !slot.linear->scale.defined() && slot.shape[0] % 16 == 0 &&
+         slot.shape[1] % 16 == 0;
+}
+
+// `dense` (the layer's weight in bf16 on the device) as FP8: an E4M3 file's own codes and
+// scales where the file stored it so, else a scale per row from its largest value.
+Float8Weight to_float8(const flux2::Linear& layer, const at::Tensor& dense) {
+  return layer.file_scale.defined() ? quantize_float8_rows(dense, layer.file_scale) : quantize_float8_rows(dense);
+}
+
+}  // namespace
+
 Result<Flux2Transformer> Flux2Transformer::with_float8_weights() const {
   const at::Device where = device();
   const ComputeDevice target{where.is_cuda(), where.is_cuda() ? static_cast<int>(where.index()) : 0};
@@ -253,12 +273,10 @@ Result<Flux2Transformer> Flux2Transformer::with_float8_weights() const {
   auto w = std::make_unique<Weights>(*w_);  // tensors shared until replaced below
   try {
     for (auto& slot : w->slots()) {
-      Linear* l = slot.linear;
-      const bool block = slot.name.starts_with("double_blocks.") || slot.name.starts_with("single_blocks.");
-      if (l == nullptr || !block || l->scale.defined() || slot.shape[0] % 16 != 0 || slot.shape[1] % 16 != 0) continue;
-      Float8Weight q = quantize_float8_rows(l->w);
-      l->w = std::move(q.codes);
-      l->scale = std::move(q.scale);
+      if (!takes_float8(slot)) continue;
+      Float8Weight q = to_float8(*slot.linear, slot.linear->w);
+      slot.linear->w = std::move(q.codes);
+      slot.linear->scale = std::move(q.scale);
     }
   } catch (const c10::Error& e) {
     return Status(ErrorCode::kResourceExhausted, "FP8 weights on " + target.name() + ": " + e.what_without_backtrace());
@@ -295,6 +313,7 @@ Flux2Transformer Flux2Transformer::merged(const AdapterSet& adapters) const {
       sum = sum.defined() ? sum.add_(delta) : delta;
     }
     if (!sum.defined()) continue;
+    if (slot.linear != nullptr) slot.linear->file_scale = at::Tensor();  // no longer the file's numbers
     if (slot.linear != nullptr && slot.linear->scale.defined()) {
       // An FP8 layer stays FP8: W + delta quantized again, with fresh row scales.
       Float8Weight q = quantize_float8_rows(slot.linear->dense(at::kFloat).add(sum));
@@ -331,6 +350,44 @@ Status Flux2Transformer::to_device(const ComputeDevice& target, at::ScalarType d
                                                      e.what_without_backtrace());
   }
   for (size_t i = 0; i < slots.size(); ++i) *slots[i].tensor = std::move(moved[i]);
+  return {};
+}
+
+Status Flux2Transformer::to_device_float8(const ComputeDevice& target) {
+  INFILL_RETURN_IF_ERROR(check_compute_device(target));
+  INFILL_RETURN_IF_ERROR(float8_compute_status(target));
+  if (float8_layers() > 0 || !device().is_cpu()) {
+    return invalid_argument(target.name() + ": FP8 weights are made on the way from the CPU; this transformer is on " +
+                            device().str() + (float8_layers() > 0 ? " with FP8 layers" : ""));
+  }
+  const at::Device device = target.torch_device();
+  auto slots = w_->slots();
+  // As to_device: everything is made before anything is replaced. A block projection goes up
+  // in bf16 and is quantized there at once, so beside the FP8 model the device holds one
+  // layer's bf16 and float32 transients at most (klein 9B: its 9 GB of FP8 blocks, never the
+  // 18 GB of bf16 ones with_float8_weights starts from).
+  std::vector<at::Tensor> moved, scales;
+  moved.reserve(slots.size());
+  scales.resize(slots.size());
+  try {
+    c10::InferenceMode guard;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      at::Tensor dense = slots[i].tensor->to(device, at::kBFloat16);
+      if (takes_float8(slots[i])) {
+        Float8Weight q = to_float8(*slots[i].linear, dense);
+        dense = std::move(q.codes);
+        scales[i] = std::move(q.scale);
+      }
+      moved.push_back(std::move(dense));
+    }
+  } catch (const c10::Error& e) {
+    return Status(ErrorCode::kResourceExhausted, "FLUX.2 transformer to " + target.name() + " with FP8 block weights: " +
+                                                     e.what_without_backtrace());
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    *slots[i].tensor = std::move(moved[i]);
+    if (scales[i].defined()) slots[i].linear->scale = std::move(scales[i]);
+  }
   return {};
 }
 

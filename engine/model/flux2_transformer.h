@@ -200,9 +200,18 @@ class Flux2Transformer {
   /// FP8: E4M3 codes with a float32 scale per output row, multiplied by at::_scaled_mm with
   /// the rows quantized per call (model/float8_linear.h). The embedders, the modulation and
   /// the final layer stay in bf16, and so does a layer whose sizes are not multiples of 16
-  /// (_scaled_mm's rule). The weights must be in bf16 on a device float8_compute_status
-  /// accepts; errors name the device. This one is unchanged; the bf16 layers are shared.
+  /// (_scaled_mm's rule). A layer an E4M3 file stored keeps the file's own codes and scales
+  /// (Flux2Checkpoint::float8_row_scales: not a second quantization of the publisher's
+  /// numbers). The weights must be in bf16 on a device float8_compute_status accepts; errors
+  /// name the device. This one is unchanged; the bf16 layers are shared.
   Result<Flux2Transformer> with_float8_weights() const;
+  /// Moves the weights from the CPU to a CUDA `device` in bf16 with the block projections in
+  /// FP8, as with_float8_weights makes them, one layer at a time on the way: the device never
+  /// holds the bf16 model, only the FP8 one and one layer's bf16 (what lets klein 9B's FP8 file
+  /// load on a 24 GB card). Layers an E4M3 file stored keep the file's own codes and scales
+  /// (Flux2Checkpoint::float8_row_scales); others get a scale per row. Errors name the device
+  /// (as to_device, and float8_compute_status); the model then stays on the CPU.
+  Status to_device_float8(const ComputeDevice& device);
   /// How many layers are FP8 (with_float8_weights); 0 for a bf16, fp16 or float32 one.
   int float8_layers() const;
   /// A transformer sharing these weights whose row norms (the pre-norms with their modulation,

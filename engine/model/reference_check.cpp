@@ -66,13 +66,12 @@ Result<AdapterSet> recorded_loras(const SafetensorsFile& file, const Flux2Config
 Status check_transformer(const SafetensorsFile& file, ReferenceCheck& check, const ReferenceCheckOptions& options) {
   INFILL_ASSIGN_OR_RETURN(Flux2Transformer model, Flux2Transformer::load(file, kWeightsPrefix));
   INFILL_ASSIGN_OR_RETURN(AdapterSet loras, recorded_loras(file, model.config()));
-  if (options.device.cuda) {
-    INFILL_RETURN_IF_ERROR(model.to_device(options.device, options.bfloat16 ? at::kBFloat16 : at::kFloat));
-  }
   if (options.float8) {
+    // As the engine loads them (Flux2Transformer::to_device_float8).
     if (!options.bfloat16) return invalid_argument(file.path() + ": FP8 weights are checked with bf16 compute");
-    INFILL_ASSIGN_OR_RETURN(Flux2Transformer float8, model.with_float8_weights());
-    model = std::move(float8);
+    INFILL_RETURN_IF_ERROR(model.to_device_float8(options.device));
+  } else if (options.device.cuda) {
+    INFILL_RETURN_IF_ERROR(model.to_device(options.device, options.bfloat16 ? at::kBFloat16 : at::kFloat));
   }
   if (options.fused_norms) {
     INFILL_ASSIGN_OR_RETURN(Flux2Transformer fused, model.with_fused_norms());

@@ -495,11 +495,11 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
   // encoder computes (in bf16 there when it fits beside the K/V tier's budget).
   bool float8 = false;
   if (options.device.cuda) {
-    INFILL_RETURN_IF_ERROR(loaded->transformer.to_device(options.device));
     if (options.float8_weights) {
-      INFILL_ASSIGN_OR_RETURN(Flux2Transformer made, loaded->transformer.with_float8_weights());
-      loaded->transformer = std::move(made);  // the bf16 block weights are freed here
+      INFILL_RETURN_IF_ERROR(loaded->transformer.to_device_float8(options.device));
       float8 = true;
+    } else {
+      INFILL_RETURN_IF_ERROR(loaded->transformer.to_device(options.device));
     }
     const auto device_memory = cuda_device_memory(options.device.index);
     if (device_memory.ok() && text_encoder_fits_device(encoder_bytes, options.device_cache_bytes, device_memory->free_bytes)) {

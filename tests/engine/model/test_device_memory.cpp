@@ -1,5 +1,6 @@
 // A GPU's memory as /metrics and --check report it (model/device_memory.h): refused naming
-// the device where there is none; on a GPU, a tensor's bytes show up as allocated and reserved.
+// the device where there is none; on a GPU, a tensor's bytes show up as allocated and reserved,
+// and in the peak until it is reset.
 #include "support/catch.h"
 #include "support/cuda_device.h"
 
@@ -16,6 +17,9 @@ TEST_CASE("the memory of a CUDA device this machine or build lacks is an error n
   const auto memory = cuda_device_memory(missing);
   REQUIRE_FALSE(memory.ok());
   CHECK(memory.status().message().rfind("cuda:" + std::to_string(missing) + ": ", 0) == 0);
+  const Status reset = reset_cuda_memory_peak(missing);
+  REQUIRE_FALSE(reset.ok());
+  CHECK(reset.message().rfind("cuda:" + std::to_string(missing) + ": ", 0) == 0);
 }
 
 TEST_CASE("a GPU's memory counts a tensor made there as allocated and reserved", "[device][cuda]") {
@@ -37,4 +41,10 @@ TEST_CASE("a GPU's memory counts a tensor made there as allocated and reserved",
   const auto released = cuda_device_memory(cuda.index);
   REQUIRE(released.ok());
   CHECK(released->allocated_bytes == before->allocated_bytes);
+  // The peak remembers the tensor until it is reset to what is allocated now.
+  CHECK(released->peak_allocated_bytes >= before->allocated_bytes + bytes);
+  REQUIRE(reset_cuda_memory_peak(cuda.index).ok());
+  const auto reset = cuda_device_memory(cuda.index);
+  REQUIRE(reset.ok());
+  CHECK(reset->peak_allocated_bytes == reset->allocated_bytes);
 }

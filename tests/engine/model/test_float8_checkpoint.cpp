@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -180,6 +181,139 @@ TEST_CASE("FP8 FLUX.2 checkpoints load as the bf16 model of the same numbers in 
     INFO("FP8 model vs the float32 one: max rel err " << err);
     CHECK(err > 0);
     CHECK(err < (layout.companions == Companions::kNone ? 0.25 : 0.15));
+  }
+}
+
+TEST_CASE("An E4M3 code comes back from its bf16 value divided by its scale, for every code and scale",
+          "[float8]") {
+  // What the FP8 compute path relies on (float8_e4m3_row_scales): the nearest E4M3 value to
+  // bf16(value x scale) / scale is the code's own. The nearest value comes from the test's
+  // quantizer (the format's definition), not from the engine.
+  const Quantizer nearest(Float8Format::kE4M3FN);
+  const std::vector<float> scales = {1.0f,      0.5f,        0.0123456789f, 3.7e-5f, 1.9e-3f,
+                                     7.123f,    1.0f / 448,  2.2e-7f,       0.3333333f, 1e-30f};
+  int checked = 0;
+  for (const float scale : scales) {
+    for (int c = 0; c < 256; ++c) {
+      const auto code = static_cast<uint8_t>(c);
+      const float value = expected_value(code, Float8Format::kE4M3FN);
+      if (!std::isfinite(value)) continue;
+      uint16_t bits = 0;
+      REQUIRE(infill::decode_float8_to_bf16(std::span<const uint8_t>(&code, 1), Float8Format::kE4M3FN,
+                                            std::vector<float>{scale}, 1, &bits) == -1);
+      const uint32_t widened = uint32_t{bits} << 16;
+      float stored = 0;
+      std::memcpy(&stored, &widened, sizeof stored);
+      INFO("code " << c << " scale " << scale << ": bf16 " << stored);
+      CHECK(expected_value(nearest.code(stored / scale), Float8Format::kE4M3FN) == value);
+      ++checked;
+    }
+  }
+  CHECK(checked == 254 * static_cast<int>(scales.size()));
+}
+
+TEST_CASE("An E4M3 FLUX.2 file's row scales give back its own codes in each layout", "[flux2][float8]") {
+  TempDir dir;
+  const Flux2Transformer original = Flux2Transformer::random(infill::test::tiny_flux2_config(), 23, at::kFloat);
+  REQUIRE(original.save(dir.file("original.safetensors"), "").ok());
+  const auto upstream = float_tensors(dir.file("original.safetensors"), "");
+  const Quantizer e4m3(Float8Format::kE4M3FN);
+  auto bytes_of = [](const Fp8Checkpoint& q, const std::string& name) {
+    for (const RawTensor& t : q.fp8) {
+      if (t.name == name) return t.bytes;
+    }
+    FAIL("no stored tensor " << name);
+    return std::string();
+  };
+  auto scale_of = [](const Fp8Checkpoint& q, const std::string& name) {
+    for (const RawTensor& t : q.fp8) {
+      if (t.name == name) return at::from_blob(const_cast<char*>(t.bytes.data()), t.shape, at::kFloat).reshape({-1}).clone();
+    }
+    FAIL("no stored tensor " << name);
+    return at::Tensor();
+  };
+  // Codes of `weight` (bf16, as read) with `scales`, through the test's own quantizer.
+  auto codes_of = [&](const at::Tensor& weight, const at::Tensor& scales) {
+    const at::Tensor w = weight.to(at::kFloat).contiguous();
+    const int64_t cols = w.size(1);
+    std::string codes(static_cast<size_t>(w.numel()), '\0');
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      codes[i] = static_cast<char>(e4m3.code(w.data_ptr<float>()[i] / scales[i / cols].item<float>()));
+    }
+    return codes;
+  };
+  auto open = [&](const Fp8Checkpoint& q) {
+    write_raw(dir.file("fp8.safetensors"), q.fp8, q.metadata);
+    auto checkpoint = Flux2Checkpoint::open({dir.file("fp8.safetensors")});
+    REQUIRE(checkpoint.ok());
+    return std::move(*checkpoint);
+  };
+  // Codes equal as bytes, except that -0 and +0 are one value.
+  auto same_codes = [](std::string a, std::string b) {
+    for (std::string* s : {&a, &b}) std::replace(s->begin(), s->end(), '\x80', '\0');
+    return a == b;
+  };
+
+  SECTION("upstream names: one scale per tensor, and per row") {
+    for (const Companions companions : {Companions::kComfyQuant, Companions::kScaledFp8, Companions::kNone}) {
+      const Fp8Checkpoint q = quantize(upstream, e4m3, companions, "double_blocks.0.img_mlp.0.weight");
+      const Flux2Checkpoint checkpoint = open(q);
+      int layers = 0;
+      for (const auto& [name, shape] : checkpoint.shapes()) {
+        if (shape.size() != 2) continue;
+        INFO(name);
+        auto scales = checkpoint.float8_row_scales(name);
+        REQUIRE(scales.ok());
+        REQUIRE(scales->defined());
+        REQUIRE(scales->sizes() == at::IntArrayRef({shape[0]}));
+        auto weight = checkpoint.read(name, shape);
+        REQUIRE(weight.ok());
+        CHECK(same_codes(codes_of(*weight, *scales), bytes_of(q, name)));
+        ++layers;
+      }
+      const auto linear = std::count_if(upstream.begin(), upstream.end(), [](const auto& t) { return t.second.dim() == 2; });
+      CHECK(layers == linear);  // every linear layer
+    }
+    const Fp8Checkpoint q = quantize(upstream, e4m3, Companions::kComfyQuant, "double_blocks.0.img_mlp.0.weight");
+    const Flux2Checkpoint checkpoint = open(q);
+    const at::Tensor per_row = *checkpoint.float8_row_scales("double_blocks.0.img_mlp.0.weight");
+    CHECK(at::equal(per_row, scale_of(q, "double_blocks.0.img_mlp.0.weight_scale")));
+    const at::Tensor per_tensor = *checkpoint.float8_row_scales("double_blocks.0.img_attn.proj.weight");
+    CHECK(per_tensor.eq(scale_of(q, "double_blocks.0.img_attn.proj.weight_scale")).all().item<bool>());
+  }
+
+  SECTION("diffusers names: q, k and v each with its own scale, fused in q, k, v order") {
+    const Fp8Checkpoint q =
+        quantize(infill::test::to_diffusers(upstream), e4m3, Companions::kComfyQuant, "transformer_blocks.0.attn.to_k.weight");
+    const Flux2Checkpoint checkpoint = open(q);
+    const std::string qkv = "double_blocks.0.img_attn.qkv.weight";
+    const auto scales = checkpoint.float8_row_scales(qkv);
+    REQUIRE(scales.ok());
+    REQUIRE(scales->defined());
+    const at::Tensor want = at::cat({scale_of(q, "transformer_blocks.0.attn.to_q.weight_scale").expand({64}),
+                                     scale_of(q, "transformer_blocks.0.attn.to_k.weight_scale"),
+                                     scale_of(q, "transformer_blocks.0.attn.to_v.weight_scale").expand({64})});
+    CHECK(at::equal(*scales, want));
+    auto weight = checkpoint.read(qkv, {192, 64});
+    REQUIRE(weight.ok());
+    CHECK(same_codes(codes_of(*weight, *scales), bytes_of(q, "transformer_blocks.0.attn.to_q.weight") +
+                                                     bytes_of(q, "transformer_blocks.0.attn.to_k.weight") +
+                                                     bytes_of(q, "transformer_blocks.0.attn.to_v.weight")));
+  }
+
+  SECTION("weights stored otherwise have none: bf16, and E5M2 (whose codes E4M3 cannot all hold)") {
+    const Flux2Checkpoint e5m2 = open(quantize(upstream, Quantizer(Float8Format::kE5M2), Companions::kComfyQuant));
+    auto none = e5m2.float8_row_scales("double_blocks.0.img_attn.qkv.weight");
+    REQUIRE(none.ok());
+    CHECK_FALSE(none->defined());
+    auto bf16 = Flux2Checkpoint::open({dir.file("original.safetensors")});
+    REQUIRE(bf16.ok());
+    auto plain = bf16->float8_row_scales("single_blocks.0.linear1.weight");
+    REQUIRE(plain.ok());
+    CHECK_FALSE(plain->defined());
+    auto missing = bf16->float8_row_scales("single_blocks.9.linear1.weight");
+    REQUIRE_FALSE(missing.ok());
+    CHECK_THAT(missing.status().message(), Catch::Contains("single_blocks.9.linear1.weight is missing"));
   }
 }
 

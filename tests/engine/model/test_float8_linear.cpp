@@ -5,17 +5,23 @@
 // against its bf16 forward.
 #include "support/catch.h"
 #include "support/cuda_device.h"
+#include "support/float8_files.h"
 #include "support/flux2_requests.h"
+#include "support/temp_dir.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "model/device_memory.h"
 #include "model/float8_linear.h"
+#include "model/flux2_checkpoint.h"
+#include "model/flux2_layers.h"  // white-box: the codes each layer holds
 #include "model/flux2_transformer.h"
 #include "model/reference_check.h"
 #include "model/torch_compat.h"
@@ -38,6 +44,16 @@ TEST_CASE("FP8 weights are refused where they cannot run: the CPU and a libtorch
   auto refused = model.with_float8_weights();
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(refused.status().message(), Catch::StartsWith("cpu:") && Catch::Contains("FP8"));
+  // Loading straight into FP8 needs such a device too; the model stays where it was.
+  Flux2Transformer on_cpu = Flux2Transformer::random(small_config(), 3, at::kBFloat16);
+  const infill::Status to_cpu = on_cpu.to_device_float8(infill::ComputeDevice{});
+  CHECK_THAT(to_cpu.message(), Catch::StartsWith("cpu:") && Catch::Contains("CUDA devices"));
+  if (!gpu.ok()) {
+    const infill::Status to_gpu = on_cpu.to_device_float8(infill::ComputeDevice{true, 0});
+    CHECK_THAT(to_gpu.message(), Catch::StartsWith("cuda:0"));
+  }
+  CHECK(on_cpu.device().is_cpu());
+  CHECK(on_cpu.float8_layers() == 0);
 }
 
 #if INFILL_TORCH_HAS_FLOAT8_MM
@@ -151,6 +167,109 @@ TEST_CASE("FLUX.2 with FP8 block weights on CUDA: close to bf16, full and mask-a
   auto again = fp8.with_float8_weights();  // already FP8: nothing more to do, the same layers
   REQUIRE(again.ok());
   CHECK(again->float8_layers() == fp8.float8_layers());
+}
+
+TEST_CASE("FLUX.2 from an E4M3 file onto CUDA: the file's own codes and scales, quantized a layer at a time",
+          "[float8][cuda]") {
+  const infill::ComputeDevice cuda = require_float8_or_skip();
+  c10::InferenceMode guard;
+  // Enough block layers that the bf16 model is well over the FP8 one plus a layer's transients.
+  Flux2Config cfg = small_config();
+  cfg.hidden_size = 256;
+  cfg.mlp_hidden = 768;
+  cfg.single_blocks = 8;
+  cfg.axes_dim = {16, 16, 16, 16};
+  REQUIRE(cfg.validate().ok());
+  TempDir dir;
+  REQUIRE(Flux2Transformer::random(cfg, 8, at::kFloat).save(dir.file("original.safetensors")).ok());
+  const Fp8Checkpoint q = quantize(float_tensors(dir.file("original.safetensors")), Quantizer(infill::Float8Format::kE4M3FN),
+                                   Companions::kComfyQuant, "single_blocks.3.linear2.weight");
+  write_raw(dir.file("fp8.safetensors"), q.fp8, q.metadata);
+  auto load = [&] {
+    auto checkpoint = infill::Flux2Checkpoint::open({dir.file("fp8.safetensors")});
+    REQUIRE(checkpoint.ok());
+    auto model = Flux2Transformer::load(*checkpoint);
+    REQUIRE(model.ok());
+    return std::move(*model);
+  };
+  auto stored = [&](const std::string& name) -> const RawTensor& {
+    for (const RawTensor& t : q.fp8) {
+      if (t.name == name) return t;
+    }
+    FAIL("no stored tensor " << name);
+    return q.fp8.front();
+  };
+  auto memory = [&] {
+    auto m = infill::cuda_device_memory(cuda.index);
+    REQUIRE(m.ok());
+    return *m;
+  };
+
+  // As the engine loads it: straight from the CPU, a layer at a time.
+  Flux2Transformer streamed = load();
+  const int64_t bf16_bytes = streamed.weight_bytes();
+  int64_t largest_layer = 0;
+  for (const RawTensor& t : q.fp8) {
+    if (t.dtype == "F8_E4M3") largest_layer = std::max<int64_t>(largest_layer, 2 * static_cast<int64_t>(t.bytes.size()));
+  }
+  REQUIRE(infill::reset_cuda_memory_peak(cuda.index).ok());
+  const int64_t before = memory().allocated_bytes;
+  REQUIRE(streamed.to_device_float8(cuda).ok());
+  const infill::DeviceMemory streamed_memory = memory();
+  CHECK(streamed.float8_layers() == 8 * cfg.double_blocks + 2 * cfg.single_blocks);
+  CHECK(streamed.device().is_cuda());
+  CHECK(streamed.compute_dtype() == at::kBFloat16);
+
+  // Every FP8 layer holds the file's bytes as its codes and the file's scales.
+  Flux2Transformer::Weights weights = streamed.weights();  // tensors shared
+  int compared = 0;
+  for (auto& slot : weights.slots()) {
+    if (slot.linear == nullptr || !slot.linear->scale.defined()) continue;
+    INFO(slot.name);
+    const RawTensor& file = stored(slot.name);
+    const at::Tensor codes = slot.linear->w.view(at::kByte).cpu().contiguous();
+    std::string held(static_cast<const char*>(codes.data_ptr()), codes.nbytes());
+    std::string want = file.bytes;
+    for (std::string* s : {&held, &want}) std::replace(s->begin(), s->end(), '\x80', '\0');  // -0 is 0
+    CHECK(held == want);
+    const RawTensor& scale = stored(slot.name.substr(0, slot.name.size() - 7) + ".weight_scale");
+    const at::Tensor file_scale =
+        at::from_blob(const_cast<char*>(scale.bytes.data()), scale.shape, at::kFloat).reshape({-1}).expand({slot.shape[0]});
+    CHECK(at::equal(slot.linear->scale.cpu().reshape({-1}), file_scale));
+    ++compared;
+  }
+  CHECK(compared == streamed.float8_layers());
+
+  // The device held the FP8 model and one layer's transients (its bf16 and one float32 copy),
+  // never the bf16 model that to_device then with_float8_weights goes through.
+  const int64_t streamed_peak = streamed_memory.peak_allocated_bytes - before;
+  const int64_t streamed_held = streamed_memory.allocated_bytes - before;
+  CHECK(streamed_peak <= streamed_held + 4 * largest_layer + (int64_t{1} << 20));
+  Flux2Transformer dense = load();
+  REQUIRE(infill::reset_cuda_memory_peak(cuda.index).ok());
+  const int64_t before_dense = memory().allocated_bytes;
+  REQUIRE(dense.to_device(cuda, at::kBFloat16).ok());
+  auto made = dense.with_float8_weights();
+  REQUIRE(made.ok());
+  const int64_t dense_peak = memory().peak_allocated_bytes - before_dense;
+  CHECK(dense_peak >= bf16_bytes);
+  CHECK(streamed_peak < dense_peak);
+  WARN("device peak loading FP8: " << streamed_peak << " bytes a layer at a time, " << dense_peak
+                                   << " through the bf16 model (" << bf16_bytes << " bytes)");
+
+  // Both routes hold the same codes and scales: the same forward, bit for bit.
+  const Request r = make_request(cfg, 5, 3, 4, /*reference=*/false, 2);
+  CHECK(at::equal(forward_one(streamed, full_segment(r, 0.4)), forward_one(*made, full_segment(r, 0.4))));
+
+  // Refused: a transformer already on the GPU (move the CPU one), and the CPU as the target.
+  const infill::Status again = dense.to_device_float8(cuda);
+  CHECK_FALSE(again.ok());
+  CHECK_THAT(again.message(), Catch::Contains("from the CPU"));
+  Flux2Transformer on_cpu = load();
+  const infill::Status cpu = on_cpu.to_device_float8(infill::ComputeDevice{});
+  CHECK_FALSE(cpu.ok());
+  CHECK_THAT(cpu.message(), Catch::StartsWith("cpu:"));
+  CHECK(on_cpu.device().is_cpu());
 }
 
 #endif
