@@ -31,12 +31,16 @@
 #      steps as ratios to its full steps (scripts/flux2_peer_ratios.py).
 # Tests find the shared data through $INFILL_SHARED_DIR and the source tree through
 # $INFILL_SOURCE_DIR, which this script sets (--shared, this tree). The benchmarks' JSON is also
-# written to the results folder. Prints each result and one summary JSON line last; exit 0 only
-# when every check passed. With --prebuilt, carry DIR and .gpu-shared to the GPU machine
+# written to the results folder, and every check's whole output (stdout and stderr) to
+# RESULTS/logs/NAME.log: on the terminal each check shows its last lines and its exit code, so
+# that a short tail of the run (what the device tool returns) still holds every check's outcome.
+# With --budget S, a check that would start after S seconds is skipped and named as such, so the
+# run ends with its summary before the machine's limit. Prints one summary JSON line last; exit
+# 0 only when every check ran and passed. With --prebuilt, carry DIR and .gpu-shared to the GPU machine
 # (scripts/gpu_prebuild.sh says how big they are).
 #
 # usage: scripts/gpu_check.sh [--prebuilt DIR] [--deps DIR] [--shared DIR] [--results DIR]
-#                             [--skip-bench] [--benches LIST]
+#                             [--skip-bench] [--benches LIST] [--budget SECONDS] [--tail N]
 #   --prebuilt: run what scripts/gpu_prebuild.sh staged in DIR (e.g. .gpu-prebuilt), not a build
 #   --deps: what scripts/gpu_deps.sh staged (default .gpu-deps; system packages otherwise)
 #   --shared: the shared test data (default .gpu-shared, else ../shared)
@@ -44,6 +48,8 @@
 #   --benches: which benchmarks, comma-separated (default
 #              row_attention,flux2,peer,loading,adapters,multi_device,serving_gpu,text; flux2
 #              and peer together also print the ratios)
+#   --budget: start no check after this many seconds of the run (default: no limit)
+#   --tail: lines of each check's output shown on the terminal (default 12; the log has all)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 deps=.gpu-deps
@@ -53,6 +59,9 @@ prebuilt=""
 results=build/gpu-check-results
 bench=1
 benches=row_attention,flux2,peer,loading,adapters,multi_device,serving_gpu,text
+budget=0
+tail_lines=12
+run_start=$(date +%s)
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) prebuilt="$2"; shift 2 ;;
@@ -61,7 +70,9 @@ while [ $# -gt 0 ]; do
     --results) results="$2"; shift 2 ;;
     --skip-bench) bench=0; shift ;;
     --benches) benches="$2"; shift 2 ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    --budget) budget="$2"; shift 2 ;;
+    --tail) tail_lines="$2"; shift 2 ;;
+    -h|--help) sed -n '2,49p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -131,18 +142,29 @@ else
   export LD_LIBRARY_PATH="$torch_lib:$deps_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export INFILL_SHARED_DIR="$shared" INFILL_SOURCE_DIR="$PWD"
-mkdir -p "$results"
+mkdir -p "$results/logs"
 results=$(cd "$results" && pwd)
 
+skipped=()
 check() {  # check [--out FILE] NAME COMMAND...: runs it (its stdout into FILE too), reports its exit code
   local out=""
   if [ "$1" = --out ]; then out=$2; shift 2; fi
   local name=$1; shift
+  if [ "$budget" -gt 0 ] && [ $(( $(date +%s) - run_start )) -ge "$budget" ]; then
+    echo "gpu_check: $name: skipped, the run's budget of $budget s is spent"; skipped+=("$name"); return
+  fi
   if [ ! -x "$1" ]; then echo "gpu_check: $name: $1 was not built"; failed+=("$name"); return; fi
-  local t0 rc
+  local t0 rc log="$results/logs/$name.log"
   t0=$(date +%s)
-  if [ -n "$out" ]; then "$@" | tee "$out"; rc=${PIPESTATUS[0]}; else "$@"; rc=$?; fi
-  echo "gpu_check: $name: rc $rc in $(( $(date +%s) - t0 )) s"
+  # stdout (a benchmark's JSON) into FILE; both streams into the log.
+  if [ -n "$out" ]; then
+    : >"$log"
+    "$@" 2>>"$log" | tee "$out" >>"$log"; rc=${PIPESTATUS[0]}
+  else
+    "$@" >"$log" 2>&1; rc=$?
+  fi
+  tail -n "$tail_lines" "$log" | sed "s/^/  $name| /"
+  echo "gpu_check: $name: rc $rc in $(( $(date +%s) - t0 )) s (whole output: $log)"
   [ "$rc" -eq 0 ] || failed+=("$name")
 }
 check tests_model_cuda "$build/tests/infill_tests_model" "[cuda],[device]" -w NoTests
@@ -193,10 +215,8 @@ wanted serving_gpu && check --out "$results/bench_gpu_serving.json" bench_gpu_se
 # on the GPU, where the engine puts it when it fits: a new prompt's encoding.
 wanted text && check --out "$results/bench_text.json" bench_text_cuda "$build/bench/bench_text" --device cuda \
   --weights "$build/bench-qwen3-4b" --repeats 2
-if [ ${#failed[@]} -eq 0 ]; then
-  echo '{"gpu_check":"summary","ok":true}'
-else
-  names=$(IFS=,; echo "${failed[*]}")
-  printf '{"gpu_check":"summary","ok":false,"failed":["%s"]}\n' "${names//,/\",\"}"
-  exit 1
-fi
+json_list() { local IFS=,; local names="$*"; [ -n "$names" ] && printf '"%s"' "${names//,/\",\"}"; }
+printf '{"gpu_check":"summary","ok":%s,"seconds":%d,"failed":[%s],"skipped_for_budget":[%s],"logs":"%s"}\n' \
+  "$([ ${#failed[@]} -eq 0 ] && [ ${#skipped[@]} -eq 0 ] && echo true || echo false)" \
+  $(( $(date +%s) - run_start )) "$(json_list "${failed[@]}")" "$(json_list "${skipped[@]}")" "$results/logs"
+[ ${#failed[@]} -eq 0 ] && [ ${#skipped[@]} -eq 0 ]
