@@ -128,8 +128,8 @@ Flux2Segment on_device(const Flux2Transformer& model, const Flux2Segment& s) {
   d.txt = s.txt.to(there);
   d.img = s.img.to(there);
   auto [cos, sin] = infill::flux2_rope_angles(at::cat({d.txt_ids, d.img_ids}), cfg.axes_dim, cfg.theta);
-  d.rope_cos = cos.to(there);
-  d.rope_sin = sin.to(there);
+  d.rope_cos = cos.to(there.dtype(model.rope_table_dtype()));
+  d.rope_sin = sin.to(there.dtype(model.rope_table_dtype()));
   d.time_embedding = infill::flux2_timestep_embedding(s.timestep, cfg.time_embed_dim).to(model.device());
   d.positions_on_device = d.positions.to(model.device());
   return d;
@@ -165,14 +165,16 @@ nlohmann::ordered_json variant_comparison(const Flux2Transformer& model, const F
   nlohmann::ordered_json masked;
   for (const bool prompt_keyed : {true, false}) {
     const int64_t text_rows = prompt_keyed ? 0 : in.txt.size(0);
-    Flux2Segment d = on_device(model, masked_segment(in, rows, text_rows, t, cache));
-    std::span<Flux2Segment> round(&d, 1);
+    const Flux2Transformer* models[2] = {&model, &variant};
+    // Each with its state as a session makes it for that model (its RoPE tables' dtype).
+    Flux2Segment d[2] = {on_device(model, masked_segment(in, rows, text_rows, t, cache)),
+                         on_device(variant, masked_segment(in, rows, text_rows, t, cache))};
     nlohmann::ordered_json row = {{"rows", text_rows + rows.size(0)}};
     at::Tensor eager[2];
     double eager_ms[2], graph_ms[2];
-    const Flux2Transformer* models[2] = {&model, &variant};
-    const std::string refusal = infill::flux2_graph_refusal(round, model.config());
+    const std::string refusal = infill::flux2_graph_refusal(std::span<Flux2Segment>(&d[0], 1), model.config());
     for (int i = 0; i < 2; ++i) {
+      std::span<Flux2Segment> round(&d[i], 1);
       eager[i] = models[i]->forward_on_device(round).to(at::kCPU);
       eager_ms[i] = median_ms(repeats, [&] { (void)models[i]->forward_on_device(round).to(at::kCPU); });
       if (!refusal.empty()) continue;

@@ -19,13 +19,13 @@ struct DeviceMemory {
   /// Bytes the caching allocator holds on the device: the tensors' blocks and the cached free
   /// ones it keeps for reuse (>= allocated_bytes). What this process uses there.
   int64_t reserved_bytes = 0;
-  /// The most allocated_bytes has been since the process began or reset_cuda_memory_peak: what
-  /// a load or a step needed at its height.
-  int64_t peak_allocated_bytes = 0;
   /// Free on the device now, as the driver says (every process's use counted).
   int64_t free_bytes = 0;
   /// The device's memory.
   int64_t total_bytes = 0;
+  /// The most allocated_bytes has been since the process began or reset_cuda_memory_peak: what
+  /// a load or a step needed at its height.
+  int64_t peak_allocated_bytes = 0;
 };
 
 /// The memory of CUDA device `index` (call it once the device is in use: the driver's figures

@@ -125,8 +125,9 @@ Flux2StepGraph::Flux2StepGraph(const Flux2Transformer& model, Flux2GraphKey key,
     const int64_t rows = s.text_rows + s.image_rows;
     // Padding rows keep zero tables: RoPE turns their q and k into zeros, which no real row
     // reads anyway.
-    r.cos.push_back(at::zeros({rows, cfg.head_dim() / 2}, r.opts));
-    r.sin.push_back(at::zeros({rows, cfg.head_dim() / 2}, r.opts));
+    const auto table = r.opts.dtype(model_.rope_table_dtype());
+    r.cos.push_back(at::zeros({rows, cfg.head_dim() / 2}, table));
+    r.sin.push_back(at::zeros({rows, cfg.head_dim() / 2}, table));
     for (auto* per_segment : {&r.q, &r.k, &r.v, &r.attn}) per_segment->push_back(at::zeros({rows, r.hidden}, r.opts));
   }
   // The joined stream keeps each segment's rows together ([text, image] per segment), so the

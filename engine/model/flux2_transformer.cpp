@@ -301,6 +301,8 @@ at::ScalarType Flux2Transformer::compute_dtype() const {
   return device().is_cpu() ? at::kFloat : w_->img_in.w.scalar_type();
 }
 
+at::ScalarType Flux2Transformer::rope_table_dtype() const { return fused_norms() ? at::kFloat : compute_dtype(); }
+
 Flux2Transformer Flux2Transformer::merged(const AdapterSet& adapters) const {
   c10::InferenceMode guard;
   auto w = std::make_unique<Weights>(*w_);  // tensors shared until replaced below
@@ -696,6 +698,7 @@ at::Tensor Flux2Transformer::forward_on_device(std::span<Flux2Segment> segments,
   // float32 on the CPU (no fast bf16 GEMM there), the weights' dtype on a GPU (to_device).
   const at::ScalarType dtype = compute_dtype();
   const auto opts = at::TensorOptions().device(device).dtype(dtype);
+  const auto table_opts = opts.dtype(rope_table_dtype());
   TORCH_CHECK(!segments.empty(), "FLUX.2 forward: no segments");
   TORCH_CHECK(trace == nullptr || segments.size() == 1, "FLUX.2 forward: a trace needs a single segment");
 
@@ -786,14 +789,14 @@ at::Tensor Flux2Transformer::forward_on_device(std::span<Flux2Segment> segments,
       TORCH_CHECK(seg.rope_cos.defined() && seg.rope_sin.defined() && seg.rope_cos.sizes() == at::IntArrayRef(table) &&
                       seg.rope_sin.sizes() == at::IntArrayRef(table),
                   "segment ", i, ": rope_cos and rope_sin must both be [", rows, ", ", cfg.head_dim() / 2, "]");
-      s.cos = seg.rope_cos.to(opts);
-      s.sin = seg.rope_sin.to(opts);
+      s.cos = seg.rope_cos.to(table_opts);
+      s.sin = seg.rope_sin.to(table_opts);
     } else {
       auto ids = s.rt > 0 ? at::cat({seg.txt_ids.to(at::kCPU, at::kFloat), seg.img_ids.to(at::kCPU, at::kFloat)})
                           : seg.img_ids.to(at::kCPU, at::kFloat);
       auto [cos, sin] = flux2_rope_angles(ids, cfg.axes_dim, cfg.theta);
-      s.cos = cos.to(opts);
-      s.sin = sin.to(opts);
+      s.cos = cos.to(table_opts);
+      s.sin = sin.to(table_opts);
     }
     if (seg.positions_on_device.defined() && seg.positions_on_device.device() == device) {
       TORCH_CHECK(seg.positions_on_device.sizes() == s.positions.sizes(), "segment ", i,

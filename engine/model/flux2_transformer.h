@@ -144,7 +144,7 @@ struct Flux2Segment {
   /// that keeps its state on the compute device (issue 39: no per-step copies of a session's
   /// constants). Each is optional; when given it must equal what the forward would compute.
   /// [R_t + R_i, head_dim / 2] each, the rows' RoPE tables (flux2_rope_tables of the text ids,
-  /// then the image ids), in the compute dtype.
+  /// then the image ids), in Flux2Transformer::rope_table_dtype.
   at::Tensor rope_cos, rope_sin;
   /// [time_embed_dim] float: flux2_timestep_embedding(timestep); likewise for guidance
   /// (guidance_embed models).
@@ -190,6 +190,11 @@ class Flux2Transformer {
   at::Device device() const;
   /// The dtype the forward computes in: float32 on the CPU, the weights' dtype elsewhere.
   at::ScalarType compute_dtype() const;
+  /// The dtype of the RoPE tables the forward reads (Flux2Segment::rope_cos, rope_sin): float32
+  /// where the fused norm kernels rotate q and k (they read float32 tables at no cost, and
+  /// upstream keeps its `pe` in float32, so no table value is rounded to bf16 first); the
+  /// compute dtype otherwise (libtorch's ops would widen every product to float32).
+  at::ScalarType rope_table_dtype() const;
   /// A transformer whose adapted weights are W + sum of strength * up @ down over `adapters`
   /// (computed in float32, stored in W's dtype and device); the others are shared with this
   /// one, which is unchanged. The merged-weight alternative to applying the adapters per

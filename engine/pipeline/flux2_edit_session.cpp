@@ -217,7 +217,7 @@ const Flux2EditSession::RopeTables& Flux2EditSession::rope_tables(RopeTables& sl
   if (!slot.cos.defined()) {
     const Flux2Config& cfg = model_->config();
     auto [cos, sin] = flux2_rope_angles(at::cat(ids), cfg.axes_dim, cfg.theta);
-    const auto on_device = at::TensorOptions().device(model_->device()).dtype(model_->compute_dtype());
+    const auto on_device = at::TensorOptions().device(model_->device()).dtype(model_->rope_table_dtype());
     slot.cos = cos.to(on_device);
     slot.sin = sin.to(on_device);
   }

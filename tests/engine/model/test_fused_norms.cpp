@@ -77,6 +77,7 @@ TEST_CASE("The fused norms are refused off a GPU, naming the device and the inpu
   c10::InferenceMode guard;
   const Flux2Transformer model = Flux2Transformer::random(small_config(), 3, at::kBFloat16);
   CHECK_FALSE(model.fused_norms());
+  CHECK(model.rope_table_dtype() == at::kFloat);  // the CPU computes in float32
   auto refused = model.with_fused_norms();
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(refused.status().message(), Catch::Contains("fused norms: cpu:"));
@@ -190,6 +191,9 @@ TEST_CASE("FLUX.2 with the fused norms on CUDA equals its forward without them, 
     CHECK(fused.fused_norms());
     CHECK_FALSE(plain.fused_norms());
     CHECK(fused.weight_bytes() == plain.weight_bytes());  // the weights are shared
+    // The kernels read float32 tables (as upstream keeps pe); libtorch's ops the compute dtype.
+    CHECK(fused.rope_table_dtype() == at::kFloat);
+    CHECK(plain.rope_table_dtype() == dtype);
     // float32: the sums in another order; bf16: upstream's rounding points against libtorch's
     // composition, which rounds after every op.
     const double limit = dtype == at::kFloat ? 1e-4 : 3e-2;
@@ -200,6 +204,12 @@ TEST_CASE("FLUX.2 with the fused norms on CUDA equals its forward without them, 
     const at::Tensor plain_full = forward_one(plain, prepare);
     const at::Tensor fused_full = forward_one(fused, full_segment(r, 0.6));
     CHECK(max_relative(fused_full, plain_full) <= limit);
+    // Both against the same weights' float32 forward on the CPU, the numbers bf16 rounds.
+    const at::Tensor exact = forward_one(Flux2Transformer::random(cfg, 5, at::kFloat), full_segment(r, 0.6));
+    CHECK(max_relative(fused_full, exact) <= limit);
+    CHECK(max_relative(plain_full, exact) <= limit);
+    WARN("full step against float32 on the CPU, " << dtype << ": fused " << max_relative(fused_full, exact)
+                                                    << ", libtorch's " << max_relative(plain_full, exact));
     // Masked, prompt-keyed (image rows only) and template-keyed (some text rows too), packed.
     std::vector<Flux2Segment> round = {masked_segment(r, no_txt, rows, 0.6, &kv),
                                        masked_segment(r, some_txt, rows, 0.6, &kv)};
