@@ -3,7 +3,9 @@
 // MLP projection, in one run on one machine:
 // - an adapter's load from its file to the compute device (ms, GB/s of the file);
 // - a masked step (m = 0.1, prompt-keyed: the masked image rows against cached K/V) without
-//   adapter, with one adapter applied per segment (unfused) and with merged weights;
+//   adapter, with one adapter applied per segment (unfused) and with merged weights; on a GPU
+//   also through step graphs (as the engine replays masked rounds, the adapter's terms
+//   recorded with the round) without and with the adapter;
 // - a packed round of 8 masked segments with 4 different sets ({}, A, B, A + B) against the
 //   same round without adapters;
 // - with --full (default on a GPU), the same for a full step;
@@ -31,10 +33,12 @@
 #include "machine_info.h"
 #include "model/compute_device.h"
 #include "model/compute_threads.h"
+#include "model/flux2_step_graph.h"
 #include "model/flux2_transformer.h"
 #include "model/lora_adapter.h"
 #include "model/safetensors.h"
 #include "model/safetensors_torch.h"
+#include "model/work_capture.h"
 #include "pipeline/cached_kv.h"
 #include "pipeline/device_kv_entry.h"
 #include "process_memory.h"
@@ -204,6 +208,17 @@ int main(int argc, char** argv) {
   const double base_full = full ? time_forward(model, {full_segment({})}) : 0.0;
   out["base"] = {{"masked_step_ms", base_masked}};
   if (full) out["base"]["full_step_ms"] = base_full;
+  // A masked step through a step graph (model/flux2_step_graph.h): the segment's state on the
+  // device as a session keeps it, recorded once, then replayed.
+  auto time_graph = [&](const AdapterSet& set) {
+    Flux2Segment d = infill::bench::segment_on_device(model, masked_segment(0.7, set));
+    std::span<Flux2Segment> round(&d, 1);
+    infill::Flux2StepGraph graph(model, infill::flux2_graph_key(round), infill::make_work_capture(model.device()));
+    (void)graph.run(round).to(at::kCPU);  // records
+    return infill::bench::median_ms(repeats, [&] { (void)graph.run(round).to(at::kCPU); });
+  };
+  const double base_graph = device.cuda ? time_graph({}) : 0.0;
+  if (device.cuda) out["base"]["masked_step_graph_ms"] = base_graph;
 
   nlohmann::ordered_json by_rank = nlohmann::ordered_json::array();
   std::vector<std::shared_ptr<const infill::LoraAdapter>> rank16;  // A and B of the packed round
@@ -246,6 +261,10 @@ int main(int argc, char** argv) {
     if (full) unfused_full = time_forward(model, {full_segment(one)});
     r["masked_step"] = {{"unfused_ms", unfused}, {"merged_ms", merged_ms},
                         {"unfused_overhead", unfused / base_masked - 1.0}, {"merged_overhead", merged_ms / base_masked - 1.0}};
+    if (device.cuda) {
+      const double graph = time_graph(one);
+      r["masked_step"]["graph"] = {{"base_ms", base_graph}, {"unfused_ms", graph}, {"unfused_overhead", graph / base_graph - 1.0}};
+    }
     if (full) {
       r["full_step"] = {{"unfused_ms", unfused_full}, {"merged_ms", merged_full},
                         {"unfused_overhead", unfused_full / base_full - 1.0}, {"merged_overhead", merged_full / base_full - 1.0}};

@@ -119,22 +119,6 @@ Flux2Segment masked_segment(const infill::bench::Flux2BenchInputs& in, const at:
   return s;
 }
 
-// `s` with its state on the model's device, made once (issue 39): its rows, RoPE tables,
-// timestep embedding and positions there.
-Flux2Segment on_device(const Flux2Transformer& model, const Flux2Segment& s) {
-  const Flux2Config& cfg = model.config();
-  const auto there = at::TensorOptions().device(model.device()).dtype(model.compute_dtype());
-  Flux2Segment d = s;
-  d.txt = s.txt.to(there);
-  d.img = s.img.to(there);
-  auto [cos, sin] = infill::flux2_rope_angles(at::cat({d.txt_ids, d.img_ids}), cfg.axes_dim, cfg.theta);
-  d.rope_cos = cos.to(there.dtype(model.rope_table_dtype()));
-  d.rope_sin = sin.to(there.dtype(model.rope_table_dtype()));
-  d.time_embedding = infill::flux2_timestep_embedding(s.timestep, cfg.time_embed_dim).to(model.device());
-  d.positions_on_device = d.positions.to(model.device());
-  return d;
-}
-
 // max |a - b| / max |b| and the RMS of a - b over the RMS of b.
 nlohmann::ordered_json difference(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor d = (a - b).to(at::kFloat), r = b.to(at::kFloat);
@@ -167,8 +151,8 @@ nlohmann::ordered_json variant_comparison(const Flux2Transformer& model, const F
     const int64_t text_rows = prompt_keyed ? 0 : in.txt.size(0);
     const Flux2Transformer* models[2] = {&model, &variant};
     // Each with its state as a session makes it for that model (its RoPE tables' dtype).
-    Flux2Segment d[2] = {on_device(model, masked_segment(in, rows, text_rows, t, cache)),
-                         on_device(variant, masked_segment(in, rows, text_rows, t, cache))};
+    Flux2Segment d[2] = {infill::bench::segment_on_device(model, masked_segment(in, rows, text_rows, t, cache)),
+                         infill::bench::segment_on_device(variant, masked_segment(in, rows, text_rows, t, cache))};
     nlohmann::ordered_json row = {{"rows", text_rows + rows.size(0)}};
     at::Tensor eager[2];
     double eager_ms[2], graph_ms[2];
@@ -435,7 +419,7 @@ int main(int argc, char** argv) {
       // CPU). Each timed to the prediction's arrival on the host (what the eager step returns).
       if (resident_source || !device.cuda) {
         s.kv = resident_source ? static_cast<infill::KvSource*>(resident_source.get()) : &source;
-        Flux2Segment d = on_device(model, s);
+        Flux2Segment d = infill::bench::segment_on_device(model, s);
         std::span<Flux2Segment> round(&d, 1);
         const at::Tensor eager = model.forward_on_device(round).to(at::kCPU);
         const double device_ms = median_ms(repeats, [&] { (void)model.forward_on_device(round).to(at::kCPU); });

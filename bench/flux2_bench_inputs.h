@@ -1,7 +1,8 @@
 #pragma once
 // What the FLUX.2 benchmarks (bench_flux2, bench_adapters) share: the model sizes they run at
 // and one request's inputs at klein's editing layout (text, an image grid at t = 0 and the
-// same grid as reference tokens at t = 10), and a masked rectangle of the grid.
+// same grid as reference tokens at t = 10), a segment's state on the device, and a masked
+// rectangle of the grid.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -60,6 +61,23 @@ inline Flux2BenchInputs make_flux2_bench_inputs(const Flux2Config& c, int text_t
 
 // The image tokens of a centred rectangle covering about `fraction` of the grid (the mask
 // and its halo, as one box): ascending ids.
+// `s` with its state on the model's device, made once as a session makes it (issue 39): its
+// rows, RoPE tables (in the model's rope_table_dtype), timestep embedding and positions there,
+// which a step graph needs.
+inline Flux2Segment segment_on_device(const Flux2Transformer& model, const Flux2Segment& s) {
+  const Flux2Config& cfg = model.config();
+  const auto there = at::TensorOptions().device(model.device()).dtype(model.compute_dtype());
+  Flux2Segment d = s;
+  d.txt = s.txt.to(there);
+  d.img = s.img.to(there);
+  auto [cos, sin] = flux2_rope_angles(at::cat({d.txt_ids, d.img_ids}), cfg.axes_dim, cfg.theta);
+  d.rope_cos = cos.to(there.dtype(model.rope_table_dtype()));
+  d.rope_sin = sin.to(there.dtype(model.rope_table_dtype()));
+  d.time_embedding = flux2_timestep_embedding(s.timestep, cfg.time_embed_dim).to(model.device());
+  d.positions_on_device = d.positions.to(model.device());
+  return d;
+}
+
 inline at::Tensor rectangle_tokens(int grid, double fraction) {
   const int side_w = std::max(1, static_cast<int>(std::lround(std::sqrt(fraction) * grid)));
   const int side_h = std::max(1, static_cast<int>(std::lround(fraction * grid * grid / side_w)));

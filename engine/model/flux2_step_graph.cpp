@@ -8,6 +8,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "model/flux2_layers.h"
+#include "model/lora_round.h"
 
 namespace infill {
 
@@ -39,6 +40,18 @@ std::string Flux2GraphKey::text() const {
     out += std::to_string(s.image_rows);
     out += '/';
     out += std::to_string(s.sequence);
+    if (!s.adapters.empty()) {
+      // The key's terms are "<id>*<strength>" joined by '+' (a strength in -10..10 has no '+').
+      out += '@';
+      for (size_t begin = 0;;) {
+        out += s.adapters.substr(begin, std::min<size_t>(8, s.adapters.find('*', begin) - begin));
+        const size_t star = s.adapters.find('*', begin);
+        const size_t next = star == std::string::npos ? std::string::npos : s.adapters.find('+', star);
+        if (next == std::string::npos) break;
+        out += '+';
+        begin = next + 1;
+      }
+    }
   }
   return out;
 }
@@ -52,7 +65,6 @@ std::string flux2_graph_refusal(std::span<const Flux2Segment> segments, const Fl
     if (s.full_blocks != 0) return which + "recomputes a prefix";
     if (s.sink != nullptr) return which + "records K/V";
     if (s.group != nullptr) return which + "is a sequence-parallel share";
-    if (!s.adapters.empty()) return which + "applies adapters";
     if (!s.img.defined() || flux2_row_bucket(s.img.size(0)) == 0) {
       return which + std::to_string(s.img.defined() ? s.img.size(0) : 0) + " image rows exceed the largest bucket";
     }
@@ -65,7 +77,8 @@ std::string flux2_graph_refusal(std::span<const Flux2Segment> segments, const Fl
 Flux2GraphKey flux2_graph_key(std::span<const Flux2Segment> segments) {
   Flux2GraphKey key;
   for (const Flux2Segment& s : segments) {
-    key.segments.push_back({s.txt.defined() ? s.txt.size(0) : 0, flux2_row_bucket(s.img.size(0)), s.sequence_length});
+    key.segments.push_back({s.txt.defined() ? s.txt.size(0) : 0, flux2_row_bucket(s.img.size(0)), s.sequence_length,
+                            adapter_set_key(s.adapters)});
   }
   return key;
 }
@@ -92,6 +105,15 @@ struct Flux2StepGraph::Round {
   // Per segment, made in piece 0 from the embeddings (assigned there only).
   std::vector<std::vector<at::Tensor>> mod_img, mod_txt, mod_single, mod_final;
   at::Tensor out;                      // [I, in_channels] float: every (bucket) image row
+  // The round's adapters, stacked at the first run (Flux2StepGraph::stack_adapters), with the
+  // sets they come from (kept alive: the stacked tensors may be views of theirs), each packed
+  // row's coefficients in the text, image and joined streams, and each segment's [1, K] for
+  // its embedders and modulation. Empty without adapters.
+  bool adapters_stacked = false;
+  LoraRound lora;
+  std::vector<AdapterSet> adapter_sets;
+  at::Tensor coef_txt, coef_img, coef_joined;
+  std::vector<at::Tensor> coef_segment;
   // Per run: the real image rows of each segment.
   std::vector<int64_t> real_rows;
   std::vector<SegmentState> states;
@@ -161,7 +183,29 @@ int64_t Flux2StepGraph::bytes() const {
   for (const auto* per_segment : {&r.cos, &r.sin, &r.q, &r.k, &r.v, &r.attn}) {
     for (const at::Tensor& t : *per_segment) add(t);
   }
+  total += r.lora.bytes();
   return total;
+}
+
+void Flux2StepGraph::stack_adapters(std::span<const Flux2Segment> segments) {
+  Round& r = *round_;
+  r.adapter_sets.clear();
+  std::vector<const AdapterSet*> sets;
+  std::vector<int64_t> text_rows, image_rows, joined_rows;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    r.adapter_sets.push_back(segments[i].adapters);
+    text_rows.push_back(key_.segments[i].text_rows);
+    image_rows.push_back(key_.segments[i].image_rows);
+    joined_rows.push_back(key_.segments[i].text_rows + key_.segments[i].image_rows);
+  }
+  for (const AdapterSet& set : r.adapter_sets) sets.push_back(&set);
+  r.lora = LoraRound::build(sets, r.opts);
+  r.coef_txt = r.lora.row_coefficients(text_rows);
+  r.coef_img = r.lora.row_coefficients(image_rows);
+  r.coef_joined = r.lora.row_coefficients(joined_rows);
+  r.coef_segment.clear();
+  for (size_t i = 0; i < segments.size(); ++i) r.coef_segment.push_back(r.lora.segment_coefficients(i));
+  r.adapters_stacked = true;
 }
 
 void Flux2StepGraph::stage_inputs(std::span<Flux2Segment> segments) {
@@ -212,24 +256,33 @@ void Flux2StepGraph::piece(int p) {
   const int depth = cfg.depth();
   auto rt = [&](size_t i) { return key_.segments[i].text_rows; };
   auto bucket = [&](size_t i) { return key_.segments[i].image_rows; };
+  // x W^T plus the round's adapter terms of W for x's rows, whose coefficients are `coef` (as
+  // the eager forward's).
+  auto lin = [&r](const Linear& l, const at::Tensor& x, const at::Tensor& coef) {
+    at::Tensor y = l(x);
+    if (!r.lora.empty()) r.lora.add(l.name, x, coef, y);
+    return y;
+  };
 
   if (p == 0) {
     // The modulation of every segment from its embeddings, and the input projections.
     for (auto* mods : {&r.mod_img, &r.mod_txt, &r.mod_single, &r.mod_final}) mods->assign(n, {});
     for (size_t i = 0; i < n; ++i) {
+      const at::Tensor cs = r.lora.empty() ? at::Tensor() : r.coef_segment[i];
       const at::Tensor t_emb = r.time_emb[static_cast<int64_t>(i)].to(r.opts);
-      at::Tensor vec = w.time_in1(at::silu(w.time_in0(t_emb)));
+      at::Tensor vec = lin(w.time_in1, at::silu(lin(w.time_in0, t_emb, cs)), cs);
       if (cfg.guidance_embed) {
-        vec = vec + w.guidance_in1(at::silu(w.guidance_in0(r.guidance_emb[static_cast<int64_t>(i)].to(r.opts))));
+        const at::Tensor g_emb = r.guidance_emb[static_cast<int64_t>(i)].to(r.opts);
+        vec = vec + lin(w.guidance_in1, at::silu(lin(w.guidance_in0, g_emb, cs)), cs);
       }
       const at::Tensor act = at::silu(vec).unsqueeze(0);
-      r.mod_img[i] = w.mod_img(act).chunk(6, 1);
-      r.mod_txt[i] = w.mod_txt(act).chunk(6, 1);
-      r.mod_single[i] = w.mod_single(act).chunk(3, 1);
-      r.mod_final[i] = w.final_ada(act).chunk(2, 1);
+      r.mod_img[i] = lin(w.mod_img, act, cs).chunk(6, 1);
+      r.mod_txt[i] = lin(w.mod_txt, act, cs).chunk(6, 1);
+      r.mod_single[i] = lin(w.mod_single, act, cs).chunk(3, 1);
+      r.mod_final[i] = lin(w.final_ada, act, cs).chunk(2, 1);
     }
-    if (r.text_total > 0) r.x_txt.copy_(w.txt_in(r.txt_in));
-    r.x_img.copy_(w.img_in(r.img_in));
+    if (r.text_total > 0) r.x_txt.copy_(lin(w.txt_in, r.txt_in, r.coef_txt));
+    r.x_img.copy_(lin(w.img_in, r.img_in, r.coef_img));
   }
 
   if (p > 0 && p <= cfg.double_blocks) {  // the rest of double block p - 1
@@ -241,12 +294,12 @@ void Flux2StepGraph::piece(int p) {
       r.image_of(attn_i, i, bucket(i)).copy_(r.attn[i].narrow(0, rt(i), bucket(i)));
     }
     if (r.text_total > 0) {
-      const at::Tensor proj_t = blk.txt.proj(attn_t);
+      const at::Tensor proj_t = lin(blk.txt.proj, attn_t, r.coef_txt);
       for (size_t i = 0; i < n; ++i) {
         if (rt(i) > 0) r.text_of(r.x_txt, i, rt(i)).addcmul_(r.text_of(proj_t, i, rt(i)), r.mod_txt[i][2]);
       }
     }
-    const at::Tensor proj_i = blk.img.proj(attn_i);
+    const at::Tensor proj_i = lin(blk.img.proj, attn_i, r.coef_img);
     for (size_t i = 0; i < n; ++i) r.image_of(r.x_img, i, bucket(i)).addcmul_(r.image_of(proj_i, i, bucket(i)), r.mod_img[i][2]);
     auto mlp = [&](const Stream& st, at::Tensor& x, bool text) {
       if (x.size(0) == 0) return;
@@ -257,8 +310,9 @@ void Flux2StepGraph::piece(int p) {
         const auto& mod = text ? r.mod_txt[i] : r.mod_img[i];
         modulate_rows(slice(x, i), slice(h, i), mod[3], mod[4], fused);
       }
-      at::Tensor up = st.mlp_in(h);
-      at::Tensor out = st.mlp_out(at::silu(up.narrow(1, 0, M)).mul_(up.narrow(1, M, M)));
+      const at::Tensor& coef = text ? r.coef_txt : r.coef_img;
+      at::Tensor up = lin(st.mlp_in, h, coef);
+      at::Tensor out = lin(st.mlp_out, at::silu(up.narrow(1, 0, M)).mul_(up.narrow(1, M, M)), coef);
       for (size_t i = 0; i < n; ++i) {
         if (text && rt(i) == 0) continue;
         const auto& mod = text ? r.mod_txt[i] : r.mod_img[i];
@@ -276,7 +330,7 @@ void Flux2StepGraph::piece(int p) {
     }
   } else if (p > cfg.double_blocks) {  // the rest of single block p - 1
     const SingleBlock& blk = w.singles[p - 1 - cfg.double_blocks];
-    const at::Tensor out = blk.linear2(r.inner);
+    const at::Tensor out = lin(blk.linear2, r.inner, r.coef_joined);
     for (size_t i = 0; i < n; ++i) {
       const int64_t rows = rt(i) + bucket(i);
       r.joined_of(r.x, i, rows).addcmul_(r.joined_of(out, i, rows), r.mod_single[i][2]);
@@ -300,8 +354,8 @@ void Flux2StepGraph::piece(int p) {
       modulate_rows(r.image_of(r.x_img, i, bucket(i)), r.image_of(hi, i, bucket(i)), r.mod_img[i][0], r.mod_img[i][1],
                     fused);
     }
-    const at::Tensor qkv_t = r.text_total > 0 ? blk.txt.qkv(ht) : at::Tensor();
-    const at::Tensor qkv_i = blk.img.qkv(hi);
+    const at::Tensor qkv_t = r.text_total > 0 ? lin(blk.txt.qkv, ht, r.coef_txt) : at::Tensor();
+    const at::Tensor qkv_i = lin(blk.img.qkv, hi, r.coef_img);
     for (size_t i = 0; i < n; ++i) {
       const at::Tensor im = r.image_of(qkv_i, i, bucket(i));
       const at::Tensor t = rt(i) > 0 ? r.text_of(qkv_t, i, rt(i)) : at::Tensor();
@@ -316,7 +370,7 @@ void Flux2StepGraph::piece(int p) {
       const int64_t rows = rt(i) + bucket(i);
       modulate_rows(r.joined_of(r.x, i, rows), r.joined_of(h, i, rows), r.mod_single[i][0], r.mod_single[i][1], fused);
     }
-    const at::Tensor y = blk.linear1(h);  // [R, 3H + 2M]: q, k, v, then the MLP's gate and up halves
+    const at::Tensor y = lin(blk.linear1, h, r.coef_joined);  // [R, 3H + 2M]: q, k, v, then the MLP's gate and up halves
     for (size_t i = 0; i < n; ++i) {
       const at::Tensor ys = r.joined_of(y, i, rt(i) + bucket(i));
       single_block_qk(blk, ys, r.cos[i], r.sin[i], heads, fused, r.q[i], r.k[i]);
@@ -331,7 +385,7 @@ void Flux2StepGraph::piece(int p) {
       modulate_rows(image, h, r.mod_final[i][0], r.mod_final[i][1], fused);
       rows.push_back(h);
     }
-    r.out.copy_(w.final_linear(n == 1 ? rows[0] : at::cat(rows, 0)));
+    r.out.copy_(lin(w.final_linear, n == 1 ? rows[0] : at::cat(rows, 0), r.coef_img));
   }
 }
 
@@ -357,6 +411,7 @@ at::Tensor Flux2StepGraph::run(std::span<Flux2Segment> segments) {
   stage_inputs(segments);
   const int depth = model_.config().depth();
   const bool record = pieces_.empty();
+  if (!round_->adapters_stacked) stack_adapters(segments);
   try {
     for (int p = 0; p <= depth; ++p) {
       if (record) {

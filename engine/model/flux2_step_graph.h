@@ -20,6 +20,12 @@
 ///
 /// Inputs are copied into the graph's buffers before each replay (the text and image rows,
 /// RoPE tables, the timestep and guidance embeddings); nothing a piece reads changes address.
+///
+/// Adapters (LoRAs): each segment's set, with its strengths, is part of the key. The graph
+/// stacks the round's adapters (model/lora_round.h) and each packed row's coefficients at its
+/// first run and keeps them, with the sets, for its life; every replay multiplies those same
+/// tensors, as the eager forward would. Another set or strength is another graph, so an edit
+/// with a LoRA replays like one without.
 /// Threading: one thread at a time.
 #include <cstdint>
 #include <memory>
@@ -44,6 +50,7 @@ struct Flux2GraphSegmentShape {
   int64_t text_rows = 0;   ///< text rows computed (template-keyed) or 0 (prompt-keyed)
   int64_t image_rows = 0;  ///< the bucket of its image rows
   int64_t sequence = 0;    ///< positions in its sequence
+  std::string adapters;    ///< adapter_set_key of its adapters: "" for none
   bool operator==(const Flux2GraphSegmentShape&) const = default;
 };
 
@@ -51,13 +58,14 @@ struct Flux2GraphSegmentShape {
 struct Flux2GraphKey {
   std::vector<Flux2GraphSegmentShape> segments;
   bool operator==(const Flux2GraphKey&) const = default;
-  /// "t0+128/2577,t5+64/2577": text rows, bucket, sequence per segment.
+  /// "t0+128/2577,t5+64/2577": text rows, bucket, sequence per segment; a segment with
+  /// adapters gains "@" and its adapters' ids' first 8 digits ("t0+128/2577@9c1f03ab").
   std::string text() const;
 };
 
 /// The key of `segments`, or why they cannot run as a graph (an empty string when they can):
 /// each segment must compute some of its positions reading the others from a KvSource, with no
-/// recomputed prefix, sink, sequence group or adapters, and its image rows within a bucket.
+/// recomputed prefix, sink or sequence group, and its image rows within a bucket.
 std::string flux2_graph_refusal(std::span<const Flux2Segment> segments, const Flux2Config& config);
 Flux2GraphKey flux2_graph_key(std::span<const Flux2Segment> segments);
 
@@ -76,12 +84,15 @@ class Flux2StepGraph {
 
   const Flux2GraphKey& key() const { return key_; }
   bool recorded() const { return !pieces_.empty(); }
-  /// Device bytes of the recorded pieces (their pool) and of the input buffers.
+  /// Device bytes of the recorded pieces (their pool), of the input buffers and of the
+  /// adapters' stacked tensors it keeps.
   int64_t bytes() const;
 
  private:
   struct Round;  // the buffers and activations the pieces share
   void stage_inputs(std::span<Flux2Segment> segments);
+  // The round's adapters and each packed row's coefficients, at the first run.
+  void stack_adapters(std::span<const Flux2Segment> segments);
   // Piece p: the post-attention part of block p - 1 (none for p = 0) and the pre-attention part
   // of block p (the final layer for p = depth).
   void piece(int p);

@@ -51,6 +51,12 @@ LoraRound LoraRound::build(std::span<const AdapterSet* const> sets, const at::Te
   return round;
 }
 
+int64_t LoraRound::bytes() const {
+  int64_t total = segment_coef_.defined() ? static_cast<int64_t>(segment_coef_.nbytes()) : 0;
+  for (const auto& [_, s] : layers_) total += static_cast<int64_t>(s.down.nbytes() + s.up_t.nbytes() + s.owner.nbytes());
+  return total;
+}
+
 at::Tensor LoraRound::row_coefficients(std::span<const int64_t> rows) const {
   if (empty()) return {};
   const at::Tensor counts = at::tensor(std::vector<int64_t>(rows.begin(), rows.end()), at::kLong);

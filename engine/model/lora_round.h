@@ -38,6 +38,9 @@ class LoraRound {
   bool empty() const { return adapters_.empty(); }
   /// Distinct adapters of the round.
   size_t adapters() const { return adapters_.size(); }
+  /// Bytes of the tensors it holds (stacked factors, owners, coefficients; a factor that is a
+  /// view of one adapter's is counted too).
+  int64_t bytes() const;
   /// [sum rows, K]: the coefficients of rows packed segment after segment, `rows[i]` of
   /// segment i.
   at::Tensor row_coefficients(std::span<const int64_t> rows) const;
