@@ -87,9 +87,15 @@ std::variant<EditRequestFields, ApiReply> parse_edit_request(const json& p, std:
   if (p.contains("references")) {
     const proto::EditParameter& spec = proto::edit_parameter("references");
     const json& list = p["references"];
-    if (!list.is_array() || list.size() > spec.max_length)
-      return error_reply(400, "invalid_parameter", "references must be an array of at most " + std::to_string(spec.max_length) +
-                                                       " template ids (from POST /v1/templates)");
+    const std::string expected =
+        "expected an array of at most " + std::to_string(spec.max_length) + " template ids (from POST /v1/templates)";
+    if (!list.is_array()) {
+      return error_reply(400, "invalid_parameter", "references is " + std::string(list.type_name()) + ", " + expected);
+    }
+    if (list.size() > spec.max_length) {
+      return error_reply(400, "invalid_parameter",
+                         "references has " + std::to_string(list.size()) + " template ids, " + expected);
+    }
     for (size_t i = 0; i < list.size(); ++i) {
       const std::string at = "references[" + std::to_string(i) + "]";
       if (!list[i].is_string() || list[i].get<std::string>().empty())

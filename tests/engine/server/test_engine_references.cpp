@@ -83,12 +83,17 @@ TEST_CASE("infill-engine applies reference images an edit names and refuses bad 
                                                 " is 48x48 pixels; a reference is at least 64 pixels a side");
   Response five = refused({ref_a, ref_b, tiny, tmpl, std::string(64, 'e')});
   CHECK(five.status == 400);
-  CHECK(five.json()["error"]["message"] == "references must be an array of at most 4 template ids (from POST /v1/templates)");
+  CHECK(five.json()["error"]["message"] ==
+        "references has 5 template ids, expected an array of at most 4 template ids (from POST /v1/templates)");
   Response twice = refused({ref_a, ref_a});
   CHECK(twice.status == 400);
   CHECK(twice.json()["error"]["message"] == "references[1] repeats " + ref_a + " (each reference once)");
   Response number = refused({7});
   CHECK(number.status == 400);
+  Response not_a_list = refused(nlohmann::json("pose.png"));
+  CHECK(not_a_list.status == 400);
+  CHECK(not_a_list.json()["error"]["message"] ==
+        "references is string, expected an array of at most 4 template ids (from POST /v1/templates)");
   // The engine keeps serving.
   CHECK((run_edit(ep, with).data == referenced.data));
   ::kill(pid, SIGTERM);
