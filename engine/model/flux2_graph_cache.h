@@ -2,7 +2,7 @@
 /// The step graphs of one FLUX.2 transformer (model/flux2_step_graph.h), one per round shape,
 /// recorded on first use within a byte budget and evicted least recently used first (issue
 /// 39). A round it does not hold runs eagerly: a shape a graph cannot take (a full step, a
-/// prepare run, adapters, rows above the largest bucket), a shape whose recording failed (out of
+/// prepare run, rows above the largest bucket), a shape whose recording failed (out of
 /// device memory, say: never retried, counted in the stats, the edit unaffected), or a graph
 /// larger than the whole budget.
 /// Threading: run() from any thread, one round at a time: a round that finds another running

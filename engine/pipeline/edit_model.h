@@ -219,6 +219,10 @@ class EditModel {
   virtual ComputeDevice device() const { return {}; }
   /// What its step graphs did (FLUX.2 on a GPU, model/flux2_graph_cache.h); zeros otherwise.
   virtual StepGraphStats step_graph_stats() const { return {}; }
+  /// Codec calls (template encodes, result and preview decodes) that ran on the codec's CPU
+  /// copy because the GPU was out of memory (model/host_fallback_codec.h); nothing for a model
+  /// whose codec has no such copy (the CPU's).
+  virtual std::optional<int64_t> codec_host_fallbacks() const { return std::nullopt; }
   /// What a sequence-parallel step of this model moves between devices, for the device
   /// team's step predictions (serving/team_planner.h); zeros for models that never share.
   struct ParallelShape {

@@ -15,6 +15,7 @@
 #include "model/device_memory.h"
 #include "model/file_identity.h"
 #include "model/float8_linear.h"
+#include "model/host_fallback_codec.h"
 #include "model/safetensors_shards.h"
 #include "model/flux2_model.h"
 #include "model/flux2_sequence_parallel.h"
@@ -184,6 +185,12 @@ DeviceKvTierStats Flux2EditModel::device_tier_stats() const {
 
 StepGraphStats Flux2EditModel::step_graph_stats() const {
   return step_graphs_ ? step_graphs_->stats() : StepGraphStats{};
+}
+
+std::optional<int64_t> Flux2EditModel::codec_host_fallbacks() const {
+  const auto* fallback = dynamic_cast<const HostFallbackCodec*>(parts_.codec.get());
+  if (fallback == nullptr) return std::nullopt;
+  return fallback->host_fallbacks();
 }
 
 EditModel::ParallelShape Flux2EditModel::parallel_shape() const {
@@ -545,9 +552,11 @@ Result<std::shared_ptr<const Flux2EditModel>> load_flux2_edit_model(const std::s
   parts.codec = loaded->codec;
   if (options.device.cuda && loaded->autoencoder && loaded->codec == loaded->autoencoder) {
     // The VAE's template encodes and crop decodes on the GPU too: on the CPU a 1024x1024
-    // stroke's crop takes seconds. Where the device cannot hold it, it stays on the CPU.
+    // stroke's crop takes seconds. Where the device cannot hold it, it stays on the CPU; a call
+    // whose activations do not fit runs on the CPU copy (model/host_fallback_codec.h).
     if (auto moved = loaded->autoencoder->on_device(options.device); moved.ok()) {
-      parts.codec = std::make_shared<const Flux2Autoencoder>(std::move(*moved));
+      parts.codec = std::make_shared<const HostFallbackCodec>(std::make_shared<const Flux2Autoencoder>(std::move(*moved)),
+                                                              loaded->autoencoder);
     }
   }
   parts.text = std::shared_ptr<Qwen3PromptEncoder>(std::move(text));

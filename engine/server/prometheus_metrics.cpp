@@ -162,7 +162,7 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
         GraphFigure{"infill_step_graph_evictions_total", "counter", "Step graphs dropped for the budget.",
                     &StepGraphStats::evicted},
         GraphFigure{"infill_step_graph_eager_rounds_total", "counter",
-                    "Rounds run eagerly: a shape no graph takes (full steps, adapters, rows above 1024) or whose "
+                    "Rounds run eagerly: a shape no graph takes (full steps, prepare runs, rows above 1024) or whose "
                     "recording failed.",
                     &StepGraphStats::eager_rounds},
         GraphFigure{"infill_step_graph_failed_recordings_total", "counter",
@@ -173,6 +173,13 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
       for (const auto& [model, stats] : mw.worker.step_graphs_by_model)
         w.sample(g.name, with(worker_labels(mw), {{"model", model}}), double(stats.*g.field));
     }
+  }
+  w.family("infill_codec_host_fallbacks_total", "counter",
+           "Codec calls (template encodes, result and preview decodes) run on the codec's CPU copy because the GPU was "
+           "out of memory: slower, and no edit failed.");
+  for (const ServiceWorkerMetrics& mw : m.workers) {
+    for (const auto& [model, n] : mw.worker.codec_host_fallbacks_by_model)
+      w.sample("infill_codec_host_fallbacks_total", with(worker_labels(mw), {{"model", model}}), double(n));
   }
   w.family("infill_worker_in_service", "gauge", "1 while the worker takes edits, 0 after its device failed for good.");
   for (const ServiceWorkerMetrics& mw : m.workers)

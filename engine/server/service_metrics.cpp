@@ -56,6 +56,7 @@ json service_metrics_json(const ServiceMetrics& m) {
                        {"locality_missed", w.locality_missed},
                        {"cost_by_model", costs},
                        {"step_graphs", graphs},
+                       {"codec_host_fallbacks", w.codec_host_fallbacks_by_model},
                        {"failed_steps", w.failed_steps},
                        {"rerouted", w.rerouted},
                        {"prepare_steps", w.prepare_steps},

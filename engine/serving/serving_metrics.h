@@ -72,6 +72,9 @@ struct WorkerMetrics {
   std::map<std::string, ModelCost> cost_by_model;
   /// Each model's step graphs on this worker's device (models with graphs only: a GPU's).
   std::map<std::string, StepGraphStats> step_graphs_by_model;
+  /// Each model's codec calls run on the codec's CPU copy for want of device memory
+  /// (EditModel::codec_host_fallbacks; models with such a copy only: a GPU's FLUX.2 VAE).
+  std::map<std::string, int64_t> codec_host_fallbacks_by_model;
   uint64_t steps = 0;            ///< batched denoising steps run
   uint64_t failed_steps = 0;     ///< steps whose forward threw (their requests failed)
   /// Requests handed back to be run on another worker after this one left service.

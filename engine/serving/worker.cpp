@@ -289,6 +289,9 @@ WorkerMetrics Worker::metrics() const {
     if (StepGraphStats g = models_[i].model->step_graph_stats(); g.budget_bytes > 0) {
       m.step_graphs_by_model[models_[i].model->info().id] = std::move(g);
     }
+    if (const std::optional<int64_t> n = models_[i].model->codec_host_fallbacks()) {
+      m.codec_host_fallbacks_by_model[models_[i].model->info().id] = *n;
+    }
   }
   m.in_service = in_service_.load();
   {

@@ -155,7 +155,8 @@ TEST_CASE("GET /metrics after an edit: promtool accepts it and it counts the edi
   CHECK(request(f.unix_ep, "POST", "/metrics").status == 405);
 }
 
-TEST_CASE("a GPU worker's step graphs are reported per model, a CPU worker's not at all", "[server][metrics]") {
+TEST_CASE("a GPU worker's step graphs and codec fallbacks are reported per model and a CPU worker's not at all",
+          "[server][metrics]") {
   require_tool_or_skip("promtool", "prometheus");
   ServiceMetrics m;
   ServiceWorkerMetrics gpu;
@@ -173,6 +174,7 @@ TEST_CASE("a GPU worker's step graphs are reported per model, a CPU worker's not
   graphs.failed_recordings = 1;
   graphs.last_failure = "t0+64/2577: CUDA out of memory";
   gpu.worker.step_graphs_by_model["klein"] = graphs;
+  gpu.worker.codec_host_fallbacks_by_model["klein"] = 2;
   ServiceWorkerMetrics cpu;
   cpu.models = {"klein"};
   cpu.worker.device = "cpu";
@@ -190,10 +192,14 @@ TEST_CASE("a GPU worker's step graphs are reported per model, a CPU worker's not
   CHECK(sample_value(text, "infill_step_graph_eager_rounds_total" + labels) == 7);
   CHECK(sample_value(text, "infill_step_graph_failed_recordings_total" + labels) == 1);
   CHECK(text.find(R"(infill_step_graphs{device="cpu")") == std::string::npos);
+  CHECK(sample_value(text, "infill_codec_host_fallbacks_total" + labels) == 2);
+  CHECK(text.find(R"(infill_codec_host_fallbacks_total{device="cpu")") == std::string::npos);
   const nlohmann::json j = service_metrics_json(m);
   CHECK(j["workers"][0]["step_graphs"]["klein"]["replayed"] == 96);
   CHECK(j["workers"][0]["step_graphs"]["klein"]["last_failure"] == "t0+64/2577: CUDA out of memory");
   CHECK(j["workers"][1]["step_graphs"].empty());
+  CHECK(j["workers"][0]["codec_host_fallbacks"]["klein"] == 2);
+  CHECK(j["workers"][1]["codec_host_fallbacks"].empty());
 
   TempDir dir("infill-prom");
   const CommandOutput check = promtool_check(dir, text);
