@@ -1,9 +1,10 @@
 // Edits through the worker with the step graphs on (model/flux2_graph_cache.h). On a GPU they
 // replay CUDA graphs; here the CPU re-runs their pieces (Flux2EditModelParts::
 // step_graphs_on_cpu), which checks the worker's path through them: packed rounds of
-// several edits and modes, the graph per round shape, the counters, results equal to the
-// eager engine's.
+// several edits and modes, LoRAs, the graph per round shape, the counters, results equal to
+// the eager engine's.
 #include "support/catch.h"
+#include "support/tiny_flux2.h"
 
 #include <future>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include <ATen/ATen.h>
 
+#include "model/lora_adapter.h"
 #include "pipeline/flux2_edit_model.h"
 #include "serving/serving_runtime.h"
 #include "flux2_serving_fixture.h"
@@ -61,4 +63,48 @@ TEST_CASE("Worker FLUX.2 edits through the step graphs equal the eager engine's,
   // The engine without graphs reports none.
   auto plain = eager.runtime();
   CHECK(plain->worker_metrics()[0].step_graphs_by_model.empty());
+}
+
+TEST_CASE("Worker FLUX.2 edits with LoRAs replay through the step graphs and equal the eager engine's",
+          "[flux2-serving][step-graph][lora]") {
+  Flux2Serving graphs({}, at::kBFloat16, [](Flux2EditModelParts& parts) {
+    parts.step_graphs_on_cpu = true;
+    parts.step_graph_bytes = int64_t{2} << 30;
+  });
+  Flux2Serving eager;
+  const Flux2Config& cfg = graphs.model->parts().transformer->config();
+  auto lora = [&](const char* name, uint64_t seed) {
+    write_random_lora(graphs.dir.file(name), cfg, seed);
+    auto read = load_lora(graphs.dir.file(name), cfg, "flux2-test");
+    REQUIRE(read.ok());
+    return *read;
+  };
+  const auto a = lora("a.safetensors", 1), b = lora("b.safetensors", 2);
+  // Three edits of one round: none, A, and A + B at other strengths.
+  RuntimeOptions o;
+  o.worker.may_step = step_when_ready(3);
+  auto created = ServingRuntime::create(graphs.model, graphs.store, test::fixed_cost_model(), std::move(o));
+  REQUIRE(created.ok());
+  auto& rt = *created;
+  std::vector<EditParams> edits = {graphs.params("a dark blue patch", 21), graphs.params("make the cup red", 22),
+                                   graphs.params("a dark blue patch", 23)};
+  edits[1].adapters = {{a, 1.0}};
+  edits[2].adapters = {{a, 0.5}, {b, -0.7}};
+  std::vector<std::future<RequestResult>> futures;
+  for (size_t i = 0; i < edits.size(); ++i) futures.push_back(submit(*rt, i + 1, graphs.tmpl, edits[i]));
+  for (size_t i = 0; i < edits.size(); ++i) {
+    const RequestResult r = futures[i].get();
+    INFO("edit " << i << ": " << r.status.to_string());
+    REQUIRE(r.state == RequestState::kDone);
+    const at::Tensor ours = to_rgb_tensor(r.output.image), own = to_rgb_tensor(run_alone(eager, edits[i]));
+    CHECK((ours - own).abs().max().item<double>() <= 2.0 / 255.0);
+  }
+  const auto workers = rt->worker_metrics();
+  const auto it = workers[0].step_graphs_by_model.find(graphs.model->info().id);
+  REQUIRE(it != workers[0].step_graphs_by_model.end());
+  INFO("recorded " << it->second.recorded << ", replayed " << it->second.replayed << ", eager " << it->second.eager_rounds);
+  // The rounds with adapters went through graphs too: none ran eagerly.
+  CHECK(it->second.recorded >= 1);
+  CHECK(it->second.replayed >= 1);
+  CHECK(it->second.eager_rounds == 0);
 }
