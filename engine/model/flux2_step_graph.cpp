@@ -44,8 +44,8 @@ std::string Flux2GraphKey::text() const {
       // The key's terms are "<id>*<strength>" joined by '+' (a strength in -10..10 has no '+').
       out += '@';
       for (size_t begin = 0;;) {
-        out += s.adapters.substr(begin, std::min<size_t>(8, s.adapters.find('*', begin) - begin));
         const size_t star = s.adapters.find('*', begin);
+        out += s.adapters.substr(begin, std::min<size_t>(8, star - begin));
         const size_t next = star == std::string::npos ? std::string::npos : s.adapters.find('+', star);
         if (next == std::string::npos) break;
         out += '+';
@@ -268,7 +268,7 @@ void Flux2StepGraph::piece(int p) {
     // The modulation of every segment from its embeddings, and the input projections.
     for (auto* mods : {&r.mod_img, &r.mod_txt, &r.mod_single, &r.mod_final}) mods->assign(n, {});
     for (size_t i = 0; i < n; ++i) {
-      const at::Tensor cs = r.lora.empty() ? at::Tensor() : r.coef_segment[i];
+      const at::Tensor& cs = r.coef_segment[i];  // undefined without adapters
       const at::Tensor t_emb = r.time_emb[static_cast<int64_t>(i)].to(r.opts);
       at::Tensor vec = lin(w.time_in1, at::silu(lin(w.time_in0, t_emb, cs)), cs);
       if (cfg.guidance_embed) {

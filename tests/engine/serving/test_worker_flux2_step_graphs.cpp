@@ -21,38 +21,51 @@
 using namespace infill;
 using namespace infill::test;
 
-TEST_CASE("Worker FLUX.2 edits through the step graphs equal the eager engine's, packed, and the graphs are counted",
-          "[flux2-serving][step-graph]") {
-  Flux2Serving graphs({}, at::kBFloat16, [](Flux2EditModelParts& parts) {
-    parts.step_graphs_on_cpu = true;
-    parts.step_graph_bytes = int64_t{2} << 30;
-  });
-  Flux2Serving eager;
-  // Every request steps only once all three are ready, so the three share each round.
+namespace {
+
+// The fixture's model with its step graphs on (re-run pieces on the CPU).
+void graphs_on(Flux2EditModelParts& parts) {
+  parts.step_graphs_on_cpu = true;
+  parts.step_graph_bytes = int64_t{2} << 30;
+}
+
+// Runs `edits` on `graphs` as one round (its worker steps only once all are ready) and checks
+// each result against the same edit alone on `eager`, the same weights without graphs: the
+// same pixels up to GEMM blocking (float32 on the CPU, the graph's rows padded to their
+// buckets). Returns the worker's metrics.
+WorkerMetrics run_one_round(const Flux2Serving& graphs, const Flux2Serving& eager, const std::vector<EditParams>& edits) {
   RuntimeOptions o;
-  o.worker.may_step = step_when_ready(3);
+  o.worker.may_step = step_when_ready(static_cast<int>(edits.size()));
   auto created = ServingRuntime::create(graphs.model, graphs.store, test::fixed_cost_model(), std::move(o));
   REQUIRE(created.ok());
   auto& rt = *created;
-  std::vector<EditParams> edits = {graphs.params("a dark blue patch", 11), graphs.params("make the cup red", 12),
-                                   graphs.params("a dark blue patch", 13)};
-  edits[1].mask = ServingFixture::rect_mask(0, 16, 48, 32);  // more rows than the others
   std::vector<std::future<RequestResult>> futures;
   for (size_t i = 0; i < edits.size(); ++i) futures.push_back(submit(*rt, i + 1, graphs.tmpl, edits[i]));
   for (size_t i = 0; i < edits.size(); ++i) {
     const RequestResult r = futures[i].get();
     INFO("edit " << i << ": " << r.status.to_string());
     REQUIRE(r.state == RequestState::kDone);
-    // The same weights and template, without graphs, alone: the same pixels up to GEMM
-    // blocking (float32 on the CPU, the graph's rows padded to their buckets).
     const at::Tensor ours = to_rgb_tensor(r.output.image), own = to_rgb_tensor(run_alone(eager, edits[i]));
     CHECK((ours - own).abs().max().item<double>() <= 2.0 / 255.0);
   }
   const auto workers = rt->worker_metrics();
   REQUIRE(workers.size() == 1);
-  CHECK(workers[0].max_batch >= 3);
-  const auto it = workers[0].step_graphs_by_model.find(graphs.model->info().id);
-  REQUIRE(it != workers[0].step_graphs_by_model.end());
+  return workers[0];
+}
+
+}  // namespace
+
+TEST_CASE("Worker FLUX.2 edits through the step graphs equal the eager engine's, packed, and the graphs are counted",
+          "[flux2-serving][step-graph]") {
+  Flux2Serving graphs({}, at::kBFloat16, graphs_on);
+  Flux2Serving eager;
+  std::vector<EditParams> edits = {graphs.params("a dark blue patch", 11), graphs.params("make the cup red", 12),
+                                   graphs.params("a dark blue patch", 13)};
+  edits[1].mask = ServingFixture::rect_mask(0, 16, 48, 32);  // more rows than the others
+  const WorkerMetrics worker = run_one_round(graphs, eager, edits);
+  CHECK(worker.max_batch >= 3);
+  const auto it = worker.step_graphs_by_model.find(graphs.model->info().id);
+  REQUIRE(it != worker.step_graphs_by_model.end());
   const StepGraphStats& stats = it->second;
   INFO("recorded " << stats.recorded << ", replayed " << stats.replayed << ", eager " << stats.eager_rounds);
   CHECK(stats.recorded >= 1);
@@ -67,10 +80,7 @@ TEST_CASE("Worker FLUX.2 edits through the step graphs equal the eager engine's,
 
 TEST_CASE("Worker FLUX.2 edits with LoRAs replay through the step graphs and equal the eager engine's",
           "[flux2-serving][step-graph][lora]") {
-  Flux2Serving graphs({}, at::kBFloat16, [](Flux2EditModelParts& parts) {
-    parts.step_graphs_on_cpu = true;
-    parts.step_graph_bytes = int64_t{2} << 30;
-  });
+  Flux2Serving graphs({}, at::kBFloat16, graphs_on);
   Flux2Serving eager;
   const Flux2Config& cfg = graphs.model->parts().transformer->config();
   auto lora = [&](const char* name, uint64_t seed) {
@@ -81,27 +91,13 @@ TEST_CASE("Worker FLUX.2 edits with LoRAs replay through the step graphs and equ
   };
   const auto a = lora("a.safetensors", 1), b = lora("b.safetensors", 2);
   // Three edits of one round: none, A, and A + B at other strengths.
-  RuntimeOptions o;
-  o.worker.may_step = step_when_ready(3);
-  auto created = ServingRuntime::create(graphs.model, graphs.store, test::fixed_cost_model(), std::move(o));
-  REQUIRE(created.ok());
-  auto& rt = *created;
   std::vector<EditParams> edits = {graphs.params("a dark blue patch", 21), graphs.params("make the cup red", 22),
                                    graphs.params("a dark blue patch", 23)};
   edits[1].adapters = {{a, 1.0}};
   edits[2].adapters = {{a, 0.5}, {b, -0.7}};
-  std::vector<std::future<RequestResult>> futures;
-  for (size_t i = 0; i < edits.size(); ++i) futures.push_back(submit(*rt, i + 1, graphs.tmpl, edits[i]));
-  for (size_t i = 0; i < edits.size(); ++i) {
-    const RequestResult r = futures[i].get();
-    INFO("edit " << i << ": " << r.status.to_string());
-    REQUIRE(r.state == RequestState::kDone);
-    const at::Tensor ours = to_rgb_tensor(r.output.image), own = to_rgb_tensor(run_alone(eager, edits[i]));
-    CHECK((ours - own).abs().max().item<double>() <= 2.0 / 255.0);
-  }
-  const auto workers = rt->worker_metrics();
-  const auto it = workers[0].step_graphs_by_model.find(graphs.model->info().id);
-  REQUIRE(it != workers[0].step_graphs_by_model.end());
+  const WorkerMetrics worker = run_one_round(graphs, eager, edits);
+  const auto it = worker.step_graphs_by_model.find(graphs.model->info().id);
+  REQUIRE(it != worker.step_graphs_by_model.end());
   INFO("recorded " << it->second.recorded << ", replayed " << it->second.replayed << ", eager " << it->second.eager_rounds);
   // The rounds with adapters went through graphs too: none ran eagerly.
   CHECK(it->second.recorded >= 1);
