@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
 
 #include <c10/util/Exception.h>
+
+#include "model/lora_adapter.h"
 
 namespace infill {
 
@@ -18,6 +21,40 @@ Flux2GraphCache::~Flux2GraphCache() = default;
 StepGraphStats Flux2GraphCache::stats() const {
   std::lock_guard lock(mu_);
   return stats_;
+}
+
+int Flux2GraphCache::drop_released_adapters() {
+  std::lock_guard running(run_mu_);
+  return drop_released_adapters_locked();
+}
+
+int Flux2GraphCache::drop_released_adapters_locked() {
+  // An adapter is released when every holder of it is a graph's set: count the graphs' uses.
+  std::map<const LoraAdapter*, long> graph_uses;
+  for (const auto& g : graphs_)
+    for (const AdapterSet& set : g->adapter_sets())
+      for (const AdapterUse& use : set) graph_uses[use.adapter.get()] += 1;
+  if (graph_uses.empty()) return 0;
+  // Judged for every graph before any is dropped: dropping one lowers the counts of the
+  // adapters it shares with the others.
+  std::vector<const Flux2StepGraph*> released;
+  for (const auto& g : graphs_) {
+    bool holds_released = false;
+    for (const AdapterSet& set : g->adapter_sets())
+      for (const AdapterUse& use : set) holds_released |= use.adapter.use_count() <= graph_uses[use.adapter.get()];
+    if (holds_released) released.push_back(g.get());
+  }
+  const auto before = graphs_.size();
+  graphs_.remove_if([&](const auto& g) { return std::find(released.begin(), released.end(), g.get()) != released.end(); });
+  const int dropped = static_cast<int>(before - graphs_.size());
+  if (dropped == 0) return 0;
+  int64_t held = 0;
+  for (const auto& g : graphs_) held += g->bytes();
+  std::lock_guard lock(mu_);
+  stats_.evicted += dropped;
+  stats_.graphs = static_cast<int64_t>(graphs_.size());
+  stats_.bytes = held;
+  return dropped;
 }
 
 void Flux2GraphCache::evict_to_fit(int64_t keep_bytes) {
@@ -44,6 +81,7 @@ at::Tensor Flux2GraphCache::run(std::span<Flux2Segment> segments) {
   if (!flux2_graph_refusal(segments, model_.config()).empty()) return eager();
   std::unique_lock running(run_mu_, std::try_to_lock);
   if (!running.owns_lock()) return eager();
+  drop_released_adapters_locked();
   const Flux2GraphKey key = flux2_graph_key(segments);
   if (std::find(eager_only_.begin(), eager_only_.end(), key) != eager_only_.end()) return eager();
   auto it = std::find_if(graphs_.begin(), graphs_.end(), [&](const auto& g) { return g->key() == key; });

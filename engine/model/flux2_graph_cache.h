@@ -5,9 +5,15 @@
 /// prepare run, rows above the largest bucket), a shape whose recording failed (out of
 /// device memory, say: never retried, counted in the stats, the edit unaffected), or a graph
 /// larger than the whole budget.
+/// A graph of a round with adapters holds them (its stacked factors are views of their device
+/// tensors where a layer has one adapter). Once nothing else holds one of them (the user
+/// deleted it, or the adapter store's device tier evicted it, and no edit runs with it), the
+/// graph is dropped: at the next round, or at once through drop_released_adapters(), so that
+/// an adapter's device memory goes with it rather than when the budget next needs the room.
+/// Should it come back (the same bytes uploaded again), its rounds record a graph anew.
 /// Threading: run() from any thread, one round at a time: a round that finds another running
-/// (two workers sharing a model on one device) runs eagerly rather than wait. stats() from any
-/// thread.
+/// (two workers sharing a model on one device) runs eagerly rather than wait.
+/// drop_released_adapters() waits for a running round. stats() from any thread.
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -37,9 +43,14 @@ class Flux2GraphCache {
   /// undefined tensor when the round is to run eagerly (the caller runs it).
   at::Tensor run(std::span<Flux2Segment> segments);
   StepGraphStats stats() const;
+  /// Drops every graph holding an adapter that nothing but the graphs holds; counted as
+  /// evicted. Returns how many it dropped.
+  int drop_released_adapters();
 
  private:
   void evict_to_fit(int64_t keep_bytes);
+  // drop_released_adapters() with run_mu_ held.
+  int drop_released_adapters_locked();
 
   const Flux2Transformer& model_;
   CaptureFactory make_capture_;

@@ -187,6 +187,8 @@ int64_t Flux2StepGraph::bytes() const {
   return total;
 }
 
+const std::vector<AdapterSet>& Flux2StepGraph::adapter_sets() const { return round_->adapter_sets; }
+
 void Flux2StepGraph::stack_adapters(std::span<const Flux2Segment> segments) {
   Round& r = *round_;
   r.adapter_sets.clear();

@@ -87,6 +87,9 @@ class Flux2StepGraph {
   /// Device bytes of the recorded pieces (their pool), of the input buffers and of the
   /// adapters' stacked tensors it keeps.
   int64_t bytes() const;
+  /// Each segment's adapter set, which it holds for its stacked factors (those may be views of
+  /// the adapters' tensors); empty before the first run.
+  const std::vector<AdapterSet>& adapter_sets() const;
 
  private:
   struct Round;  // the buffers and activations the pieces share

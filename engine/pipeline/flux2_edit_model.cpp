@@ -187,6 +187,10 @@ StepGraphStats Flux2EditModel::step_graph_stats() const {
   return step_graphs_ ? step_graphs_->stats() : StepGraphStats{};
 }
 
+void Flux2EditModel::release_adapters() const {
+  if (step_graphs_) step_graphs_->drop_released_adapters();
+}
+
 std::optional<int64_t> Flux2EditModel::codec_host_fallbacks() const {
   const auto* fallback = dynamic_cast<const HostFallbackCodec*>(parts_.codec.get());
   if (fallback == nullptr) return std::nullopt;

@@ -118,6 +118,7 @@ class Flux2EditModel final : public EditModel {
   DeviceKvTierStats device_tier_stats() const;
   /// The step graphs' counters (all zero on the CPU, or with step_graph_bytes 0).
   StepGraphStats step_graph_stats() const override;
+  void release_adapters() const override;
   /// The VAE's calls run on its CPU copy for want of GPU memory (a GPU model's VAE only).
   std::optional<int64_t> codec_host_fallbacks() const override;
   ParallelShape parallel_shape() const override;
@@ -135,7 +136,7 @@ class Flux2EditModel final : public EditModel {
   std::shared_ptr<const PromptEmbedding> empty_prompt_;
   // Entries copied to the transformer's GPU; null on the CPU. Internally synchronised.
   std::shared_ptr<DeviceKvTier> device_tier_;
-  // Masked rounds replayed as CUDA graphs; null on the CPU. Used by the step loop's thread.
+  // Masked rounds replayed as CUDA graphs; null on the CPU. Internally synchronised.
   std::shared_ptr<Flux2GraphCache> step_graphs_;
   // The references made last, most recent first (two edits' worth).
   mutable std::mutex references_mu_;

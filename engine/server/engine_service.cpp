@@ -470,6 +470,7 @@ ApiReply EngineService::adapter_status(std::string_view id) const {
 ApiReply EngineService::delete_adapter(std::string_view id) {
   if (!ready()) return impl_->not_ready();
   if (Status st = impl_->adapters->remove(std::string(id)); !st.ok()) return error_reply(404, "unknown_adapter", st.message());
+  impl_->models->release_adapters();  // the step graphs stacked with it, once no edit runs with it
   return json_reply(200, {{"id", std::string(id)}, {"state", "deleted"}});
 }
 

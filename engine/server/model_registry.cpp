@@ -135,6 +135,10 @@ Result<std::unique_ptr<ModelRegistry>> ModelRegistry::load(const ModelRegistryOp
     runtime_devices.push_back(std::move(rd));
   }
   for (const LoadedEditModel& m : models) registry->slots_.push_back({m.model});
+  for (const std::vector<LoadedEditModel>& on_device : loaded)
+    for (const LoadedEditModel& m : on_device)
+      if (std::find(registry->on_devices_.begin(), registry->on_devices_.end(), m.model) == registry->on_devices_.end())
+        registry->on_devices_.push_back(m.model);
   // One runtime for the devices: each device's workers serve every model, so two models share
   // one step loop (per worker) instead of competing for the same cores or GPU from two.
   RuntimeOptions ro;
@@ -167,6 +171,10 @@ const EditModel& ModelRegistry::model(size_t slot) const { return *slots_.at(slo
 const std::string& ModelRegistry::id(size_t slot) const { return slots_.at(slot).model->info().id; }
 std::shared_ptr<const EditModel> ModelRegistry::shared_model(size_t slot) const { return slots_.at(slot).model; }
 ServingRuntime& ModelRegistry::runtime() const { return *runtime_; }
+
+void ModelRegistry::release_adapters() const {
+  for (const auto& m : on_devices_) m->release_adapters();
+}
 ActivationStore& ModelRegistry::store() const { return *store_; }
 
 int ModelRegistry::find(const std::string& id) const {

@@ -122,6 +122,9 @@ class ModelRegistry {
   std::vector<ServiceDevice> device_states(const std::vector<WorkerMetrics>& workers) const;
   /// Adds the devices, the workers, their loads and recent requests, and the store's statistics.
   void collect(ServiceMetrics& m) const;
+  /// Every model on every device lets go of the adapters nothing else holds
+  /// (EditModel::release_adapters): after an adapter is deleted.
+  void release_adapters() const;
   /// Waits up to `budget_ms` for all edits to end.
   bool drain(double budget_ms) const;
   /// Stops the runtime (its callbacks stop before this returns); the models stay.
@@ -131,6 +134,7 @@ class ModelRegistry {
   ModelRegistry() = default;
   struct Slot;
   std::vector<Slot> slots_;
+  std::vector<std::shared_ptr<const EditModel>> on_devices_;  // every model on every device, once
   std::vector<RegistryDevice> devices_;
   std::shared_ptr<ActivationStore> store_;
   std::unique_ptr<ServingRuntime> runtime_;

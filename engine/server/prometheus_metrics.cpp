@@ -159,7 +159,7 @@ std::string prometheus_metrics_text(const ServiceMetrics& m) {
         GraphFigure{"infill_step_graph_recorded_total", "counter", "Step graphs recorded.", &StepGraphStats::recorded},
         GraphFigure{"infill_step_graph_replays_total", "counter", "Rounds replayed through a recorded graph.",
                     &StepGraphStats::replayed},
-        GraphFigure{"infill_step_graph_evictions_total", "counter", "Step graphs dropped for the budget.",
+        GraphFigure{"infill_step_graph_evictions_total", "counter", "Step graphs dropped for the budget or for a deleted adapter they held.",
                     &StepGraphStats::evicted},
         GraphFigure{"infill_step_graph_eager_rounds_total", "counter",
                     "Rounds run eagerly: a shape no graph takes (full steps, prepare runs, rows above 1024) or whose "

@@ -121,6 +121,19 @@ double run_through_graphs(const Flux2Transformer& model, std::initializer_list<F
   return worst;
 }
 
+// Random LoRAs A (rank 4) and B (rank 8) on every linear layer of `cfg` (embedders and
+// modulation too), written to `dir` and read back.
+std::pair<std::shared_ptr<const LoraAdapter>, std::shared_ptr<const LoraAdapter>> two_loras(const Flux2Config& cfg,
+                                                                                            test::TempDir& dir) {
+  test::write_random_lora(dir.file("a.safetensors"), cfg, 5, 4);
+  test::write_random_lora(dir.file("b.safetensors"), cfg, 6, 8);
+  auto a = load_lora(dir.file("a.safetensors"), cfg, "tiny");
+  auto b = load_lora(dir.file("b.safetensors"), cfg, "tiny");
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  return {*a, *b};
+}
+
 }  // namespace
 
 TEST_CASE("Rows are padded to the smallest bucket that holds them, and none above the largest", "[step-graph]") {
@@ -168,14 +181,8 @@ TEST_CASE("LoRA edits through the recorded pieces equal the eager forward, each 
   const Flux2Transformer& model = *edits.model;
   const Flux2Config& cfg = model.config();
   test::TempDir dir;
-  // Random LoRAs on every linear layer (embedders and modulation too), of ranks 4 and 8.
-  test::write_random_lora(dir.file("a.safetensors"), cfg, 5, 4);
-  test::write_random_lora(dir.file("b.safetensors"), cfg, 6, 8);
-  auto a = load_lora(dir.file("a.safetensors"), cfg, "tiny");
-  auto b = load_lora(dir.file("b.safetensors"), cfg, "tiny");
-  REQUIRE(a.ok());
-  REQUIRE(b.ok());
-  const AdapterSet just_a = {{*a, 1.0}}, a_and_b = {{*a, 0.5}, {*b, -0.7}};
+  const auto [a, b] = two_loras(cfg, dir);
+  const AdapterSet just_a = {{a, 1.0}}, a_and_b = {{a, 0.5}, {b, -0.7}};
   constexpr double kTolerance = 1e-5;  // float32 on the CPU, as for the rounds without adapters
 
   SECTION("one edit with a LoRA, prompt-keyed and template-keyed") {
@@ -193,7 +200,7 @@ TEST_CASE("LoRA edits through the recorded pieces equal the eager forward, each 
   SECTION("the set and its strengths are in the key, and the graph applies them") {
     auto plain = edits.session(1, 1, 3, 2, Flux2CacheMode::kPromptKeyed);
     auto adapted = edits.session(1, 1, 3, 2, Flux2CacheMode::kPromptKeyed, 3, 1.0, just_a);
-    auto stronger = edits.session(1, 1, 3, 2, Flux2CacheMode::kPromptKeyed, 3, 1.0, {{*a, 2.0}});
+    auto stronger = edits.session(1, 1, 3, 2, Flux2CacheMode::kPromptKeyed, 3, 1.0, {{a, 2.0}});
     std::vector<Flux2Segment> round_plain = round_of({plain.get()}), round_adapted = round_of({adapted.get()}),
                               round_stronger = round_of({stronger.get()});
     const Flux2GraphKey key = flux2_graph_key(round_adapted);
@@ -202,7 +209,7 @@ TEST_CASE("LoRA edits through the recorded pieces equal the eager forward, each 
     CHECK(key.segments[0].adapters == adapter_set_key(just_a));
     // The key's text names the adapters by their ids' first 8 digits (appended piece by piece:
     // GCC 12 warns, falsely, on "@" + a string temporary).
-    const std::string a8 = (*a)->id.substr(0, 8), b8 = (*b)->id.substr(0, 8);
+    const std::string a8 = a->id.substr(0, 8), b8 = b->id.substr(0, 8);
     std::string one_text = flux2_graph_key(round_plain).text();
     one_text += '@';
     one_text += a8;
@@ -314,6 +321,56 @@ TEST_CASE("The graph cache records a shape once, replays it after, and evicts th
   whole[0].kv = nullptr;
   CHECK_FALSE(cache.run(whole).defined());
   CHECK(cache.stats().eager_rounds == 1);
+}
+
+TEST_CASE("The graph cache drops the graphs of an adapter nothing else holds and frees it while graphs of held adapters stay",
+          "[step-graph][lora]") {
+  c10::InferenceMode guard;
+  Edits edits(tiny_model());
+  const Flux2Transformer& model = *edits.model;
+  const Flux2Config& cfg = model.config();
+  test::TempDir dir;
+  auto [a, b] = two_loras(cfg, dir);
+  const std::weak_ptr<const LoraAdapter> weak_a = a, weak_b = b;
+  Flux2GraphCache cache(model, int64_t{1} << 30);
+  auto plain = edits.session(1, 1, 3, 2, Flux2CacheMode::kPromptKeyed);
+  std::vector<Flux2Segment> round_plain = round_of({plain.get()});
+  {
+    // Three graphs: A alone; A with B in another segment (the same adapter in two graphs); none.
+    auto with_a = edits.session(1, 1, 3, 2, Flux2CacheMode::kPromptKeyed, 3, 1.0, {{a, 1.0}});
+    auto with_b = edits.session(0, 0, 2, 2, Flux2CacheMode::kPromptKeyed, 4, 1.0, {{b, 0.5}});
+    std::vector<Flux2Segment> round_a = round_of({with_a.get()}), round_ab = round_of({with_a.get(), with_b.get()});
+    REQUIRE(cache.run(round_a).defined());
+    REQUIRE(cache.run(round_ab).defined());
+    REQUIRE(cache.run(round_plain).defined());
+    REQUIRE(cache.stats().graphs == 3);
+    // Held by the sessions and by this test: nothing goes.
+    CHECK(cache.drop_released_adapters() == 0);
+    b.reset();  // deleted, but an edit still runs with it
+    CHECK(cache.drop_released_adapters() == 0);
+  }
+  // No edit holds B now; A is still held (as the adapter store holds it until a delete).
+  REQUIRE_FALSE(weak_b.expired());
+  CHECK(cache.drop_released_adapters() == 1);  // the graph of A and B
+  CHECK(weak_b.expired());
+  REQUIRE_FALSE(weak_a.expired());
+  StepGraphStats stats = cache.stats();
+  CHECK(stats.graphs == 2);
+  CHECK(stats.evicted == 1);
+  const int64_t bytes_two = stats.bytes;
+  // A let go too: the next round (a replay of the plain graph) drops A's graph before it runs.
+  a.reset();
+  REQUIRE_FALSE(weak_a.expired());
+  const at::Tensor replayed = cache.run(round_plain);
+  REQUIRE(replayed.defined());
+  CHECK(relative_difference(replayed, model.forward_on_device(round_plain)) <= 1e-5);
+  CHECK(weak_a.expired());
+  stats = cache.stats();
+  CHECK(stats.graphs == 1);
+  CHECK(stats.evicted == 2);
+  CHECK(stats.replayed == 1);
+  CHECK(stats.bytes < bytes_two);
+  CHECK(cache.drop_released_adapters() == 0);
 }
 
 TEST_CASE("A recording that runs out of device memory leaves the round to the eager step, says so, and is not retried",

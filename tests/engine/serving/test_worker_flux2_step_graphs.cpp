@@ -104,3 +104,44 @@ TEST_CASE("Worker FLUX.2 edits with LoRAs replay through the step graphs and equ
   CHECK(it->second.replayed >= 1);
   CHECK(it->second.eager_rounds == 0);
 }
+
+TEST_CASE("Worker FLUX.2: the step graphs of a LoRA let it go once nothing else holds it and edits go on through graphs",
+          "[flux2-serving][step-graph][lora]") {
+  Flux2Serving graphs({}, at::kBFloat16, graphs_on);
+  const Flux2Config& cfg = graphs.model->parts().transformer->config();
+  write_random_lora(graphs.dir.file("a.safetensors"), cfg, 3);
+  std::shared_ptr<const LoraAdapter> a;
+  {
+    auto read = load_lora(graphs.dir.file("a.safetensors"), cfg, "flux2-test");
+    REQUIRE(read.ok());
+    a = *read;
+  }
+  const std::weak_ptr<const LoraAdapter> weak_a = a;
+  auto rt = graphs.runtime();  // alive throughout: nothing it keeps of a finished edit may hold the adapter
+  {
+    EditParams edit = graphs.params("a dark blue patch", 31);
+    edit.adapters = {{a, 1.0}};
+    const RequestResult r = submit(*rt, 1, graphs.tmpl, std::move(edit)).get();
+    REQUIRE(r.state == RequestState::kDone);
+  }
+  const StepGraphStats with_lora = graphs.model->step_graph_stats();
+  REQUIRE(with_lora.graphs >= 1);
+  // The adapter is still held here (as the adapter store holds it until a delete): nothing goes.
+  graphs.model->release_adapters();
+  CHECK(graphs.model->step_graph_stats().graphs == with_lora.graphs);
+  a.reset();  // deleted: only the graphs hold it now
+  REQUIRE_FALSE(weak_a.expired());
+  graphs.model->release_adapters();
+  const StepGraphStats released = graphs.model->step_graph_stats();
+  CHECK(released.graphs == 0);
+  CHECK(released.bytes == 0);
+  CHECK(released.evicted == with_lora.evicted + with_lora.graphs);
+  CHECK(weak_a.expired());  // its tensors are freed
+  // Edits without it record and replay graphs as before.
+  const RequestResult plain = submit(*rt, 2, graphs.tmpl, graphs.params("a dark blue patch", 32)).get();
+  REQUIRE(plain.state == RequestState::kDone);
+  const StepGraphStats after = graphs.model->step_graph_stats();
+  CHECK(after.recorded > released.recorded);
+  CHECK(after.replayed > released.replayed);
+  CHECK(after.graphs >= 1);
+}
