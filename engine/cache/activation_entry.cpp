@@ -16,6 +16,18 @@ std::string ActivationKey::canonical() const {
 
 std::string ActivationKey::digest() const { return hex64(fnv1a64(canonical())); }
 
+std::string_view canonical_key_field(std::string_view canonical, std::string_view name) {
+  // Fields after the model's are ";name=value"; no value holds a ';'.
+  std::string marker = ";";
+  marker += name;
+  marker += '=';
+  const size_t at = canonical.find(marker);
+  if (at == std::string_view::npos) return {};
+  const size_t begin = at + marker.size();
+  const size_t end = canonical.find(';', begin);
+  return canonical.substr(begin, end == std::string_view::npos ? std::string_view::npos : end - begin);
+}
+
 ActivationEntry::ActivationEntry(ActivationLayout layout, const HostAllocator& allocate)
     : layout_(layout),
       storage_(allocate ? allocate(layout_.total_bytes()) : allocate_plain_host(layout_.total_bytes())) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "cache/host_memory.h"
 
@@ -41,6 +42,10 @@ struct ActivationKey {
   std::string digest() const;
   bool operator==(const ActivationKey&) const = default;
 };
+
+/// The value of the field `name` ("cond", "adapters", "refs") in a canonical key, as a disk
+/// file's header holds it; empty when the key has no such field.
+std::string_view canonical_key_field(std::string_view canonical, std::string_view name);
 
 struct ActivationLayout {
   int steps = 0;

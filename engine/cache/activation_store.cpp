@@ -1,6 +1,7 @@
 #include "cache/activation_store.h"
 
 #include <cstring>
+#include <set>
 #include <utility>
 
 namespace infill {
@@ -228,6 +229,34 @@ void ActivationStore::erase(const ActivationKey& key) {
     if (auto it = spilling_.find(canonical); it != spilling_.end()) it->second.erased = true;
   }
   if (disk_ != nullptr) disk_->erase(key);
+}
+
+size_t ActivationStore::erase_if(const std::function<bool(std::string_view canonical)>& match) {
+  std::set<std::string> erased;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++erase_epoch_;  // a disk read in flight does not bring one back into RAM
+    std::vector<std::string> resident;
+    for (const auto& [canonical, node] : ram_)
+      if (match(canonical)) resident.push_back(canonical);
+    for (const std::string& canonical : resident) remove_ram_locked(canonical);
+    erased.insert(resident.begin(), resident.end());
+    // Being written to disk: the file goes once written (spill()).
+    for (auto& [canonical, spilling] : spilling_) {
+      if (match(canonical)) {
+        spilling.erased = true;
+        erased.insert(canonical);
+      }
+    }
+  }
+  if (disk_ != nullptr) {
+    disk_->erase_if([&](std::string_view canonical) {
+      if (!match(canonical)) return false;
+      erased.insert(std::string(canonical));
+      return true;
+    });
+  }
+  return erased.size();
 }
 
 Status ActivationStore::flush() {

@@ -21,11 +21,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -97,6 +99,10 @@ class ActivationStore {
   std::optional<ActivationLayout> layout_of(const ActivationKey& key) const;
   /// Removes the entry from every tier.
   void erase(const ActivationKey& key);
+  /// Removes from every tier each entry whose key's canonical form (ActivationKey::canonical)
+  /// satisfies `match`: the entries recorded with an adapter the user deleted, say. Returns how
+  /// many distinct keys it removed.
+  size_t erase_if(const std::function<bool(std::string_view canonical)>& match);
   /// Writes every RAM-resident entry that has no disk copy (e.g. before shutdown).
   /// Returns the first error; no-op without a disk tier.
   Status flush();

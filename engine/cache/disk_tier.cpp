@@ -521,6 +521,15 @@ void DiskTier::erase(const ActivationKey& key) {
   remove_locked(stem, /*unlink_file=*/true);
 }
 
+size_t DiskTier::erase_if(const std::function<bool(std::string_view canonical)>& match) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> stems;
+  for (const auto& [stem, entry] : index_)
+    if (match(entry.canonical)) stems.push_back(stem);
+  for (const std::string& stem : stems) remove_locked(stem, /*unlink_file=*/true);
+  return stems.size();
+}
+
 DiskTierStats DiskTier::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return DiskTierStats{bytes_, index_.size(), evictions_, corrupt_dropped_};

@@ -31,11 +31,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "cache/activation_entry.h"
@@ -83,6 +85,8 @@ class DiskTier {
   std::optional<ActivationLayout> layout_of(const ActivationKey& key) const;
   /// Deletes the entry's file if present.
   void erase(const ActivationKey& key);
+  /// Deletes every file whose key's canonical form satisfies `match`; returns how many.
+  size_t erase_if(const std::function<bool(std::string_view canonical)>& match);
   DiskTierStats stats() const;
   size_t budget_bytes() const { return budget_bytes_; }
   const std::string& dir() const { return dir_; }

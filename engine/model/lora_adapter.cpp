@@ -64,6 +64,17 @@ std::string adapter_set_key(const std::vector<std::pair<std::string, double>>& u
   return key;
 }
 
+bool adapter_set_key_holds(std::string_view key, std::string_view id) {
+  // Each use is "<id>*<strength>", joined by '+'. A strength's own '+' ("1e+09") is followed by
+  // digits and then '+' or the end, never by '*': only an id is.
+  if (id.empty()) return false;
+  for (size_t at = key.find(id); at != std::string_view::npos; at = key.find(id, at + 1)) {
+    const size_t end = at + id.size();
+    if ((at == 0 || key[at - 1] == '+') && end < key.size() && key[end] == '*') return true;
+  }
+  return false;
+}
+
 std::string adapter_set_key(const AdapterSet& set) {
   std::vector<std::pair<std::string, double>> uses;
   for (const AdapterUse& use : set) uses.emplace_back(use.adapter->id, use.strength);

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -82,6 +83,8 @@ using AdapterSet = std::vector<AdapterUse>;
 std::string adapter_set_key(const AdapterSet& set);
 /// The same from (adapter id, strength) pairs: the key of a set whose files are not read yet.
 std::string adapter_set_key(const std::vector<std::pair<std::string, double>>& uses);
+/// Whether the set of `key` (adapter_set_key's text) holds the adapter `id`.
+bool adapter_set_key_holds(std::string_view key, std::string_view id);
 
 /// Reads the LoRA file at `path` for a transformer of `config`; `model_name` names it in
 /// errors ("... a LoRA for another model?").

@@ -12,17 +12,29 @@ DeviceKvTierStats DeviceKvTier::stats() const {
   return stats_;
 }
 
-void DeviceKvTier::make_room(int64_t needed) {
+int64_t DeviceKvTier::drop_orphans() {
+  std::lock_guard lock(mu_);
+  return drop_orphans_locked();
+}
+
+int64_t DeviceKvTier::drop_orphans_locked() {
+  int64_t dropped = 0;
   for (auto it = lru_.begin(); it != lru_.end();) {
     if (it->host.expired()) {
       stats_.bytes -= it->resident->bytes();
       --stats_.entries;
       ++stats_.evictions;
+      ++dropped;
       it = lru_.erase(it);
     } else {
       ++it;
     }
   }
+  return dropped;
+}
+
+void DeviceKvTier::make_room(int64_t needed) {
+  drop_orphans_locked();
   while (!lru_.empty() && stats_.bytes + needed > budget_bytes_) {
     stats_.bytes -= lru_.back().resident->bytes();
     --stats_.entries;

@@ -54,6 +54,10 @@ class DeviceKvTier {
   int64_t budget_bytes() const { return budget_bytes_; }
   at::ScalarType dtype() const { return dtype_; }
   DeviceKvTierStats stats() const;
+  /// Frees the device copies of entries the activation store no longer holds (their host
+  /// entries are gone: evicted, or erased with a deleted adapter's), which get() would never
+  /// hand out again; otherwise they go only when the next upload needs room. Returns how many.
+  int64_t drop_orphans();
 
  private:
   struct Slot {
@@ -63,6 +67,8 @@ class DeviceKvTier {
   // Evicts least recently used slots until `needed` more bytes fit; drops slots whose host
   // entry is gone. Caller holds mu_.
   void make_room(int64_t needed);
+  // drop_orphans() with mu_ held.
+  int64_t drop_orphans_locked();
 
   const ComputeDevice device_;
   const int64_t budget_bytes_;

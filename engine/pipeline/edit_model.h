@@ -245,10 +245,11 @@ class EditModel {
   virtual Result<std::shared_ptr<const LoraAdapter>> adapter_on_device(std::shared_ptr<const LoraAdapter> host) const {
     return host;
   }
-  /// Lets go of what the model keeps of adapters nothing else holds any longer (deleted from
-  /// the store and its tiers, no edit running with them): FLUX.2's step graphs stacked with
-  /// them (model/flux2_graph_cache.h). Called when an adapter is deleted; nothing otherwise.
-  virtual void release_adapters() const {}
+  /// Lets go of device memory only the model still holds: FLUX.2's step graphs stacked with
+  /// adapters nothing else holds (deleted from the store, no edit running with them;
+  /// model/flux2_graph_cache.h) and its device tier's copies of entries the activation store
+  /// dropped. Called when an adapter is deleted (its entries erased); nothing otherwise.
+  virtual void release_unused() const {}
   /// The reference image (pipeline/reference_image.h) made from `tmpl`, a template of this
   /// model: errors name it and the limit it breaks; models that take no references refuse.
   virtual Result<ReferenceImage> make_reference(const TemplateImage& tmpl) const {

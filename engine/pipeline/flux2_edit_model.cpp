@@ -187,8 +187,9 @@ StepGraphStats Flux2EditModel::step_graph_stats() const {
   return step_graphs_ ? step_graphs_->stats() : StepGraphStats{};
 }
 
-void Flux2EditModel::release_adapters() const {
+void Flux2EditModel::release_unused() const {
   if (step_graphs_) step_graphs_->drop_released_adapters();
+  if (device_tier_) device_tier_->drop_orphans();
 }
 
 std::optional<int64_t> Flux2EditModel::codec_host_fallbacks() const {

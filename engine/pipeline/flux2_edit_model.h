@@ -118,7 +118,7 @@ class Flux2EditModel final : public EditModel {
   DeviceKvTierStats device_tier_stats() const;
   /// The step graphs' counters (all zero on the CPU, or with step_graph_bytes 0).
   StepGraphStats step_graph_stats() const override;
-  void release_adapters() const override;
+  void release_unused() const override;
   /// The VAE's calls run on its CPU copy for want of GPU memory (a GPU model's VAE only).
   std::optional<int64_t> codec_host_fallbacks() const override;
   ParallelShape parallel_shape() const override;

@@ -14,7 +14,9 @@
 #include <optional>
 #include <variant>
 
+#include "cache/activation_store.h"
 #include "common/remove_tree.h"
+#include "model/lora_adapter.h"
 #include "pipeline/adapter_store.h"
 #include "pipeline/edit_model.h"
 #include "pipeline/image_io.h"
@@ -469,9 +471,16 @@ ApiReply EngineService::adapter_status(std::string_view id) const {
 
 ApiReply EngineService::delete_adapter(std::string_view id) {
   if (!ready()) return impl_->not_ready();
-  if (Status st = impl_->adapters->remove(std::string(id)); !st.ok()) return error_reply(404, "unknown_adapter", st.message());
-  impl_->models->release_adapters();  // the step graphs stacked with it, once no edit runs with it
-  return json_reply(200, {{"id", std::string(id)}, {"state", "deleted"}});
+  const std::string adapter(id);
+  if (Status st = impl_->adapters->remove(adapter); !st.ok()) return error_reply(404, "unknown_adapter", st.message());
+  // The activation entries recorded with it (every tier: GBs each on disk at real sizes) would
+  // only wait for the LRU: no edit can name the adapter any more. Edits running with it keep
+  // theirs until they end.
+  const size_t entries = impl_->models->store().erase_if([&](std::string_view canonical) {
+    return adapter_set_key_holds(canonical_key_field(canonical, "adapters"), adapter);
+  });
+  impl_->models->release_unused();  // step graphs stacked with it, device copies of those entries
+  return json_reply(200, {{"id", adapter}, {"state", "deleted"}, {"cache_entries_dropped", entries}});
 }
 
 ApiReply EngineService::template_status(std::string_view id) const {

@@ -172,8 +172,8 @@ const std::string& ModelRegistry::id(size_t slot) const { return slots_.at(slot)
 std::shared_ptr<const EditModel> ModelRegistry::shared_model(size_t slot) const { return slots_.at(slot).model; }
 ServingRuntime& ModelRegistry::runtime() const { return *runtime_; }
 
-void ModelRegistry::release_adapters() const {
-  for (const auto& m : on_devices_) m->release_adapters();
+void ModelRegistry::release_unused() const {
+  for (const auto& m : on_devices_) m->release_unused();
 }
 ActivationStore& ModelRegistry::store() const { return *store_; }
 

@@ -122,9 +122,9 @@ class ModelRegistry {
   std::vector<ServiceDevice> device_states(const std::vector<WorkerMetrics>& workers) const;
   /// Adds the devices, the workers, their loads and recent requests, and the store's statistics.
   void collect(ServiceMetrics& m) const;
-  /// Every model on every device lets go of the adapters nothing else holds
-  /// (EditModel::release_adapters): after an adapter is deleted.
-  void release_adapters() const;
+  /// Every model on every device lets go of device memory only it still holds
+  /// (EditModel::release_unused): after an adapter is deleted.
+  void release_unused() const;
   /// Waits up to `budget_ms` for all edits to end.
   bool drain(double budget_ms) const;
   /// Stops the runtime (its callbacks stop before this returns); the models stay.

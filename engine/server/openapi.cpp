@@ -110,6 +110,7 @@ std::string response_schema(std::string_view operation_id) {
   if (operation_id == "getEdit" || operation_id == "cancelEdit") return "Edit";
   if (operation_id == "createAdapter" || operation_id == "getAdapter") return "Adapter";
   if (operation_id == "listAdapters") return "Adapters";
+  if (operation_id == "deleteAdapter") return "AdapterDeleted";
   return "Object";
 }
 
@@ -274,6 +275,13 @@ json openapi_document() {
                                 {"bytes", {{"type", "integer"}}}})},
       {"Adapters", loose_object("Every LoRA file in the adapter store", {"adapters"},
                                 {{"adapters", {{"type", "array"}, {"items", {{"$ref", "#/components/schemas/Adapter"}}}}}})},
+      {"AdapterDeleted",
+       loose_object("A LoRA file removed from the store, with what was recorded with it", {"id", "state"},
+                    {{"id", {{"type", "string"}}},
+                     {"state", {{"type", "string"}, {"enum", {"deleted"}}}},
+                     {"cache_entries_dropped",
+                      {{"type", "integer"},
+                       {"description", "activation cache entries recorded with the adapter, removed from every tier"}}}})},
       {"Object", loose_object("A JSON object (docs/api.md)")}};
   return {{"openapi", "3.1.0"},
           {"info",

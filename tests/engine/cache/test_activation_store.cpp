@@ -159,6 +159,65 @@ TEST_CASE("without a disk tier evicted entries are dropped", "[store]") {
   CHECK(s.flush().ok());
 }
 
+TEST_CASE("erase_if removes the keys it matches from RAM and disk and nothing else", "[store]") {
+  TempDir dir;
+  const ActivationStoreOptions options{.ram_budget_bytes = 2 * kEntryBytes, .disk_dir = dir.path(),
+                                       .disk_budget_bytes = 10 * (kEntryBytes + 4096)};
+  // Keys recorded with adapter sets, as FLUX.2 records them; ids shortened.
+  const std::vector<std::string> sets = {"aa*1", "bb*0.5+aa*-1", "bb*1", "", "aa*1e+09"};
+  std::vector<ActivationKey> keys;
+  {
+    auto store = ActivationStore::open(options);
+    REQUIRE(store.ok());
+    ActivationStore& s = **store;
+    for (size_t i = 0; i < sets.size(); ++i) {
+      keys.push_back(make_key(static_cast<int>(i)));
+      keys.back().adapters = sets[i];
+      keys.back().references = i == 4 ? "ref1,ref2" : "";
+      REQUIRE(s.put(keys.back(), make_entry(kLayout, 40 + i)).ok());
+    }
+    // The first three were spilled to disk, the last two are in RAM.
+    REQUIRE(s.tier_of(keys[0]) == Tier::kDisk);
+    REQUIRE(s.tier_of(keys[4]) == Tier::kRam);
+    const size_t erased = s.erase_if([](std::string_view canonical) {
+      return canonical_key_field(canonical, "adapters").find("aa*") != std::string_view::npos;
+    });
+    CHECK(erased == 3);
+    CHECK_FALSE(s.contains(keys[0]));  // on disk
+    CHECK_FALSE(s.contains(keys[1]));
+    CHECK_FALSE(s.contains(keys[4]));  // in RAM
+    CHECK(s.get(keys[0]).status().code() == ErrorCode::kNotFound);
+    for (size_t i : {size_t{2}, size_t{3}}) {
+      auto kept = s.get(keys[i]);
+      REQUIRE(kept.ok());
+      CHECK(same_bits(**kept, *make_entry(kLayout, 40 + i)));
+    }
+    CHECK(s.erase_if([](std::string_view) { return false; }) == 0);
+    REQUIRE(s.flush().ok());
+  }
+  // Their files are gone: a store opened on the folder again finds only the others.
+  auto reopened = ActivationStore::open(options);
+  REQUIRE(reopened.ok());
+  CHECK((*reopened)->stats().disk_entries == 2);
+  CHECK_FALSE((*reopened)->contains(keys[1]));
+  CHECK((*reopened)->contains(keys[2]));
+  CHECK((*reopened)->contains(keys[3]));
+}
+
+TEST_CASE("canonical_key_field reads a field of a canonical key and nothing else", "[store]") {
+  ActivationKey key = make_key(7);
+  key.conditioning = "c0ffee";
+  key.adapters = "aa*0.5+bb*1";
+  key.references = "r1,r2";
+  const std::string canonical = key.canonical();
+  CHECK(canonical_key_field(canonical, "adapters") == "aa*0.5+bb*1");
+  CHECK(canonical_key_field(canonical, "refs") == "r1,r2");
+  CHECK(canonical_key_field(canonical, "cond") == "c0ffee");
+  CHECK(canonical_key_field(canonical, "seed") == "7");
+  CHECK(canonical_key_field(make_key(7).canonical(), "adapters").empty());
+  CHECK(canonical_key_field(canonical, "dapters").empty());
+}
+
 TEST_CASE("entries larger than the RAM budget go to disk or are refused", "[store]") {
   auto entry = make_entry(kLayout, 7);
   SECTION("no disk tier: resource_exhausted") {

@@ -372,6 +372,19 @@ TEST_CASE("PEFT's scale rules: lora_alpha / r, patterns per module, rsLoRA", "[l
   CHECK(rel_err((*plain)->delta("double_blocks.0.img_attn.proj.weight"), at::mm(b1, a1)) < 1e-6);
 }
 
+TEST_CASE("An adapter set's key names each of its adapters and no other", "[lora]") {
+  const std::string a(64, 'a'), b = std::string(63, 'a') + "b", ab = a + "b";
+  const std::string key = infill::adapter_set_key({{a, 0.5}, {b, 1e9}});
+  CHECK(key.find("e+09") != std::string::npos);  // a strength with its own '+'
+  CHECK(infill::adapter_set_key_holds(key, a));
+  CHECK(infill::adapter_set_key_holds(key, b));
+  CHECK_FALSE(infill::adapter_set_key_holds(key, a.substr(1)));  // a suffix of an id
+  CHECK_FALSE(infill::adapter_set_key_holds(key, a.substr(0, 63)));  // a prefix
+  CHECK_FALSE(infill::adapter_set_key_holds(infill::adapter_set_key({{ab, 1.0}}), a));
+  CHECK_FALSE(infill::adapter_set_key_holds("", a));
+  CHECK_FALSE(infill::adapter_set_key_holds(key, ""));
+}
+
 TEST_CASE("LoRA updates equal what diffusers' own key conversion implies", "[diffusers]") {
   // The deltas written by diffusers' _convert_kohya_flux2_lora_to_diffusers and
   // _convert_non_diffusers_flux2_lora_to_diffusers (run unmodified beside the project; see

@@ -66,6 +66,22 @@ TEST_CASE("the device tier keeps recently used entries within its budget", "[cac
   REQUIRE(roomy.get(b));
   CHECK(roomy.stats().entries == 1);
   CHECK(roomy.stats().bytes == one);
+  // Or at once, through drop_orphans (an adapter's entries erased on its delete); a device
+  // copy a session still reads lives on with it.
+  auto d = entry_of(16, 5000);
+  std::shared_ptr<const DeviceKvEntry> in_use = roomy.get(d);
+  REQUIRE(in_use);
+  const std::weak_ptr<const DeviceKvEntry> copy = in_use;
+  CHECK(roomy.drop_orphans() == 0);  // b and d are both held
+  d.reset();
+  CHECK(roomy.drop_orphans() == 1);
+  CHECK(roomy.stats().entries == 1);
+  CHECK(roomy.stats().bytes == one);
+  CHECK_FALSE(copy.expired());
+  in_use.reset();
+  CHECK(copy.expired());  // freed
+  CHECK(roomy.get(b));    // b's copy stayed
+  CHECK(roomy.stats().uploads == 3);
 }
 
 TEST_CASE("out of device memory in the tier evicts and retries, and never fails the edit", "[cache][device-tier]") {

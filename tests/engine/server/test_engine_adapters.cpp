@@ -134,7 +134,10 @@ TEST_CASE("infill-engine keeps uploaded LoRAs, applies them to edits that name t
   CHECK((run_edit(ep, with).data == adapted.data));
 
   Response del = request(ep, "DELETE", "/v1/adapters/" + id);
+  INFO(del.body);
   CHECK(del.status == 200);
+  // What was recorded with it goes too: at least the template-keyed entry its edit read.
+  CHECK(del.json()["cache_entries_dropped"].get<int64_t>() >= 1);
   CHECK(request(ep, "GET", "/v1/adapters/" + id).status == 404);
   CHECK(request(ep, "DELETE", "/v1/adapters/" + id).status == 404);
   CHECK(request(ep, "POST", "/v1/edits", with.dump(), {"Content-Type: application/json"}).status == 404);

@@ -127,11 +127,11 @@ TEST_CASE("Worker FLUX.2: the step graphs of a LoRA let it go once nothing else 
   const StepGraphStats with_lora = graphs.model->step_graph_stats();
   REQUIRE(with_lora.graphs >= 1);
   // The adapter is still held here (as the adapter store holds it until a delete): nothing goes.
-  graphs.model->release_adapters();
+  graphs.model->release_unused();
   CHECK(graphs.model->step_graph_stats().graphs == with_lora.graphs);
   a.reset();  // deleted: only the graphs hold it now
   REQUIRE_FALSE(weak_a.expired());
-  graphs.model->release_adapters();
+  graphs.model->release_unused();
   const StepGraphStats released = graphs.model->step_graph_stats();
   CHECK(released.graphs == 0);
   CHECK(released.bytes == 0);
