@@ -37,37 +37,35 @@ int Flux2GraphCache::drop_released_adapters_locked() {
   if (graph_uses.empty()) return 0;
   // Judged for every graph before any is dropped: dropping one lowers the counts of the
   // adapters it shares with the others.
-  std::vector<const Flux2StepGraph*> released;
-  for (const auto& g : graphs_) {
+  std::vector<decltype(graphs_)::iterator> released;
+  for (auto g = graphs_.begin(); g != graphs_.end(); ++g) {
     bool holds_released = false;
-    for (const AdapterSet& set : g->adapter_sets())
+    for (const AdapterSet& set : (*g)->adapter_sets())
       for (const AdapterUse& use : set) holds_released |= use.adapter.use_count() <= graph_uses[use.adapter.get()];
-    if (holds_released) released.push_back(g.get());
+    if (holds_released) released.push_back(g);
   }
-  const auto before = graphs_.size();
-  graphs_.remove_if([&](const auto& g) { return std::find(released.begin(), released.end(), g.get()) != released.end(); });
-  const int dropped = static_cast<int>(before - graphs_.size());
-  if (dropped == 0) return 0;
-  int64_t held = 0;
-  for (const auto& g : graphs_) held += g->bytes();
-  std::lock_guard lock(mu_);
-  stats_.evicted += dropped;
-  stats_.graphs = static_cast<int64_t>(graphs_.size());
-  stats_.bytes = held;
-  return dropped;
+  for (const auto& g : released) graphs_.erase(g);
+  if (!released.empty()) count_evictions(static_cast<int64_t>(released.size()));
+  return static_cast<int>(released.size());
 }
 
 void Flux2GraphCache::evict_to_fit(int64_t keep_bytes) {
-  int64_t held = 0;
+  int64_t held = 0, evicted = 0;
   for (const auto& g : graphs_) held += g->bytes();
   // The front graph (the one just used) stays; the least recently used go first.
   while (held > keep_bytes && graphs_.size() > 1) {
     held -= graphs_.back()->bytes();
     graphs_.pop_back();
-    std::lock_guard lock(mu_);
-    stats_.evicted += 1;
+    ++evicted;
   }
+  count_evictions(evicted);
+}
+
+void Flux2GraphCache::count_evictions(int64_t evicted) {
+  int64_t held = 0;
+  for (const auto& g : graphs_) held += g->bytes();
   std::lock_guard lock(mu_);
+  stats_.evicted += evicted;
   stats_.graphs = static_cast<int64_t>(graphs_.size());
   stats_.bytes = held;
 }

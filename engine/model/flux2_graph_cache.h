@@ -51,6 +51,8 @@ class Flux2GraphCache {
   void evict_to_fit(int64_t keep_bytes);
   // drop_released_adapters() with run_mu_ held.
   int drop_released_adapters_locked();
+  // Adds `evicted` to the stats and sets the graphs held and their bytes (run_mu_ held).
+  void count_evictions(int64_t evicted);
 
   const Flux2Transformer& model_;
   CaptureFactory make_capture_;
