@@ -12,10 +12,12 @@
 // - what reference images cost a masked step: 0, 1 and 4 references of the image's size
 //   (their tokens in the cached context the masked rows attend to).
 // Cached K/V are random fp16 (a step's time does not depend on their values). Prints one JSON
-// document. Long on a CPU (seconds per klein step); --size small runs in seconds.
+// document. Each baseline is timed in turns with its variants (medians over the repeats).
+// Long on a CPU (seconds per klein step); --size small runs in seconds.
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -199,26 +201,29 @@ int main(int argc, char** argv) {
     s.adapters = set;
     return s;
   };
-  auto time_forward = [&](const Flux2Transformer& m, std::vector<Flux2Segment> segments) {
-    return infill::bench::median_ms(repeats, [&] { m.forward(segments); });
+  // Every comparison below is timed in turns (bench_stats.h: interleaved_medians_ms), the
+  // baseline beside its variants, so that the machine's drift does not enter the ratios.
+  auto forward_of = [](const Flux2Transformer& m, std::vector<Flux2Segment> segments) -> std::function<void()> {
+    return [&m, segments = std::move(segments)]() mutable { (void)m.forward(segments); };
   };
   out["masked_rows"] = rows.size(0);
   out["repeats"] = repeats;
-  const double base_masked = time_forward(model, {masked_segment(0.7, {})});
-  const double base_full = full ? time_forward(model, {full_segment({})}) : 0.0;
-  out["base"] = {{"masked_step_ms", base_masked}};
-  if (full) out["base"]["full_step_ms"] = base_full;
+  out["timing"] = "medians over the repeats; each baseline timed in turns with its variants";
   // A masked step through a step graph (model/flux2_step_graph.h): the segment's state on the
-  // device as a session keeps it, recorded once, then replayed.
-  auto time_graph = [&](const AdapterSet& set) {
-    Flux2Segment d = infill::bench::segment_on_device(model, masked_segment(0.7, set));
-    std::span<Flux2Segment> round(&d, 1);
-    infill::Flux2StepGraph graph(model, infill::flux2_graph_key(round), infill::make_work_capture(model.device()));
-    (void)graph.run(round).to(at::kCPU);  // records
-    return infill::bench::median_ms(repeats, [&] { (void)graph.run(round).to(at::kCPU); });
+  // device as a session keeps it, recorded once here, then replayed by the returned call.
+  struct GraphRun {
+    Flux2Segment segment;
+    std::unique_ptr<infill::Flux2StepGraph> graph;
   };
-  const double base_graph = device.cuda ? time_graph({}) : 0.0;
-  if (device.cuda) out["base"]["masked_step_graph_ms"] = base_graph;
+  auto graph_of = [&](const AdapterSet& set) -> std::function<void()> {
+    auto g = std::make_shared<GraphRun>();
+    g->segment = infill::bench::segment_on_device(model, masked_segment(0.7, set));
+    std::span<Flux2Segment> round(&g->segment, 1);
+    g->graph = std::make_unique<infill::Flux2StepGraph>(model, infill::flux2_graph_key(round),
+                                                        infill::make_work_capture(model.device()));
+    (void)g->graph->run(round).to(at::kCPU);  // records
+    return [g] { (void)g->graph->run(std::span<Flux2Segment>(&g->segment, 1)).to(at::kCPU); };
+  };
 
   nlohmann::ordered_json by_rank = nlohmann::ordered_json::array();
   std::vector<std::shared_ptr<const infill::LoraAdapter>> rank16;  // A and B of the packed round
@@ -251,23 +256,25 @@ int main(int argc, char** argv) {
       adapters.push_back(placed);
     }
     const AdapterSet one = {{adapters[0], 0.8}};
-    const double unfused = time_forward(model, {masked_segment(0.7, one)});
-    double merged_ms = 0, merged_full = 0, unfused_full = 0;
     {
       const Flux2Transformer merged = model.merged(one);
-      merged_ms = time_forward(merged, {masked_segment(0.7, {})});
-      if (full) merged_full = time_forward(merged, {full_segment({})});
+      // [base, unfused, merged]
+      const std::vector<double> masked = infill::bench::interleaved_medians_ms(
+          repeats, {forward_of(model, {masked_segment(0.7, {})}), forward_of(model, {masked_segment(0.7, one)}),
+                    forward_of(merged, {masked_segment(0.7, {})})});
+      r["masked_step"] = {{"base_ms", masked[0]}, {"unfused_ms", masked[1]}, {"merged_ms", masked[2]},
+                          {"unfused_overhead", masked[1] / masked[0] - 1.0}, {"merged_overhead", masked[2] / masked[0] - 1.0}};
+      if (full) {
+        const std::vector<double> whole = infill::bench::interleaved_medians_ms(
+            repeats, {forward_of(model, {full_segment({})}), forward_of(model, {full_segment(one)}),
+                      forward_of(merged, {full_segment({})})});
+        r["full_step"] = {{"base_ms", whole[0]}, {"unfused_ms", whole[1]}, {"merged_ms", whole[2]},
+                          {"unfused_overhead", whole[1] / whole[0] - 1.0}, {"merged_overhead", whole[2] / whole[0] - 1.0}};
+      }
     }
-    if (full) unfused_full = time_forward(model, {full_segment(one)});
-    r["masked_step"] = {{"unfused_ms", unfused}, {"merged_ms", merged_ms},
-                        {"unfused_overhead", unfused / base_masked - 1.0}, {"merged_overhead", merged_ms / base_masked - 1.0}};
     if (device.cuda) {
-      const double graph = time_graph(one);
-      r["masked_step"]["graph"] = {{"base_ms", base_graph}, {"unfused_ms", graph}, {"unfused_overhead", graph / base_graph - 1.0}};
-    }
-    if (full) {
-      r["full_step"] = {{"unfused_ms", unfused_full}, {"merged_ms", merged_full},
-                        {"unfused_overhead", unfused_full / base_full - 1.0}, {"merged_overhead", merged_full / base_full - 1.0}};
+      const std::vector<double> graphs = infill::bench::interleaved_medians_ms(repeats, {graph_of({}), graph_of(one)});
+      r["masked_step"]["graph"] = {{"base_ms", graphs[0]}, {"unfused_ms", graphs[1]}, {"unfused_overhead", graphs[1] / graphs[0] - 1.0}};
     }
     by_rank.push_back(r);
     if (rank == 16) rank16 = adapters;
@@ -282,42 +289,57 @@ int main(int argc, char** argv) {
     plain.push_back(masked_segment(t, {}));
     mixed.push_back(masked_segment(t, sets[i % 4]));
   }
-  const double plain_ms = time_forward(model, plain), mixed_ms = time_forward(model, mixed);
-  out["packed_round"] = {{"segments", 8}, {"sets", 4}, {"rank", 16}, {"without_adapters_ms", plain_ms},
-                         {"with_adapters_ms", mixed_ms}, {"overhead", mixed_ms / plain_ms - 1.0}};
+  const std::vector<double> packed =
+      infill::bench::interleaved_medians_ms(repeats, {forward_of(model, plain), forward_of(model, mixed)});
+  out["packed_round"] = {{"segments", 8}, {"sets", 4}, {"rank", 16}, {"without_adapters_ms", packed[0]},
+                         {"with_adapters_ms", packed[1]}, {"overhead", packed[1] / packed[0] - 1.0}};
 
   // Reference images: each adds its tokens (here one of the image's size) to the cached
   // context a masked step attends to; the masked rows stay the same.
-  nlohmann::ordered_json refs = nlohmann::ordered_json::array();
+  // The three entries are held at once so that their steps are timed in turns.
+  struct ReferenceCase {
+    int count = 0;
+    int64_t length = 0;
+    std::shared_ptr<infill::ActivationEntry> entry;
+    std::unique_ptr<infill::EntryKvSource> host;
+    std::shared_ptr<const infill::DeviceKvEntry> resident;
+    std::unique_ptr<infill::DeviceKvSource> on_device;
+  };
+  std::vector<ReferenceCase> cases;
+  std::vector<std::function<void()>> steps;
   for (const int count : {0, 1, 4}) {
-    const int64_t ref_length = length + count * image_tokens;
-    auto ref_entry = std::make_shared<infill::ActivationEntry>(
-        infill::ActivationLayout{1, cfg.depth(), static_cast<int>(ref_length), cfg.hidden_size});
+    ReferenceCase c;
+    c.count = count;
+    c.length = length + count * image_tokens;
+    c.entry = std::make_shared<infill::ActivationEntry>(
+        infill::ActivationLayout{1, cfg.depth(), static_cast<int>(c.length), cfg.hidden_size});
     {
-      const at::Tensor kv = at::randn({static_cast<int64_t>(ref_entry->layout().total_elements())}).to(at::kHalf);
-      std::memcpy(ref_entry->data(), kv.data_ptr(), ref_entry->bytes());
+      const at::Tensor kv = at::randn({static_cast<int64_t>(c.entry->layout().total_elements())}).to(at::kHalf);
+      std::memcpy(c.entry->data(), kv.data_ptr(), c.entry->bytes());
     }
-    infill::EntryKvSource ref_host(ref_entry, 0);
-    std::shared_ptr<const infill::DeviceKvEntry> ref_resident;
-    std::unique_ptr<infill::DeviceKvSource> ref_device;
+    c.host = std::make_unique<infill::EntryKvSource>(c.entry, 0);
     if (device.cuda) {
-      auto uploaded = infill::DeviceKvEntry::upload(*ref_entry, device, model.compute_dtype());
+      auto uploaded = infill::DeviceKvEntry::upload(*c.entry, device, model.compute_dtype());
       if (!uploaded.ok()) {
         std::cerr << "bench_adapters: " << uploaded.status().to_string() << "\n";
         return 1;
       }
-      ref_resident = *uploaded;
-      ref_device = std::make_unique<infill::DeviceKvSource>(ref_resident, 0);
+      c.resident = *uploaded;
+      c.on_device = std::make_unique<infill::DeviceKvSource>(c.resident, 0);
     }
     Flux2Segment s = masked_segment(0.7, {});
-    s.sequence_length = ref_length;
-    s.kv = ref_device ? static_cast<infill::KvSource*>(ref_device.get()) : &ref_host;
-    const double ms = time_forward(model, {s});
-    refs.push_back({{"references", count}, {"reference_tokens", count * image_tokens}, {"sequence", ref_length},
-                    {"masked_step_ms", ms}, {"entry_bytes", ref_entry->bytes()}});
+    s.sequence_length = c.length;
+    s.kv = c.on_device ? static_cast<infill::KvSource*>(c.on_device.get()) : c.host.get();
+    steps.push_back(forward_of(model, {s}));
+    cases.push_back(std::move(c));
   }
-  const double no_refs_ms = refs[0]["masked_step_ms"].get<double>();
-  for (auto& r : refs) r["vs_none"] = r["masked_step_ms"].get<double>() / no_refs_ms;
+  const std::vector<double> ref_ms = infill::bench::interleaved_medians_ms(repeats, steps);
+  nlohmann::ordered_json refs = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    refs.push_back({{"references", cases[i].count}, {"reference_tokens", cases[i].count * image_tokens},
+                    {"sequence", cases[i].length}, {"masked_step_ms", ref_ms[i]}, {"entry_bytes", cases[i].entry->bytes()},
+                    {"vs_none", ref_ms[i] / ref_ms[0]}});
+  }
   out["reference_tokens"] = refs;
   out["cold_adapter"] = "bench_adapter_loading (the bundled model through the serving runtime)";
   std::cout << out.dump(2) << "\n";

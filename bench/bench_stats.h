@@ -33,4 +33,26 @@ inline double median_ms(int repeats, const std::function<void()>& fn) {
   return percentile(ms, 0.5);
 }
 
+/// The median wall times, in ms, of `fns` timed in turns: one warm-up call of each, then
+/// `repeats` rounds in which each runs once, the order rotating from round to round. The
+/// machine's drift over minutes (other load, clocks, the page cache, the allocator) then falls
+/// on every function alike, so a ratio of two medians compares like with like; timed one
+/// after the other, a baseline measured first can come out slower than its variant.
+inline std::vector<double> interleaved_medians_ms(int repeats, const std::vector<std::function<void()>>& fns) {
+  for (const std::function<void()>& fn : fns) fn();
+  std::vector<std::vector<double>> ms(fns.size());
+  for (int r = 0; r < repeats; ++r) {
+    for (size_t k = 0; k < fns.size(); ++k) {
+      const size_t i = (k + static_cast<size_t>(r)) % fns.size();
+      const auto t0 = std::chrono::steady_clock::now();
+      fns[i]();
+      ms[i].push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::vector<double> medians;
+  for (const std::vector<double>& v : ms) medians.push_back(percentile(v, 0.5));
+  return medians;
+}
+
 }  // namespace infill::bench
