@@ -302,8 +302,7 @@ int main(int argc, char** argv) {
     int64_t length = 0;
     std::shared_ptr<infill::ActivationEntry> entry;
     std::unique_ptr<infill::EntryKvSource> host;
-    std::shared_ptr<const infill::DeviceKvEntry> resident;
-    std::unique_ptr<infill::DeviceKvSource> on_device;
+    std::unique_ptr<infill::DeviceKvSource> on_device;  // holds its device entry
   };
   std::vector<ReferenceCase> cases;
   std::vector<std::function<void()>> steps;
@@ -324,8 +323,7 @@ int main(int argc, char** argv) {
         std::cerr << "bench_adapters: " << uploaded.status().to_string() << "\n";
         return 1;
       }
-      c.resident = *uploaded;
-      c.on_device = std::make_unique<infill::DeviceKvSource>(c.resident, 0);
+      c.on_device = std::make_unique<infill::DeviceKvSource>(*uploaded, 0);
     }
     Flux2Segment s = masked_segment(0.7, {});
     s.sequence_length = c.length;
